@@ -1,0 +1,46 @@
+# dpclip: `make run` (the default pipeline) and `make test` (the test suite).
+# Both create .venv and install the locked dependency set first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+# Prefect: start its temporary local API without a 20 s time limit (slow on 2 cores), and no
+# telemetry (the machine may be offline).
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
+
+.PHONY: install run test bench clean mlflow-ui prefect-ui
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "dpclip needs Python 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	# CPU build of torch first, so nothing later can pull a CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+run: install
+	@start=$$(date +%s); \
+	dvc repro && end=$$(date +%s) && \
+	echo && cat reports/comparison.md && echo && \
+	echo "dvc repro took $$((end - start)) s. Figures: reports/*.png, per run: figures/<run>/" && \
+	echo "MLflow UI:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db" && \
+	echo "Prefect:    $(VENV)/bin/prefect server start   then   $(VENV)/bin/python -m flows.serve"
+
+test: install
+	$(BIN)/python -m pytest
+
+mlflow-ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db
+
+prefect-ui: install
+	$(BIN)/prefect server start
+
+clean:
+	rm -rf data/prepared data/partitions runs traces metrics plots figures reports dvc.lock

@@ -1,0 +1,99 @@
+"""The ``dpclip`` command: one subcommand per stage (what dvc.yaml calls).
+
+Every subcommand validates ``params.yaml`` first; a bad value stops it before any work with one
+message naming the key and the value, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from dpclip.config import load_params, parse_scalar
+from dpclip.errors import DpclipError
+from dpclip.layout import Layout
+
+
+def _run_args(p: argparse.ArgumentParser, *, with_method: bool = True) -> None:
+    if with_method:
+        p.add_argument("--method", required=True)
+        p.add_argument("--epsilon", required=True, help="target epsilon, as in params.yaml")
+        p.add_argument("--seed", required=True, type=int)
+    p.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpclip", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml", help="parameter file")
+    parser.add_argument("--root", default=".", help="project folder (inputs and outputs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("validate", help="check params.yaml and exit")
+    sub.add_parser("prepare", help="build the target and shadow splits")
+    _run_args(sub.add_parser("partition", help="Dirichlet label skew for one alpha"),
+              with_method=False)
+    _run_args(sub.add_parser("train", help="train one configuration"))
+    _run_args(sub.add_parser("evaluate", help="evaluate one trained configuration"))
+    rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
+    rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
+    return parser
+
+
+def _check_choice(key: str, value, allowed: list) -> None:
+    if value not in allowed:
+        raise DpclipError(f"{key}: {value!r} is not in params.yaml ({allowed})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        params = load_params(args.params)
+        layout = Layout(Path(args.root))
+        return _dispatch(args, params, layout)
+    except DpclipError as exc:
+        print(f"dpclip: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args, params, layout) -> int:
+    from dpclip import stages
+
+    if args.command == "validate":
+        print("params.yaml is valid")
+        return 0
+    if args.command == "prepare":
+        meta = stages.prepare(params, layout)
+        print(f"prepared {meta['dataset']}: {meta['sizes']}")
+        return 0
+    if args.command == "report":
+        table = stages.report(params, layout, track=not args.no_track)
+        print(table.to_string(index=False))
+        return 0
+    alpha = parse_scalar(args.alpha)
+    _check_choice("partition.alphas", alpha, params.partition.alphas)
+    if args.command == "partition":
+        rec = stages.partition(params, alpha, layout)
+        print(f"partition {rec['tag']}: {rec['size']} records, histogram {rec['histogram']}")
+        return 0
+    epsilon = parse_scalar(args.epsilon)
+    _check_choice("train.methods", args.method, params.train.methods)
+    _check_choice("privacy.target_epsilons", epsilon, params.privacy.target_epsilons)
+    _check_choice("train.seeds", args.seed, params.train.seeds)
+    if args.command == "train":
+        rec = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
+                           progress=not args.quiet)
+        eps = rec["privacy"]["epsilon"]
+        print(f"{rec['run']}: epsilon={'inf' if eps is None else f'{eps:.3f}'}, "
+              f"{rec['time']['train_s']:.1f} s")
+        return 0
+    m = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
+    print(f"{m['run']}: accuracy={m['utility']['accuracy']:.4f} ece={m['utility']['ece']:.4f} "
+          f"mia_auc={m['mia']['loss']['auc']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

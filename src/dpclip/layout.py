@@ -1,0 +1,54 @@
+"""Where every stage reads and writes, relative to the project root (one place, used by the
+stages, the CLI, the Prefect flows, dvc.yaml and the tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("target_train", "target_holdout", "shadow_train", "shadow_holdout")
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path = Path(".")
+
+    @property
+    def prepared(self) -> Path:
+        return self.root / "data" / "prepared"
+
+    def split(self, name: str) -> Path:
+        return self.prepared / f"{name}.npz"
+
+    @property
+    def prepared_meta(self) -> Path:
+        return self.prepared / "meta.json"
+
+    def partition(self, alpha_tag: str) -> Path:
+        return self.root / "data" / "partitions" / alpha_tag
+
+    def run_dir(self, run: str) -> Path:
+        return self.root / "runs" / run
+
+    def trace(self, run: str) -> Path:
+        return self.root / "traces" / f"{run}.csv"
+
+    def metrics(self, run: str) -> Path:
+        return self.root / "metrics" / f"{run}.json"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / "metrics"
+
+    def roc(self, run: str) -> Path:
+        return self.root / "plots" / "roc" / f"{run}.csv"
+
+    def reliability(self, run: str) -> Path:
+        return self.root / "plots" / "reliability" / f"{run}.csv"
+
+    def figures(self, run: str) -> Path:
+        return self.root / "figures" / run
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"

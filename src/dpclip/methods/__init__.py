@@ -1,0 +1,17 @@
+"""Training methods, one module each. Importing this package registers all of them."""
+
+from __future__ import annotations
+
+from dpclip.methods import dp_sgd, non_private  # noqa: F401  (registration side effect)
+from dpclip.methods.base import REGISTRY, Method, StepRelease
+
+
+def available_methods() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def get_method(name: str) -> type[Method]:
+    return REGISTRY[name]
+
+
+__all__ = ["Method", "StepRelease", "available_methods", "get_method"]

@@ -1,0 +1,84 @@
+"""What a training method is: a per-sample scaling rule, a controller, and the extra noisy
+queries it declares for accounting. The shared DP step (:mod:`dpclip.train.step`) does the rest.
+
+A method module defines one subclass of :class:`Method` and registers it with
+:func:`register`; adding a method never touches the training loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from dpclip.privacy import ExtraQuery
+
+
+@dataclass
+class StepRelease:
+    """What one DP step releases; the only inputs a controller may read (METHODS.md step 6).
+
+    ``noisy_grad`` is the noisy sum divided by the expected batch size, per parameter;
+    ``extras`` holds the noisy answers of the method's extra queries.
+    """
+
+    step: int
+    noisy_grad: list[torch.Tensor]
+    extras: dict = field(default_factory=dict)
+
+
+class Method:
+    """Base class. Subclasses set ``name`` and override the rules they change."""
+
+    name: ClassVar[str] = ""
+    private: ClassVar[bool] = True  # False: plain training, no clipping, no noise
+    dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
+
+    def __init__(self, clip_norm: float, layer_names: list[str]):
+        self.clip_threshold = float(clip_norm)  # C_t, read before each step
+        self.layer_names = list(layer_names)
+
+    def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        """Per-sample scaling factors s_i (shape B) or per-layer s_i^(l) (shape B x L).
+
+        ``layer_norms[i, l]`` is ||g_i^(l)||. The result must satisfy ||gbar_i|| <= C_t for
+        every i, where gbar_i^(l) = s_i^(l) * g_i^(l): the accountant relies on it.
+        """
+        raise NotImplementedError
+
+    def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
+        """Gaussian queries released beside the gradient each step (for the sigma split)."""
+        return []
+
+    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+        """Answer the extra queries with their noise (the only place raw norms are used)."""
+        return {}
+
+    def update(self, release: StepRelease) -> None:
+        """Controller: compute C_{t+1} and other state from DP-released quantities only."""
+
+    def trace_row(self) -> dict:
+        """Method-specific signals for the per-step trace (beyond C_t)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"clip_threshold": self.clip_threshold}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.clip_threshold = float(state["clip_threshold"])
+
+
+REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"method name {cls.name!r} is empty or already registered")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:
+    """n_i = sqrt(sum_l (n_i^(l))^2)."""
+    return layer_norms.pow(2).sum(dim=1).sqrt()

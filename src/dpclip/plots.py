@@ -1,0 +1,74 @@
+"""Figures (matplotlib, headless), each written atomically as PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from dpclip.io import write_figure  # noqa: E402
+
+
+def roc_figure(path: Path, curves: dict[str, dict], title: str) -> Path:
+    """ROC curves on log-log axes (the low-FPR region is where attacks matter)."""
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    grid = np.logspace(-4, 0, 200)
+    ax.plot(grid, grid, color="grey", linestyle=":", label="chance")
+    for name, roc in curves.items():
+        fpr, tpr = np.asarray(roc["fpr"]), np.asarray(roc["tpr"])
+        ax.plot(np.clip(fpr, 1e-4, 1), np.clip(tpr, 1e-4, 1), label=name)
+    ax.set(xscale="log", yscale="log", xlabel="false positive rate",
+           ylabel="true positive rate", title=title, xlim=(1e-4, 1), ylim=(1e-4, 1))
+    ax.legend(fontsize=7, loc="lower right")
+    return write_figure(path, fig)
+
+
+def reliability_figure(path: Path, bins: pd.DataFrame, ece: float, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    filled = bins[bins["count"] > 0]
+    width = float(bins["upper"].iloc[0] - bins["lower"].iloc[0])
+    ax.bar(filled["bin_center"], filled["accuracy"], width=width * 0.95, color="#3b75af",
+           edgecolor="black", label="accuracy")
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top label)", ylabel="accuracy",
+           title=f"{title}\nECE = {ece:.4f}")
+    ax.legend(loc="upper left", fontsize=8)
+    return write_figure(path, fig)
+
+
+def clip_figure(path: Path, traces: dict[str, pd.DataFrame], title: str) -> Path:
+    """Clip threshold C_t against step, one line per run (private runs only)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    drawn = 0
+    for name, trace in traces.items():
+        c = trace.dropna(subset=["clip_threshold"])
+        if len(c):
+            ax.plot(c["step"], c["clip_threshold"], label=name)
+            drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no clipping (non-private run)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set(xlabel="step", ylabel="clip threshold C_t", title=title)
+    if drawn:
+        ax.legend(fontsize=7)
+    return write_figure(path, fig)
+
+
+def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
+    """Accuracy, ECE and loss-attack AUC of every run, side by side."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 0.45 * len(table) + 1.8), sharey=True)
+    labels = table["run"].tolist()
+    for ax, column, name in zip(axes, ("accuracy", "ece", "mia_auc"),
+                                ("accuracy (holdout)", "ECE", "loss-attack AUC")):
+        ax.barh(labels, table[column], color="#3b75af")
+        ax.set_xlabel(name)
+        if column == "mia_auc":
+            ax.axvline(0.5, color="grey", linestyle=":")
+    axes[0].invert_yaxis()
+    fig.suptitle("dpclip: matched-budget comparison")
+    return write_figure(path, fig)

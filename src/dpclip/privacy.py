@@ -1,0 +1,158 @@
+"""Privacy accounting: Opacus accountants, target epsilon -> noise, the sigma split, the guard.
+
+Every DP step is accounted as one sampled Gaussian mechanism with (sigma_eff, q). When a step
+releases extra Gaussian queries on the same batch (query k with L2 sensitivity Delta_k and noise
+std s_k), the step is still one Gaussian mechanism with
+
+    sigma_eff = ( sigma_T^-2 + sum_k (Delta_k / s_k)^2 )^(-1/2),
+
+and for a target sigma_eff the gradient noise is
+    sigma_T = ( sigma_eff^-2 - sum_k (Delta_k / s_k)^2 )^(-1/2)   (METHODS.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import rdp as rdp_analysis
+from opacus.accountants.utils import get_noise_multiplier
+
+from dpclip.errors import DpclipError
+
+ACCOUNTANT_CLASSES = {"rdp": RDPAccountant, "prv": PRVAccountant}
+
+
+@dataclass(frozen=True)
+class ExtraQuery:
+    """A Gaussian query released on the same batch: L2 sensitivity and noise std."""
+
+    name: str
+    sensitivity: float
+    noise_std: float
+
+
+def combined_sigma(sigma_train: float, extras: list[ExtraQuery]) -> float:
+    """sigma_eff of one step that releases the noisy gradient sum and ``extras``."""
+    precision = sigma_train ** -2 + sum((q.sensitivity / q.noise_std) ** 2 for q in extras)
+    return precision ** -0.5
+
+
+def split_sigma(sigma_eff: float, extras: list[ExtraQuery]) -> float:
+    """The gradient noise multiplier sigma_T left after the extra queries take their share."""
+    extra_precision = sum((q.sensitivity / q.noise_std) ** 2 for q in extras)
+    remaining = sigma_eff ** -2 - extra_precision
+    if remaining <= 0:
+        worst = min(extras, key=lambda q: q.noise_std / q.sensitivity)
+        raise DpclipError(
+            f"noise of extra query {worst.name!r} (std/sensitivity = "
+            f"{worst.noise_std / worst.sensitivity:g}) is too small: the step's overall noise "
+            f"multiplier is {sigma_eff:g}, and each extra query needs std/sensitivity above it "
+            f"with room left for the gradient")
+    return remaining ** -0.5
+
+
+def make_accountant(kind: str):
+    if kind not in ACCOUNTANT_CLASSES:
+        raise DpclipError(f"privacy.accountant: {kind!r} is not one of {list(ACCOUNTANT_CLASSES)}")
+    return ACCOUNTANT_CLASSES[kind]()
+
+
+@functools.lru_cache(maxsize=256)
+def _rdp_per_step(sigma: float, q: float) -> np.ndarray:
+    """RDP of one sampled-Gaussian step at Opacus's default orders (RDP adds over steps)."""
+    return np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
+                                               orders=RDPAccountant.DEFAULT_ALPHAS))
+
+
+def epsilon_of(kind: str, history: list[tuple[float, float, int]], delta: float) -> float:
+    """Epsilon of a composition given as Opacus history entries (sigma, q, steps).
+
+    RDP: the same sum of per-entry RDP curves and the same conversion that
+    ``RDPAccountant.get_epsilon`` computes, with each entry's one-step curve cached (RDP is
+    linear in the number of identical steps), so a per-step trace stays cheap.
+    PRV: ``PRVAccountant`` on the history as given.
+    """
+    history = [entry for entry in history if entry[2] > 0]
+    if not history:
+        return 0.0
+    if kind == "rdp":
+        rdp = sum(steps * _rdp_per_step(sigma, q) for sigma, q, steps in history)
+        eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp,
+                                                delta=delta)
+        return float(eps)
+    accountant = make_accountant(kind)
+    accountant.history = history
+    return float(accountant.get_epsilon(delta=delta))
+
+
+def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                      kind: str, tolerance: float = 0.01) -> float:
+    """Smallest-found sigma whose epsilon after ``steps`` is <= target (Opacus binary search).
+
+    Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
+    narrowed until epsilon is within ``tolerance`` of the target.
+    """
+    try:
+        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                          sample_rate=sample_rate, steps=steps,
+                                          accountant=kind, epsilon_tolerance=tolerance))
+    except ValueError as exc:
+        raise DpclipError(f"privacy.target_epsilons: {target_epsilon!r} cannot be reached with "
+                          f"delta={delta:g}, q={sample_rate:g}, {steps} steps: {exc}") from exc
+
+
+@dataclass
+class BudgetGuard:
+    """Tracks the accountant's history and refuses a step that would pass the target epsilon.
+
+    :meth:`allows` asks whether one more step with (sigma, q) keeps epsilon <= target. Epsilon
+    only grows with more steps, so when a whole ``horizon`` of identical steps fits, all of them
+    are approved at once and the accountant is not asked again until they are used up (one PRV
+    call per run instead of one per step).
+    """
+
+    kind: str
+    delta: float
+    target_epsilon: float | None  # None: no DP accounting (non-private runs)
+    history: list[tuple[float, float, int]] = field(default_factory=list)
+    _approved: tuple[tuple[float, float], int] = field(default=((0.0, 0.0), 0), repr=False)
+
+    @property
+    def steps(self) -> int:
+        return sum(entry[2] for entry in self.history)
+
+    def _extended(self, sigma: float, q: float, n: int = 1) -> list[tuple[float, float, int]]:
+        history = list(self.history)
+        if history and history[-1][0] == sigma and history[-1][1] == q:
+            history[-1] = (sigma, q, history[-1][2] + n)
+        else:
+            history.append((sigma, q, n))
+        return history
+
+    def epsilon(self) -> float | None:
+        if self.target_epsilon is None:
+            return None
+        return epsilon_of(self.kind, self.history, self.delta)
+
+    def allows(self, sigma: float, q: float, horizon: int = 1) -> bool:
+        if self.target_epsilon is None:
+            return True
+        key, left = self._approved
+        if key == (sigma, q) and left > 0:
+            return True
+        for n in dict.fromkeys((max(1, horizon), 1)):
+            if epsilon_of(self.kind, self._extended(sigma, q, n), self.delta) \
+                    <= self.target_epsilon:
+                self._approved = ((sigma, q), n)
+                return True
+        return False
+
+    def record(self, sigma: float, q: float) -> None:
+        if self.target_epsilon is None:
+            return
+        self.history = self._extended(sigma, q)
+        key, left = self._approved
+        self._approved = (key, left - 1) if key == (sigma, q) else ((0.0, 0.0), 0)

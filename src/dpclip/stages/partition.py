@@ -1,0 +1,73 @@
+"""partition: the label-skewed training set for one Dirichlet alpha ('iid' = no skew).
+
+Writes ``data/partitions/<alpha>/partition.json`` (positions into the prepared target-train
+split, its size, the drawn proportions, the per-class histogram) and a histogram plot.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dpclip.config import IID, Params, alpha_tag
+from dpclip.data.splits import dirichlet_subsample
+from dpclip.errors import DpclipError
+from dpclip.io import atomic_dir, read_json, write_figure, write_json
+from dpclip.layout import Layout
+from dpclip.stages.prepare import load_split
+
+
+def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:
+    _, y, _ = load_split(layout, "target_train")
+    meta = read_json(layout.prepared_meta)
+    n_classes = int(meta["n_classes"])
+    if alpha == IID:
+        positions, proportions = np.arange(len(y)), None
+    else:
+        # one seed per (data seed, alpha): the same alpha always gives the same subset
+        seed = int(np.random.SeedSequence([params.data.seed, int(float(alpha) * 1e6)])
+                   .generate_state(1)[0])
+        positions, proportions = dirichlet_subsample(y, n_classes, float(alpha), seed)
+    histogram = np.bincount(y[positions], minlength=n_classes)
+    record = {
+        "alpha": None if alpha == IID else alpha, "tag": alpha_tag(alpha),
+        "size": int(len(positions)), "source_size": int(len(y)),
+        "fraction_kept": float(len(positions) / len(y)),
+        "proportions": None if proportions is None else proportions.tolist(),
+        "histogram": histogram.tolist(), "classes": meta["classes"],
+        "positions": positions.tolist(),
+    }
+    with atomic_dir(layout.partition(alpha_tag(alpha))) as folder:
+        write_json(folder / "partition.json", record)
+        write_figure(folder / "histogram.png", _histogram_figure(record))
+    return record
+
+
+def load_partition(layout: Layout, alpha) -> dict:
+    path = layout.partition(alpha_tag(alpha)) / "partition.json"
+    if not path.exists():
+        raise DpclipError(f"partition {str(path)!r} is missing: run the partition stage for "
+                          f"alpha={alpha!r} first")
+    record = json.loads(path.read_text())
+    positions = np.asarray(record["positions"], dtype=np.int64)
+    if len(np.unique(positions)) != len(positions):
+        raise DpclipError(f"partition {str(path)!r} repeats a record: refusing to train on it")
+    record["positions"] = positions
+    return record
+
+
+def _histogram_figure(record: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(range(len(record["histogram"])), record["histogram"], color="#3b75af")
+    ax.set_xticks(range(len(record["classes"])), record["classes"], rotation=45, ha="right")
+    ax.set_ylabel("records")
+    title = "IID (no label skew)" if record["alpha"] is None else \
+        f"Dirichlet alpha = {record['alpha']}"
+    ax.set_title(f"{title}: {record['size']} of {record['source_size']} records")
+    return fig

@@ -1,0 +1,95 @@
+"""report: one comparison table (Markdown + CSV) over every configured run, and figures,
+regenerated from the metrics files; then the MLflow record of this pipeline execution."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pandas as pd
+
+from dpclip.config import Params, run_name
+from dpclip.errors import DpclipError
+from dpclip.io import read_json, write_csv_frame, write_text
+from dpclip.layout import Layout
+from dpclip.plots import clip_figure, comparison_figure, roc_figure
+
+
+@dataclass(frozen=True)
+class RunKey:
+    method: str
+    epsilon: object
+    alpha: object
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return run_name(self.method, self.epsilon, self.alpha, self.seed)
+
+
+def configured_runs(params: Params) -> list[RunKey]:
+    """Every (method, target epsilon, alpha, seed) the parameters ask for (the DVC matrix)."""
+    return [RunKey(m, e, a, s) for m, e, a, s in itertools.product(
+        params.train.methods, params.privacy.target_epsilons, params.partition.alphas,
+        params.train.seeds)]
+
+
+COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
+           "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
+           "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "noise_multiplier", "c_final",
+           "train_s"]
+
+
+def table_row(m: dict) -> dict:
+    p, u, a = m["privacy"], m["utility"], m["mia"]["loss"]
+    return {"run": m["run"], "method": m["method"], "dp_guarantee": p["dp_guarantee"],
+            "target_epsilon": p["target_epsilon"], "epsilon": p["epsilon"],
+            "alpha": "iid" if m["alpha"] is None else m["alpha"], "seed": m["seed"],
+            "accuracy": u["accuracy"], "ece": u["ece"], "mce": u["mce"], "brier": u["brier"],
+            "nll": u["nll"], "mia_auc": a["auc"], "mia_balanced_accuracy": a["balanced_accuracy"],
+            "mia_tpr_at_fpr_1pct": a["tpr_at_fpr_1pct"],
+            "mia_tpr_at_fpr_0.1pct": a["tpr_at_fpr_0.1pct"],
+            "noise_multiplier": p["noise_multiplier"], "c_final": m["clip"]["c_final"],
+            "train_s": m["time"]["train_s"]}
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    def fmt(v):
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return "—"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    header = "| " + " | ".join(table.columns) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    rows = ["| " + " | ".join(fmt(v) for v in row) + " |"
+            for row in table.astype(object).itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def report(params: Params, layout: Layout = Layout(), track: bool = True) -> pd.DataFrame:
+    runs = configured_runs(params)
+    missing = [k.name for k in runs if not layout.metrics(k.name).exists()]
+    if missing:
+        raise DpclipError(f"metrics missing for {missing}: run the evaluate stage first")
+    metrics = [read_json(layout.metrics(k.name)) for k in runs]
+    table = pd.DataFrame([table_row(m) for m in metrics], columns=COLUMNS)
+    out = layout.reports
+    write_csv_frame(out / "comparison.csv", table)
+    notes = ["", "`dp_guarantee: false` rows are non-private or literal-paper variants: their "
+                 "epsilon is not a guarantee.",
+             "`mia_*`: loss-threshold membership attack, members = records trained on, "
+             "non-members = target holdout."]
+    write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
+               + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
+    traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
+    rocs = {k.name: pd.read_csv(layout.roc(k.name)) for k in runs}
+    comparison_figure(out / "comparison.png", table)
+    clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
+    roc_figure(out / "roc.png", rocs, title="Loss-attack ROC by run")
+    if track:
+        from dpclip.tracking import log_pipeline
+
+        log_pipeline(params, layout, [k.name for k in runs])
+    return table

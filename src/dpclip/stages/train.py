@@ -1,0 +1,72 @@
+"""train: one configuration (method, target epsilon, alpha, seed) on its partition.
+
+Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
+record, timing, training facts) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
+spent, method signals). The trace's loss and batch-size columns are diagnostics for the data
+owner, computed from the private batch: they are not part of the DP release (the weights and
+C_t are).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import torch
+
+from dpclip.config import IID, Params, run_name
+from dpclip.io import read_json, write_csv_frame, write_json, write_with
+from dpclip.layout import Layout
+from dpclip.methods import get_method
+from dpclip.models import build_model
+from dpclip.stages.partition import load_partition
+from dpclip.stages.prepare import load_split
+from dpclip.train import TrainConfig, train_model
+
+
+def train_config(params: Params, method: str, epsilon, seed: int) -> TrainConfig:
+    t, p = params.train, params.privacy
+    private = get_method(method).private
+    return TrainConfig(method=method, target_epsilon=float(epsilon) if private else None,
+                       delta=p.delta, accountant=p.accountant, epochs=t.epochs,
+                       batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer,
+                       momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
+                       device=t.device, model=t.model, hidden=tuple(t.hidden),
+                       epsilon_tolerance=p.epsilon_tolerance)
+
+
+def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
+          progress: bool = True) -> dict:
+    run = run_name(method, epsilon, alpha, seed)
+    x, y, _ = load_split(layout, "target_train")
+    part = load_partition(layout, alpha)
+    meta = read_json(layout.prepared_meta)
+    members = part["positions"]
+    cfg = train_config(params, method, epsilon, seed)
+    result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
+                         int(meta["n_classes"]), cfg, progress=progress, desc=run)
+    checkpoint = {"state_dict": result.model.state_dict(),
+                  "architecture": {"model": cfg.model, "feature_shape": meta["feature_shape"],
+                                   "n_classes": meta["n_classes"], "hidden": list(cfg.hidden)}}
+    run_dir = layout.run_dir(run)
+    write_with(run_dir / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
+    record = {
+        "run": run, "dataset": params.data.dataset, "method": method,
+        "alpha": None if alpha == IID else alpha, "seed": int(seed),
+        "privacy": result.privacy, "time": result.time, "training": result.training,
+        "model_sha256": hashlib.sha256((run_dir / "model.pt").read_bytes()).hexdigest(),
+        "n_members": int(len(members)),
+    }
+    write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
+    write_json(run_dir / "record.json", record)
+    return record
+
+
+def load_model(layout: Layout, run: str) -> torch.nn.Module:
+    checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
+                            weights_only=True)
+    arch = checkpoint["architecture"]
+    model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
+                        list(arch["hidden"]))
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval()

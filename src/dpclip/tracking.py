@@ -1,0 +1,168 @@
+"""MLflow logging (the only module that imports mlflow), per the tracking contract.
+
+One experiment per dataset (``dpclip-<dataset>``); a parent run per pipeline execution; one
+child run per trained configuration, tagged with dataset, method, alpha, seed and the git
+commit. A configuration already logged with the same model (same run name and model SHA-256)
+is not logged again: the parent records it as reused, so re-running the report, or running the
+same configuration through the other front door, gives one record per trained model.
+
+Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
+``<project>/mlflow/artifacts``. Inside a DVC temporary experiment folder
+(``<project>/.dvc/tmp/exps/...``) the project is the folder that holds ``.dvc``, so records
+survive the temporary copy. ``MLFLOW_TRACKING_URI`` overrides the backend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from dpclip.config import Params
+from dpclip.io import read_json
+from dpclip.layout import Layout
+
+log = logging.getLogger(__name__)
+
+SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
+    "epsilon": ("privacy", "epsilon"),
+    "accuracy": ("utility", "accuracy"),
+    "ece": ("utility", "ece"),
+    "mce": ("utility", "mce"),
+    "brier": ("utility", "brier"),
+    "nll": ("utility", "nll"),
+    "mia_auc": ("mia", "loss", "auc"),
+    "mia_balanced_accuracy": ("mia", "loss", "balanced_accuracy"),
+    "mia_tpr_at_fpr_1pct": ("mia", "loss", "tpr_at_fpr_1pct"),
+    "train_s": ("time", "train_s"),
+}
+STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
+
+
+def project_home(root: Path) -> Path:
+    """The project folder, also when running inside a DVC temporary experiment copy."""
+    root = root.resolve()
+    parts = root.parts
+    for i in range(len(parts) - 3):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return root
+
+
+def tracking_uri(root: Path) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    home = project_home(root) / "mlflow"
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _get(d: dict, path: tuple):
+    for key in path:
+        d = d.get(key) if isinstance(d, dict) else None
+    return d
+
+
+def _flatten(prefix: str, value, out: dict) -> dict:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = str(value)[:500]
+    return out
+
+
+def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = (artifact_root / name).as_uri() if artifact_root else None
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> str:
+    """Log one pipeline execution; returns the parent run id."""
+    import mlflow
+
+    root = layout.root.resolve()
+    mlflow.set_tracking_uri(tracking_uri(root))
+    artifact_root = None if os.environ.get("MLFLOW_TRACKING_URI") else \
+        project_home(root) / "mlflow" / "artifacts"
+    experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root)
+    commit = git_commit(root)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline-{stamp}",
+                         tags={"dpclip.kind": "pipeline", "git_commit": commit,
+                               "dataset": params.data.dataset}) as parent:
+        mlflow.log_params(_flatten("", params.to_dict(), {}))
+        for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
+                     "roc.png"):
+            if (layout.reports / name).exists():
+                mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
+        reused = []
+        for run in runs:
+            if not _log_configuration(mlflow, experiment_id, layout, run, commit):
+                reused.append(run)
+        mlflow.set_tag("dpclip.reused_runs", ",".join(reused)[:5000])
+        log.info("MLflow: parent run %s, %d new configuration(s), %d already logged",
+                 parent.info.run_id, len(runs) - len(reused), len(reused))
+        return parent.info.run_id
+
+
+def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, commit: str
+                       ) -> bool:
+    """Log one configuration as a child run unless its model is already logged."""
+    record = read_json(layout.run_dir(run) / "record.json")
+    fingerprint = record["model_sha256"]
+    existing = mlflow.search_runs(
+        experiment_ids=[experiment_id], output_format="list", max_results=1,
+        filter_string=f"tags.`dpclip.fingerprint` = '{fingerprint}' and "
+                      f"tags.`dpclip.run` = '{run}'")
+    if existing:
+        return False
+    metrics = read_json(layout.metrics(run))
+    privacy = metrics["privacy"]
+    tags = {"dpclip.kind": "configuration", "dpclip.run": run, "dpclip.fingerprint": fingerprint,
+            "dataset": metrics["dataset"], "method": metrics["method"],
+            "alpha": "iid" if metrics["alpha"] is None else str(metrics["alpha"]),
+            "seed": str(metrics["seed"]), "git_commit": commit,
+            "dp_guarantee": str(privacy["dp_guarantee"]).lower()}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run, nested=True, tags=tags):
+        mlflow.log_params({k: v for k, v in privacy.items() if v is not None})
+        mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
+                            SUMMARY_METRICS.items() if _get(metrics, path) is not None})
+        _log_trace(mlflow, pd.read_csv(layout.trace(run)))
+        mlflow.log_artifact(str(layout.trace(run)), artifact_path="trace")
+        mlflow.log_artifact(str(layout.metrics(run)), artifact_path="metrics")
+        mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="model")
+        figures = layout.figures(run)
+        for png in sorted(figures.glob("*.png")):
+            mlflow.log_artifact(str(png), artifact_path="plots")
+    return True
+
+
+def _log_trace(mlflow, trace: pd.DataFrame, chunk: int = 900) -> None:
+    """Per-step metrics (clip_threshold, train_loss, epsilon_spent) in batches."""
+    from mlflow.entities import Metric
+
+    client = mlflow.tracking.MlflowClient()
+    run_id = mlflow.active_run().info.run_id
+    now = int(dt.datetime.now().timestamp() * 1000)
+    entries = [Metric(name, float(row[name]), now, int(row["step"]))
+               for _, row in trace.iterrows() for name in STEP_METRICS
+               if name in trace and pd.notna(row[name])]
+    for i in range(0, len(entries), chunk):
+        client.log_batch(run_id, metrics=entries[i:i + chunk])
