@@ -11,8 +11,8 @@ def largest_remainder(total: int, weights: np.ndarray, caps: np.ndarray | None =
                       ) -> np.ndarray:
     """Integer counts summing to ``total`` (when caps allow) in proportion to ``weights``.
 
-    c_k = floor(total * w_k), then the remaining units go to the largest fractional parts
-    among entries still below their cap (Hamilton's method).
+    c_k = floor(total * w_k) (capped), then the remaining units go to the largest fractional
+    parts among entries still below their cap (Hamilton's method), round after round.
     """
     weights = np.asarray(weights, dtype=np.float64)
     weights = weights / weights.sum()
@@ -22,12 +22,13 @@ def largest_remainder(total: int, weights: np.ndarray, caps: np.ndarray | None =
         counts = np.minimum(counts, caps)
     remainder = total - int(counts.sum())
     order = np.argsort(-(exact - counts), kind="stable")
-    for k in order:
-        if remainder <= 0:
-            break
-        if caps is None or counts[k] < caps[k]:
+    while remainder > 0:
+        open_slots = [k for k in order if caps is None or counts[k] < caps[k]]
+        if not open_slots:
+            break  # the caps hold fewer than `total` units
+        for k in open_slots[:remainder]:
             counts[k] += 1
-            remainder -= 1
+        remainder = total - int(counts.sum())
     return counts
 
 

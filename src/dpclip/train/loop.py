@@ -87,32 +87,37 @@ def plan_steps(n_records: int, batch_size: int, epochs: int) -> tuple[float, int
     return q, steps_per_epoch, epochs * steps_per_epoch
 
 
-def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
-                cfg: TrainConfig, *, progress: bool = True, desc: str = "") -> TrainResult:
-    """Train one configuration and return the model, its trace and its privacy record."""
+def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
+              cfg: TrainConfig) -> "_Run":
+    """Seed, build the model and method, plan the steps, and (private) find the noise."""
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     model = build_model(cfg.model, feature_shape, n_classes, list(cfg.hidden)).to(device)
-    x_t = torch.as_tensor(x, dtype=torch.float32, device=device)
-    y_t = torch.as_tensor(y, dtype=torch.int64, device=device)
-    q, steps_per_epoch, total_steps = plan_steps(len(x), cfg.batch_size, cfg.epochs)
+    q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.batch_size, cfg.epochs)
     groups = LayerGroups.of(model)
     method = method_cls(cfg.clip_norm, groups.names)
-    loss_fn = nn.CrossEntropyLoss(reduction="none")
     runner = _PrivateRun if method_cls.private else _PlainRun
-    run = runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device, loss_fn)
+    return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
+                  nn.CrossEntropyLoss(reduction="none"))
+
+
+def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
+                cfg: TrainConfig, *, progress: bool = True, desc: str = "") -> TrainResult:
+    """Train one configuration and return the model, its trace and its privacy record."""
+    run = build_run(feature_shape, n_classes, len(x), cfg)
+    x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)
+    y_t = torch.as_tensor(y, dtype=torch.int64, device=run.device)
     started = time.perf_counter()
     run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method)
     train_s = time.perf_counter() - started
-    model_out = run.model._module if isinstance(run.model, GradSampleModule) else run.model
     step_times = np.array(run.step_times) if run.step_times else np.zeros(1)
     return TrainResult(
-        model=model_out.cpu(), trace=run.trace, privacy=run.privacy_record(),
+        model=run.plain_model().cpu(), trace=run.trace, privacy=run.privacy_record(),
         time={"train_s": round(train_s, 4), "step_s_median": float(np.median(step_times)),
-              "device": str(device)},
-        training={"epochs_planned": cfg.epochs, "steps_planned": total_steps,
-                  "steps_per_epoch": steps_per_epoch, "n_train": int(len(x)),
+              "device": str(run.device)},
+        training={"epochs_planned": cfg.epochs, "steps_planned": run.total_steps,
+                  "steps_per_epoch": run.steps_per_epoch, "n_train": int(len(x)),
                   "stopped_by_budget": run.stopped_by_budget},
     )
 
@@ -127,9 +132,14 @@ class _Run:
         self.device, self.loss_fn = device, loss_fn
         self.sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + 1)
         self.noise_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + 2)
+        self.optimizer = make_optimizer(cfg, groups.flat())
         self.trace: list[dict] = []
         self.step_times: list[float] = []
         self.stopped_by_budget = False
+
+    def plain_model(self) -> nn.Module:
+        """The trained network without Opacus's per-sample-gradient wrapper."""
+        return self.model._module if isinstance(self.model, GradSampleModule) else self.model
 
     def _bar(self, progress: bool, desc: str):
         return tqdm(total=self.total_steps, desc=desc, disable=not progress, leave=False,
@@ -146,22 +156,21 @@ class _PlainRun(_Run):
     """Non-private: shuffled minibatches, mean loss, no clipping, no noise."""
 
     def fit(self, x, y, *, progress, desc):
-        optimizer = make_optimizer(self.cfg, self.model.parameters())
         n, b = len(x), self.cfg.batch_size
         step = 0
         with self._bar(progress, desc) as bar:
-            for epoch in range(self.cfg.epochs):
+            for epoch in range(1, self.cfg.epochs + 1):
                 order = torch.randperm(n, generator=self.sample_gen).to(self.device)
                 for k in range(self.steps_per_epoch):
                     idx = order[k * b:(k + 1) * b] if (k + 1) * b <= n else order[-b:]
                     step += 1
                     tic = time.perf_counter()
-                    loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], optimizer)
+                    loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
                     self.step_times.append(time.perf_counter() - tic)
-                    self.trace.append({"step": step, "epoch": epoch + 1, "batch_size": len(idx),
+                    self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
                                        "clip_threshold": float("nan"), "train_loss": loss,
                                        "epsilon_spent": float("nan")})
-                    self._show(bar, step, epoch=epoch + 1, loss=f"{loss:.3f}")
+                    self._show(bar, step, epoch=epoch, loss=f"{loss:.3f}")
 
     def privacy_record(self) -> dict:
         return {"dp_guarantee": False, "accountant": None, "target_epsilon": None,
@@ -186,36 +195,44 @@ class _PrivateRun(_Run):
         self.trace_every = trace_every
 
     def fit(self, x, y, *, progress, desc):
-        optimizer = make_optimizer(self.cfg, self.groups.flat())
         sampler = UniformWithReplacementSampler(num_samples=len(x), sample_rate=self.q,
                                                 generator=self.sample_gen,
                                                 steps=self.steps_per_epoch)
-        step = 0
         with self._bar(progress, desc) as bar:
-            for epoch in range(self.cfg.epochs):
+            for epoch in range(1, self.cfg.epochs + 1):
                 for batch in sampler:
                     if not self.guard.allows(self.sigma_eff, self.q,
-                                             horizon=self.total_steps - step):
+                                             horizon=self.total_steps - self.guard.steps):
                         self.stopped_by_budget = True
                         return
-                    step += 1
-                    clip = self.method.clip_threshold
-                    self.guard.record(self.sigma_eff, self.q)
-                    loss = float("nan")
-                    if len(batch) > 0:  # empty batch: no update, controller unchanged
-                        idx = torch.as_tensor(batch, device=self.device)
-                        tic = time.perf_counter()
-                        loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
-                                          self.method, self.sigma_train,
-                                          self.q * len(x), optimizer, self.noise_gen, step)
-                        self.step_times.append(time.perf_counter() - tic)
-                    eps = self._epsilon_for_trace(step)
-                    self.trace.append({"step": step, "epoch": epoch + 1,
-                                       "batch_size": len(batch), "clip_threshold": clip,
-                                       "train_loss": loss, "epsilon_spent": eps,
-                                       **self.method.trace_row()})
-                    self._show(bar, step, epoch=epoch + 1, loss=f"{loss:.3f}", C=f"{clip:.3g}",
-                               eps="-" if math.isnan(eps) else f"{eps:.2f}")
+                    row = self.step(x, y, batch, epoch)
+                    self._show(bar, row["step"], epoch=epoch, loss=f"{row['train_loss']:.3f}",
+                               C=f"{row['clip_threshold']:.3g}",
+                               eps="-" if math.isnan(row["epsilon_spent"])
+                               else f"{row['epsilon_spent']:.2f}")
+
+    def step(self, x, y, batch, epoch: int) -> dict:
+        """One accounted step on Poisson batch ``batch`` (record indices); returns its trace row.
+
+        An empty batch counts for the accountant but changes neither the weights nor the
+        method's state.
+        """
+        self.guard.record(self.sigma_eff, self.q)
+        step = self.guard.steps
+        clip = self.method.clip_threshold
+        loss = float("nan")
+        if len(batch) > 0:
+            idx = torch.as_tensor(batch, device=self.device)
+            tic = time.perf_counter()
+            loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
+                              self.method, self.sigma_train, self.q * len(x), self.optimizer,
+                              self.noise_gen, step)
+            self.step_times.append(time.perf_counter() - tic)
+        row = {"step": step, "epoch": epoch, "batch_size": len(batch), "clip_threshold": clip,
+               "train_loss": loss, "epsilon_spent": self._epsilon_for_trace(step),
+               **self.method.trace_row()}
+        self.trace.append(row)
+        return row
 
     def _epsilon_for_trace(self, step: int) -> float:
         if step % self.trace_every == 0 or step == self.total_steps:

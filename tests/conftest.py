@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny parameter sets and small data files made by the tests themselves."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+TINY = {
+    "data": {"dataset": "digits", "seed": 0},
+    "partition": {"alphas": ["iid"]},
+    "privacy": {"target_epsilons": [8], "delta": 1.0e-5, "accountant": "rdp"},
+    "train": {"methods": ["non_private", "dp_sgd"], "model": "mlp", "hidden": [32],
+              "seeds": [0], "epochs": 2, "batch_size": 64, "lr": 0.5, "momentum": 0.0},
+}
+
+
+def merged(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.fixture
+def tiny_raw():
+    """A function returning the tiny parameter mapping with overrides merged in."""
+    return lambda **sections: merged(TINY, sections)
+
+
+@pytest.fixture
+def write_params(tmp_path):
+    def write(raw: dict, name: str = "params.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return path
+
+    return write

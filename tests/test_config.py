@@ -1,0 +1,63 @@
+"""Bad parameters fail before any work, with one message naming the key and the value."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpclip.config import parse_params, run_name
+from dpclip.errors import ConfigError
+
+
+@pytest.mark.parametrize("section, values, key, shown", [
+    ("privacy", {"target_epsilons": [0]}, "privacy.target_epsilons", "0"),
+    ("privacy", {"target_epsilons": [-1.5]}, "privacy.target_epsilons", "-1.5"),
+    ("privacy", {"delta": 0}, "privacy.delta", "0"),
+    ("privacy", {"delta": 1.0}, "privacy.delta", "1.0"),
+    ("privacy", {"delta": "abc"}, "privacy.delta", "'abc'"),
+    ("privacy", {"accountant": "gdp"}, "privacy.accountant", "'gdp'"),
+    ("partition", {"alphas": [0.5, -1]}, "partition.alphas", "-1"),
+    ("partition", {"alphas": [0]}, "partition.alphas", "0"),
+    ("partition", {"alphas": ["skewed"]}, "partition.alphas", "'skewed'"),
+    ("data", {"dataset": "imagenet"}, "data.dataset", "'imagenet'"),
+    ("train", {"model": "resnet"}, "train.model", "'resnet'"),
+    ("train", {"methods": ["dp_sgd", "magic"]}, "train.methods", "'magic'"),
+    ("train", {"batch_size": "sixty"}, "train.batch_size", "'sixty'"),
+    ("train", {"epochs": 0}, "train.epochs", "0"),
+    ("train", {"lr": "fast"}, "train.lr", "'fast'"),
+    ("train", {"device": "tpu"}, "train.device", "'tpu'"),
+    ("train", {"batchsize": 32}, "train.batchsize", "32"),
+])
+def test_bad_value_names_key_and_value(tiny_raw, section, values, key, shown):
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(**{section: values}))
+    message = str(info.value)
+    assert key in message and shown in message
+    assert len(info.value.problems) == 1
+
+
+def test_every_bad_key_is_reported_at_once(tiny_raw):
+    raw = tiny_raw(privacy={"delta": 2.0, "target_epsilons": [-1]}, data={"dataset": "x"})
+    with pytest.raises(ConfigError) as info:
+        parse_params(raw)
+    joined = "\n".join(info.value.problems)
+    for key in ("privacy.delta", "privacy.target_epsilons", "data.dataset"):
+        assert key in joined
+
+
+def test_csv_needs_path_and_target(tiny_raw):
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(data={"dataset": "csv"}))
+    assert "data.path" in str(info.value) and "data.target" in str(info.value)
+
+
+def test_split_fractions_must_sum_to_one(tiny_raw):
+    with pytest.raises(ConfigError, match="data.split"):
+        parse_params(tiny_raw(data={"split": {"target_train": 0.9}}))
+
+
+def test_defaults_parse_and_name_runs_like_the_contract(tiny_raw):
+    params = parse_params(tiny_raw())
+    assert params.privacy.accountant == "rdp"
+    assert run_name("dp_sgd", params.privacy.target_epsilons[0], "iid", 0) == \
+        "dp_sgd-eps8-iid-seed0"
+    assert run_name("dp_sgd", 2.5, 0.1, 3) == "dp_sgd-eps2.5-0.1-seed3"

@@ -1,0 +1,155 @@
+"""The shared DP step: clip bound, the noisy sum against an independent per-example
+computation, the noise scale, empty batches, determinism and the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus import GradSampleModule
+from torch import nn
+
+from dpclip.methods import available_methods, get_method
+from dpclip.train import TrainConfig, build_run, train_model
+from dpclip.train.step import LayerGroups, as_layer_factors, dp_step
+
+PRIVATE_METHODS = [m for m in available_methods() if get_method(m).private]
+
+
+@pytest.mark.parametrize("method_name", PRIVATE_METHODS)
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_every_scaled_per_sample_gradient_is_within_the_clip_bound(method_name, data):
+    n_layers = data.draw(st.integers(1, 4))
+    batch = data.draw(st.integers(1, 16))
+    clip = data.draw(st.floats(1e-3, 1e3))
+    seed = data.draw(st.integers(0, 2 ** 31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    # per-layer gradient blocks with norms spread over 12 orders of magnitude, some exactly 0
+    scales = 10 ** (torch.rand(batch, n_layers, generator=gen) * 12 - 6)
+    scales[torch.rand(batch, n_layers, generator=gen) < 0.1] = 0.0
+    blocks = [torch.randn(batch, 7, generator=gen, dtype=torch.float64) for _ in range(n_layers)]
+    blocks = [b / b.norm(dim=1, keepdim=True) * scales[:, l:l + 1].double()
+              for l, b in enumerate(blocks)]
+    layer_norms = torch.stack([b.norm(dim=1) for b in blocks], dim=1)
+    method = get_method(method_name)(clip, [f"layer{l}" for l in range(n_layers)])
+    factors = as_layer_factors(method.scale(layer_norms), n_layers)
+    scaled_norms = torch.stack([(factors[:, l:l + 1] * b).norm(dim=1) for l, b in
+                                enumerate(blocks)], dim=1).pow(2).sum(dim=1).sqrt()
+    assert torch.all(scaled_norms <= clip * (1 + 1e-9))
+
+
+def _tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+
+
+def _reference_clipped_sum(model, x, y, clip):
+    """Per-example gradients by one autograd call per record, clipped by hand."""
+    total = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(len(x)):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum").backward()
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        factor = min(1.0, clip / norm.item())
+        total = [t + factor * g for t, g in zip(total, grads)]
+    return total
+
+
+def _run_dp_step(sigma, clip=0.5, seed=0, expected_batch=8.0):
+    model = _tiny_model()
+    gen = torch.Generator().manual_seed(123)
+    x, y = torch.randn(6, 5, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    reference = _reference_clipped_sum(_tiny_model(), x, y, clip)
+    groups = LayerGroups.of(model)
+    method = get_method("dp_sgd")(clip, groups.names)
+    wrapped = GradSampleModule(model, loss_reduction="sum")
+    optimizer = torch.optim.SGD(groups.flat(), lr=0.0)
+    dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y, method, sigma,
+            expected_batch, optimizer, torch.Generator().manual_seed(seed), step=1)
+    return [p.grad.detach() for p in groups.flat()], reference
+
+
+def test_noiseless_step_equals_independent_per_example_clipping():
+    grads, reference = _run_dp_step(sigma=0.0, expected_batch=8.0)
+    for g, r in zip(grads, reference):
+        torch.testing.assert_close(g, r / 8.0, rtol=1e-5, atol=1e-7)
+
+
+def test_noise_has_std_sigma_times_clip_over_expected_batch():
+    sigma, clip, b = 3.0, 0.5, 8.0
+    samples = []
+    for seed in range(40):
+        grads, reference = _run_dp_step(sigma=sigma, clip=clip, seed=seed, expected_batch=b)
+        samples.append(torch.cat([(g * b - r).flatten() for g, r in zip(grads, reference)]))
+    noise = torch.cat(samples)
+    # noise = N(0, sigma^2 C^2): 40 x 39 draws, so the sample std is within a few percent
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.05)
+    assert abs(noise.mean().item()) < 0.05 * sigma * clip
+
+
+def _cfg(method="dp_sgd", **kw):
+    base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=2,
+                batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
+                device="cpu", model="mlp", hidden=(8,))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _data(n=100, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+
+
+def test_empty_poisson_batch_counts_but_moves_nothing():
+    x, y = _data()
+    run = build_run((6,), 3, len(x), _cfg())
+    before = [p.detach().clone() for p in run.groups.flat()]
+    clip_before = run.method.clip_threshold
+    row = run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
+    assert row["batch_size"] == 0 and np.isnan(row["train_loss"])
+    assert run.guard.steps == 1 and row["epsilon_spent"] > 0
+    assert run.method.clip_threshold == clip_before
+    for b, p in zip(before, run.groups.flat()):
+        assert torch.equal(b, p)
+    row = run.step(torch.as_tensor(x), torch.as_tensor(y), [0, 5, 7], epoch=1)
+    assert any(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
+
+
+def test_training_with_many_empty_batches_finishes_within_budget():
+    x, y = _data(n=40)
+    result = train_model(x, y, (6,), 3, _cfg(batch_size=1, epochs=3), progress=False)
+    sizes = [row["batch_size"] for row in result.trace]
+    assert 0 in sizes  # q = 1/40: about a third of the steps are empty
+    assert result.privacy["steps"] == len(result.trace) == 120
+    assert result.privacy["epsilon"] <= 4.0
+
+
+def test_cpu_training_is_deterministic_for_a_seed():
+    x, y = _data()
+    a = train_model(x, y, (6,), 3, _cfg(), progress=False)
+    b = train_model(x, y, (6,), 3, _cfg(), progress=False)
+    c = train_model(x, y, (6,), 3, _cfg(seed=1), progress=False)
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+    assert any(not torch.equal(pa, pc) for pa, pc in zip(a.model.parameters(),
+                                                         c.model.parameters()))
+
+
+def test_reported_epsilon_is_the_accountants_and_at_most_the_target():
+    x, y = _data()
+    result = train_model(x, y, (6,), 3, _cfg(), progress=False)
+    p = result.privacy
+    assert p["dp_guarantee"] and p["epsilon"] <= p["target_epsilon"]
+    assert p["steps"] == result.training["steps_planned"]
+    eps_trace = [row["epsilon_spent"] for row in result.trace]
+    assert eps_trace == sorted(eps_trace) and eps_trace[-1] == pytest.approx(p["epsilon"])
+
+
+def test_non_private_run_reports_no_epsilon():
+    x, y = _data()
+    result = train_model(x, y, (6,), 3, _cfg(method="non_private"), progress=False)
+    assert result.privacy["epsilon"] is None and result.privacy["dp_guarantee"] is False
