@@ -52,7 +52,11 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
                         "accuracy": m["utility"]["accuracy"], "ece": m["utility"]["ece"],
                         "mia_auc": m["mia"]["loss"]["auc"]})
         print(summary[-1])
-    report_task(params, layout, track)
+    result = report_task(params, layout, track)
+    if result.mlflow:
+        from dpclip.tracking import describe
+
+        print(describe(result.mlflow))
     return summary
 
 

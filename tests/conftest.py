@@ -34,6 +34,11 @@ def merged(base: dict, override: dict) -> dict:
     return out
 
 
+def tiny_project_params() -> dict:
+    """The project's params.yaml (every key DVC tracks) with the tiny settings merged in."""
+    return merged(yaml.safe_load((PROJECT / "params.yaml").read_text()), TINY)
+
+
 @pytest.fixture
 def tiny_raw():
     """A function returning the tiny parameter mapping with overrides merged in."""

@@ -69,8 +69,12 @@ def _dispatch(args, params, layout) -> int:
         print(f"prepared {meta['dataset']}: {meta['sizes']}")
         return 0
     if args.command == "report":
-        table = stages.report(params, layout, track=not args.no_track)
-        print(table.to_string(index=False))
+        result = stages.report(params, layout, track=not args.no_track)
+        print(result.table.to_string(index=False))
+        if result.mlflow:
+            from dpclip.tracking import describe
+
+            print(describe(result.mlflow))
         return 0
     alpha = parse_scalar(args.alpha)
     _check_choice("partition.alphas", alpha, params.partition.alphas)

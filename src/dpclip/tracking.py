@@ -2,7 +2,7 @@
 
 One experiment per dataset (``dpclip-<dataset>``); a parent run per pipeline execution; one
 child run per trained configuration, tagged with dataset, method, alpha, seed and the git
-commit. A configuration already logged with the same model (same run name and model SHA-256)
+commit. A configuration already logged with the same model (same run name and weights SHA-256)
 is not logged again: the parent records it as reused, so re-running the report, or running the
 same configuration through the other front door, gives one record per trained model.
 
@@ -93,8 +93,8 @@ def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     return mlflow.create_experiment(name, artifact_location=location)
 
 
-def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> str:
-    """Log one pipeline execution; returns the parent run id."""
+def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
+    """Log one pipeline execution; returns the parent run id and what was new or reused."""
     import mlflow
 
     root = layout.root.resolve()
@@ -117,16 +117,24 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> str:
             if not _log_configuration(mlflow, experiment_id, layout, run, commit):
                 reused.append(run)
         mlflow.set_tag("dpclip.reused_runs", ",".join(reused)[:5000])
-        log.info("MLflow: parent run %s, %d new configuration(s), %d already logged",
-                 parent.info.run_id, len(runs) - len(reused), len(reused))
-        return parent.info.run_id
+        summary = {"parent_run_id": parent.info.run_id, "experiment": f"dpclip-"
+                   f"{params.data.dataset}", "tracking_uri": mlflow.get_tracking_uri(),
+                   "new": [r for r in runs if r not in reused], "reused": reused}
+        log.info("%s", describe(summary))
+        return summary
+
+
+def describe(summary: dict) -> str:
+    return (f"MLflow: experiment {summary['experiment']!r}, parent run "
+            f"{summary['parent_run_id']}, {len(summary['new'])} new configuration(s), "
+            f"{len(summary['reused'])} already logged ({summary['tracking_uri']})")
 
 
 def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, commit: str
                        ) -> bool:
     """Log one configuration as a child run unless its model is already logged."""
     record = read_json(layout.run_dir(run) / "record.json")
-    fingerprint = record["model_sha256"]
+    fingerprint = record["weights_sha256"]
     existing = mlflow.search_runs(
         experiment_ids=[experiment_id], output_format="list", max_results=1,
         filter_string=f"tags.`dpclip.fingerprint` = '{fingerprint}' and "

@@ -68,7 +68,13 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def report(params: Params, layout: Layout = Layout(), track: bool = True) -> pd.DataFrame:
+@dataclass
+class ReportResult:
+    table: pd.DataFrame
+    mlflow: dict | None  # what tracking logged (None when tracking was skipped)
+
+
+def report(params: Params, layout: Layout = Layout(), track: bool = True) -> ReportResult:
     runs = configured_runs(params)
     missing = [k.name for k in runs if not layout.metrics(k.name).exists()]
     if missing:
@@ -88,8 +94,9 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> pd.
     comparison_figure(out / "comparison.png", table)
     clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
     roc_figure(out / "roc.png", rocs, title="Loss-attack ROC by run")
+    logged = None
     if track:
         from dpclip.tracking import log_pipeline
 
-        log_pipeline(params, layout, [k.name for k in runs])
-    return table
+        logged = log_pipeline(params, layout, [k.name for k in runs])
+    return ReportResult(table, logged)

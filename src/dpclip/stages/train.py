@@ -54,12 +54,22 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "run": run, "dataset": params.data.dataset, "method": method,
         "alpha": None if alpha == IID else alpha, "seed": int(seed),
         "privacy": result.privacy, "time": result.time, "training": result.training,
-        "model_sha256": hashlib.sha256((run_dir / "model.pt").read_bytes()).hexdigest(),
+        "weights_sha256": weights_sha256(checkpoint["state_dict"]),
         "n_members": int(len(members)),
     }
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
     return record
+
+
+def weights_sha256(state_dict: dict) -> str:
+    """Fingerprint of the trained weights (names, shapes and values), independent of the file
+    format: two runs that trained the same model have the same fingerprint."""
+    digest = hashlib.sha256()
+    for name, tensor in state_dict.items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def load_model(layout: Layout, run: str) -> torch.nn.Module:

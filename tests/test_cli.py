@@ -1,0 +1,85 @@
+"""The dpclip command on bad input: one message naming the key and the value, exit 2, and no
+half-written output."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpclip.cli import main
+from dpclip.errors import DpclipError
+from dpclip.io import atomic_path, write_json
+
+
+def _files(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("override, key, shown", [
+    ({"privacy": {"target_epsilons": [-2]}}, "privacy.target_epsilons", "-2"),
+    ({"privacy": {"delta": 1.5}}, "privacy.delta", "1.5"),
+    ({"partition": {"alphas": [-0.5]}}, "partition.alphas", "-0.5"),
+    ({"data": {"dataset": "svhn"}}, "data.dataset", "'svhn'"),
+    ({"train": {"model": "vit"}}, "train.model", "'vit'"),
+    ({"train": {"methods": ["dp_sgd", "dp_magic"]}}, "train.methods", "'dp_magic'"),
+    ({"train": {"epochs": "ten"}}, "train.epochs", "'ten'"),
+])
+def test_bad_params_stop_every_stage_before_work(tmp_path, tiny_raw, write_params, capsys,
+                                                  override, key, shown):
+    params = write_params(tiny_raw(**override))
+    before = _files(tmp_path)
+    for argv in (["prepare"], ["partition", "--alpha", "iid"],
+                 ["train", "--method", "dp_sgd", "--epsilon", "8", "--alpha", "iid",
+                  "--seed", "0"], ["report"]):
+        code = main(["--params", str(params), "--root", str(tmp_path), *argv])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert key in err and shown in err
+    assert _files(tmp_path) == before
+
+
+def _prepared(tmp_path, tiny_raw, write_params, **override):
+    params = write_params(tiny_raw(**override))
+    base = ["--params", str(params), "--root", str(tmp_path), "--quiet"]
+    assert main([*base, "prepare"]) == 0
+    assert main([*base, "partition", "--alpha", "iid"]) == 0
+    return base
+
+
+def test_batch_larger_than_the_data_fails_before_training(tmp_path, tiny_raw, write_params,
+                                                           capsys):
+    base = _prepared(tmp_path, tiny_raw, write_params, train={"batch_size": 5000})
+    code = main([*base, "train", "--method", "dp_sgd", "--epsilon", "8", "--alpha", "iid",
+                 "--seed", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.batch_size: 5000" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "traces").exists()
+
+
+def test_run_outside_the_configured_matrix_is_refused(tmp_path, tiny_raw, write_params, capsys):
+    base = _prepared(tmp_path, tiny_raw, write_params)
+    code = main([*base, "train", "--method", "dp_sgd", "--epsilon", "3", "--alpha", "iid",
+                 "--seed", "0"])
+    assert code == 2 and "privacy.target_epsilons: 3" in capsys.readouterr().err
+
+
+def test_missing_csv_file_names_data_path(tmp_path, tiny_raw, write_params, capsys):
+    params = write_params(tiny_raw(data={"dataset": "csv", "path": str(tmp_path / "x.csv"),
+                                         "target": "y"}))
+    code = main(["--params", str(params), "--root", str(tmp_path), "prepare"])
+    assert code == 2 and "data.path" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_missing_params_file(tmp_path, capsys):
+    assert main(["--params", str(tmp_path / "nope.yaml"), "validate"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.json"
+    write_json(target, {"ok": 1})
+    with pytest.raises(DpclipError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise DpclipError("interrupted")
+    assert target.read_text().strip().startswith("{") and _files(tmp_path) == ["out.json"]

@@ -1,0 +1,195 @@
+"""Dataset sources on small files the tests make in the real formats (IDX, CIFAR pickles,
+CSV), and the prepare / partition stages on them."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+import urllib.error
+
+import numpy as np
+import pytest
+
+from dpclip.config import parse_params
+from dpclip.data import read_source
+from dpclip.data.sources import IDX_FILES, read_idx
+from dpclip.errors import DpclipError
+from dpclip.layout import Layout
+from dpclip.stages import partition, prepare
+from dpclip.stages.prepare import load_split
+
+
+def write_idx(path, array: np.ndarray) -> None:
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I",
+                                                                    *array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + array.astype(np.uint8).tobytes())
+
+
+def make_idx_folder(folder, n_train=120, n_test=40, seed=0):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {"train_images": rng.integers(0, 256, (n_train, 28, 28)),
+              "train_labels": np.arange(n_train) % 10,
+              "test_images": rng.integers(0, 256, (n_test, 28, 28)),
+              "test_labels": np.arange(n_test) % 10}
+    for key, filename in IDX_FILES.items():
+        write_idx(folder / filename, arrays[key])
+    return arrays
+
+
+def test_idx_round_trip(tmp_path):
+    arrays = make_idx_folder(tmp_path / "mnist")
+    images = read_idx(tmp_path / "mnist" / IDX_FILES["train_images"])
+    assert images.shape == (120, 28, 28) and np.array_equal(images, arrays["train_images"])
+
+
+def test_idx_dataset_scales_pixels_and_joins_train_and_test(tmp_path, tiny_raw):
+    arrays = make_idx_folder(tmp_path / "mnist")
+    params = parse_params(tiny_raw(data={"dataset": "mnist", "path": str(tmp_path / "mnist")}))
+    ds = read_source("mnist", str(tmp_path / "mnist"), params.data)
+    assert ds.x.shape == (160, 1, 28, 28) and ds.x.max() <= 1.0
+    assert ds.x[0, 0, 3, 4] == pytest.approx(arrays["train_images"][0, 3, 4] / 255.0)
+    assert ds.y.tolist()[:12] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+
+
+def test_truncated_idx_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(struct.pack(">HBB", 0, 8, 1) + struct.pack(">I", 50) + b"\x01" * 10)
+    with pytest.raises(DpclipError, match="holds 10 values"):
+        read_idx(path)
+
+
+def test_missing_idx_files_offline_is_a_clear_error(tmp_path, tiny_raw, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    params = parse_params(tiny_raw(data={"dataset": "mnist", "path": str(tmp_path / "none")}))
+    with pytest.raises(DpclipError) as info:
+        read_source("mnist", str(tmp_path / "none"), params.data)
+    message = str(info.value)
+    assert "data.path" in message and "offline" in message and "unreachable" in message
+    assert not list((tmp_path / "none").glob("*.gz"))  # nothing half-downloaded left behind
+
+
+def test_download_with_wrong_checksum_is_rejected(tmp_path, tiny_raw, monkeypatch):
+    import io
+
+    monkeypatch.setattr("urllib.request.urlopen",
+                        lambda *a, **k: io.BytesIO(b"not the real file"))
+    params = parse_params(tiny_raw(data={"dataset": "mnist", "path": str(tmp_path / "m")}))
+    with pytest.raises(DpclipError, match="checksum mismatch"):
+        read_source("mnist", str(tmp_path / "m"), params.data)
+    assert not list((tmp_path / "m").glob("*.gz"))
+
+
+def test_cifar10_batches(tmp_path, tiny_raw):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("data_batch_1", "test_batch"):
+        entry = {"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8),
+                 "labels": list(np.arange(20) % 10)}
+        with open(folder / name, "wb") as fh:
+            pickle.dump(entry, fh)
+    params = parse_params(tiny_raw(data={"dataset": "cifar10", "path": str(tmp_path)}))
+    ds = read_source("cifar10", str(tmp_path), params.data)
+    assert ds.x.shape == (40, 3, 32, 32) and ds.feature_shape == (3, 32, 32)
+
+
+CSV = """age,city,income,label
+30,paris,1000,yes
+40,rome,?,no
+50,paris,3000,yes
+,rome,4000,no
+60,?,5000,yes
+20,oslo,2000,no
+"""
+
+
+def test_csv_encoding_standardises_one_hot_encodes_and_counts_missing(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(CSV)
+    table = read_source("csv", str(path), parse_params({"data": {
+        "dataset": "csv", "path": str(path), "target": "label"}}).data)
+    assert table.numeric == ["age", "income"] and table.categorical == ["city"]
+    assert table.classes == ["no", "yes"] and table.y.tolist() == [1, 0, 1, 0, 1, 0]
+    ds = table.to_dataset(fit_rows=np.array([0, 1, 2]))
+    info = ds.info
+    assert info["missing_values"] == {"age": 1, "income": 1, "city": 1}
+    # age: fit rows 30, 40, 50 -> median 40, mean 40, std sqrt(200/3); row 3 (missing) -> 40
+    age = ds.x[:, info["feature_names"].index("age")]
+    std = np.sqrt(200 / 3)
+    assert age[:4] == pytest.approx([-10 / std, 0, 10 / std, 0], abs=1e-6)
+    # income: fit rows 1000, (missing -> median of 1000, 3000 = 2000), 3000
+    income = ds.x[:, info["feature_names"].index("income")]
+    assert income[1] == pytest.approx(0.0, abs=1e-6)
+    # one-hot: every row has exactly one city level set, missing is its own level
+    city_cols = [i for i, n in enumerate(info["feature_names"]) if n.startswith("city=")]
+    assert np.all(ds.x[:, city_cols].sum(axis=1) == 1)
+    assert "city=<missing>" in info["feature_names"]
+
+
+def test_csv_without_target_column_names_the_key(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(CSV)
+    with pytest.raises(DpclipError, match="data.target: 'outcome'"):
+        read_source("csv", str(path), parse_params({"data": {
+            "dataset": "csv", "path": str(path), "target": "outcome"}}).data)
+
+
+def test_csv_non_numeric_value_in_numeric_column(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(CSV.replace("50,paris,3000", "fifty,paris,3000"))
+    with pytest.raises(DpclipError) as info:
+        read_source("csv", str(path), parse_params({"data": {
+            "dataset": "csv", "path": str(path), "target": "label"}}).data)
+    assert "'age'" in str(info.value) and "'fifty'" in str(info.value)
+
+
+def test_csv_missing_file_names_the_key(tmp_path):
+    with pytest.raises(DpclipError, match="data.path"):
+        read_source("csv", str(tmp_path / "nope.csv"), parse_params({"data": {
+            "dataset": "csv", "path": str(tmp_path / "nope.csv"), "target": "y"}}).data)
+
+
+def test_csv_without_header_uses_given_columns(tmp_path):
+    path = tmp_path / "heart.data"
+    path.write_text("63.0,1.0,0\n67.0,?,2\n41.0,0.0,0\n")
+    table = read_source("csv", str(path), parse_params({"data": {
+        "dataset": "csv", "path": str(path), "target": "num",
+        "columns": ["age", "sex", "num"]}}).data)
+    assert table.numeric == ["age", "sex"] and table.classes == ["0", "2"]
+
+
+def test_prepare_and_partition_on_digits(tmp_path, tiny_raw):
+    params = parse_params(tiny_raw(partition={"alphas": ["iid", 0.3]}))
+    layout = Layout(tmp_path)
+    meta = prepare(params, layout)
+    assert sum(meta["sizes"].values()) == 1797
+    indices = [load_split(layout, s)[2] for s in meta["sizes"]]
+    joined = np.concatenate(indices)
+    assert len(np.unique(joined)) == len(joined)  # disjoint splits
+    record = partition(params, 0.3, layout)
+    positions = np.array(record["positions"])
+    assert len(np.unique(positions)) == len(positions) == record["size"]
+    assert (layout.partition("0.3") / "histogram.png").exists()
+    assert partition(params, "iid", layout)["size"] == meta["sizes"]["target_train"]
+    # deterministic: the same alpha gives the same subset
+    assert partition(params, 0.3, layout)["positions"] == record["positions"]
+
+
+def test_separate_public_shadow_dataset(tmp_path, tiny_raw):
+    make_idx_folder(tmp_path / "mnist", seed=0)
+    make_idx_folder(tmp_path / "fashion", seed=1)
+    params = parse_params(tiny_raw(data={
+        "dataset": "mnist", "path": str(tmp_path / "mnist"),
+        "shadow_dataset": "fashion-mnist", "shadow_path": str(tmp_path / "fashion")}))
+    layout = Layout(tmp_path / "proj")
+    meta = prepare(params, layout)
+    # main: 160 records into train/holdout (0.4 : 0.2); public: 160 into shadow (0.2 : 0.2)
+    assert meta["sizes"]["target_train"] + meta["sizes"]["target_holdout"] == 160
+    assert meta["sizes"]["shadow_train"] + meta["sizes"]["shadow_holdout"] == 160

@@ -1,0 +1,154 @@
+"""The real pipeline end to end on tiny settings, through both front doors: DVC (`dvc repro`,
+the dpclip CLI) and Prefect (`python -m flows.pipeline`), with MLflow records."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PROJECT, tiny_project_params
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent
+RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
+CONTRACT = {
+    "privacy": {"dp_guarantee", "accountant", "target_epsilon", "epsilon", "delta",
+                "sample_rate", "noise_multiplier", "steps"},
+    "utility": {"accuracy", "ece", "mce", "brier", "nll"},
+    "clip": {"c_initial", "c_final", "c_median"},
+    "time": {"train_s", "step_s_median"},
+}
+
+
+def _env(tmp_path):
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    return env
+
+
+def _sh(args, cwd, env, timeout=900):
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def dvc_project(tmp_path_factory):
+    """A copy of the project with tiny params, after one `dvc repro`."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    project = tmp / "project"
+    project.mkdir()
+    shutil.copy(PROJECT / "dvc.yaml", project)
+    shutil.copytree(PROJECT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
+    env = _env(tmp)
+    _sh(["git", "init", "-q"], project, env)
+    _sh([str(BIN / "dvc"), "init", "-q"], project, env)
+    first = _sh([str(BIN / "dvc"), "repro"], project, env)
+    return tmp, project, env, first
+
+
+def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
+    _, project, _, first = dvc_project
+    assert "Running stage 'report'" in first
+    for run in RUNS:
+        metrics = json.loads((project / "metrics" / f"{run}.json").read_text())
+        assert metrics["run"] == run and metrics["dataset"] == "digits"
+        for section, keys in CONTRACT.items():
+            assert keys <= set(metrics[section]), section
+        assert {"auc", "balanced_accuracy", "tpr_at_fpr_1pct", "tpr_at_fpr_0.1pct"} <= \
+            set(metrics["mia"]["loss"])
+    dp = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
+    assert dp["privacy"]["dp_guarantee"] is True and dp["privacy"]["epsilon"] <= 8
+    base = json.loads((project / "metrics" / "non_private-eps8-iid-seed0.json").read_text())
+    assert base["privacy"]["epsilon"] is None and base["privacy"]["dp_guarantee"] is False
+    table = (project / "reports" / "comparison.md").read_text()
+    assert all(run in table for run in RUNS)
+    for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png"):
+        assert (project / "reports" / name).exists()
+
+
+def test_second_repro_is_up_to_date_and_a_param_change_reruns_only_dependents(dvc_project):
+    _, project, env, _ = dvc_project
+    again = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage" not in again
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["evaluate"] = {"ece_bins": 10}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    changed = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage 'evaluate@" in changed and "Running stage 'report'" in changed
+    assert "Running stage 'train@" not in changed and "Running stage 'prepare'" not in changed
+
+
+def test_dvc_metrics_and_plots(dvc_project):
+    _, project, env, _ = dvc_project
+    shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
+    data = json.loads(shown[shown.index("{"):])
+    files = next(iter(data.values()))["data"]
+    assert {f"metrics/{run}.json" for run in RUNS} <= set(files)
+    out = _sh([str(BIN / "dvc"), "plots", "show", "-o", "dvc_plots"], project, env)
+    assert "failed" not in out.lower()
+    html = (project / "dvc_plots" / "index.html").read_text()
+    assert "clip_threshold" in html and "tpr" in html
+
+
+def test_mlflow_parent_and_children(dvc_project):
+    import mlflow
+
+    tmp, _, env, _ = dvc_project
+    client = mlflow.tracking.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("dpclip-digits")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("dpclip.kind") == "pipeline"]
+    children = [r for r in runs if r.data.tags.get("dpclip.kind") == "configuration"]
+    assert parents and len(children) == 2
+    dp = next(r for r in children if r.data.tags["method"] == "dp_sgd")
+    assert dp.data.tags["mlflow.parentRunId"] == parents[-1].info.run_id
+    assert {"dataset", "alpha", "seed", "git_commit"} <= set(dp.data.tags)
+    assert {"epsilon", "accuracy", "ece", "brier", "nll", "mia_auc",
+            "mia_tpr_at_fpr_1pct"} <= set(dp.data.metrics)
+    history = client.get_metric_history(dp.info.run_id, "clip_threshold")
+    assert len(history) == json.loads(
+        (dvc_project[1] / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text()
+    )["privacy"]["steps"]
+    artifacts = {a.path for a in client.list_artifacts(dp.info.run_id)}
+    assert {"trace", "model", "plots", "metrics"} <= artifacts
+
+
+def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
+    tmp, project, env, _ = dvc_project
+    other = tmp / "prefect-root"
+    other.mkdir()
+    params = other / "params.yaml"
+    shutil.copy(project / "params.yaml", params)  # the DVC project's current parameters
+    out = _sh([sys.executable, "-m", "flows.pipeline", "--params", str(params), "--root",
+               str(other)], PROJECT, env)
+    assert "Finished in state Completed" in out and "Traceback" not in out
+    for run in RUNS:
+        a = json.loads((project / "metrics" / f"{run}.json").read_text())
+        b = json.loads((other / "metrics" / f"{run}.json").read_text())
+        assert a["utility"] == b["utility"] and a["privacy"] == b["privacy"]
+        assert a["mia"]["loss"]["auc"] == b["mia"]["loss"]["auc"]
+    # same models -> the Prefect execution reuses the DVC execution's child runs
+    assert "0 new configuration(s), 2 already logged" in out
+
+
+def test_prefect_serve_takes_the_schedule_from_params(tmp_path, write_params, tiny_raw):
+    from flows.serve import deployment_kwargs
+
+    path = write_params(tiny_raw(schedule={"cron": "15 4 * * 1", "timezone": "Europe/Paris"}))
+    kwargs = deployment_kwargs(str(path), str(tmp_path))
+    schedule = kwargs["schedules"][0]
+    assert schedule.cron == "15 4 * * 1" and schedule.timezone == "Europe/Paris"
+    assert kwargs["parameters"]["params_path"] == str(path.resolve())
