@@ -2,6 +2,9 @@
 # Both create .venv and install the locked dependency set first.
 
 PYTHON ?= python3
+# The CPU build of torch. Where pip's default index would give a CUDA build, pass e.g.
+#   make TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" run
+TORCH_PIP_ARGS ?=
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -20,8 +23,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "dpclip needs Python 3.11"'
 	$(PYTHON) -m venv $(VENV)
 	# CPU build of torch first, so nothing later can pull a CUDA build
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
+	grep -v '^torch==' requirements.lock > $(VENV)/requirements.txt
+	$(BIN)/pip install --quiet -r $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
