@@ -153,3 +153,35 @@ def test_non_private_run_reports_no_epsilon():
     x, y = _data()
     result = train_model(x, y, (6,), 3, _cfg(method="non_private"), progress=False)
     assert result.privacy["epsilon"] is None and result.privacy["dp_guarantee"] is False
+
+
+@pytest.mark.parametrize("method", ["dp_sgd", "non_private"])
+def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch,
+                                                                     method):
+    from dpclip.train import loop
+
+    x, y = _data()
+    cfg = _cfg(method=method, epochs=4)
+    reference = train_model(x, y, (6,), 3, cfg, progress=False)
+    path = tmp_path / "ckpt.pt"
+    runner = loop._PrivateRun if get_method(method).private else loop._PlainRun
+    original = runner.run_epoch
+
+    def crash_in_epoch_4(self, x, y, epoch, bar):
+        if epoch == 4:
+            raise KeyboardInterrupt
+        return original(self, x, y, epoch, bar)
+
+    monkeypatch.setattr(runner, "run_epoch", crash_in_epoch_4)
+    with pytest.raises(KeyboardInterrupt):
+        train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                    checkpoint_every=1)
+    assert path.exists()
+    monkeypatch.setattr(runner, "run_epoch", original)
+    resumed = train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                          checkpoint_every=1)
+    assert not path.exists()  # discarded once training completed
+    for a, b in zip(reference.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert len(resumed.trace) == len(reference.trace)
+    assert resumed.privacy == reference.privacy

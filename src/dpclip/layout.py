@@ -30,6 +30,11 @@ class Layout:
     def run_dir(self, run: str) -> Path:
         return self.root / "runs" / run
 
+    def checkpoint(self, run: str) -> Path:
+        """Training state saved every few epochs; outside DVC's outputs, which DVC clears
+        before it runs a stage."""
+        return self.root / ".dpclip" / "checkpoints" / f"{run}.pt"
+
     def trace(self, run: str) -> Path:
         return self.root / "traces" / f"{run}.csv"
 

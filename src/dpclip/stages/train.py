@@ -44,7 +44,9 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     members = part["positions"]
     cfg = train_config(params, method, epsilon, seed)
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
-                         int(meta["n_classes"]), cfg, progress=progress, desc=run)
+                         int(meta["n_classes"]), cfg, progress=progress, desc=run,
+                         checkpoint_path=layout.checkpoint(run),
+                         checkpoint_every=params.train.checkpoint_every)
     checkpoint = {"state_dict": result.model.state_dict(),
                   "architecture": {"model": cfg.model, "feature_shape": meta["feature_shape"],
                                    "n_classes": meta["n_classes"], "hidden": list(cfg.hidden)}}

@@ -8,9 +8,11 @@ a step for the accountant. Non-private training uses shuffled minibatches of siz
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dpclip.errors import DpclipError
+from dpclip.io import write_with
 from dpclip.methods import get_method
 from dpclip.models import build_model
 from dpclip.privacy import BudgetGuard, epsilon_of, noise_for_epsilon, split_sigma
@@ -102,14 +105,56 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
                   nn.CrossEntropyLoss(reduction="none"))
 
 
+@dataclass
+class Checkpoint:
+    """Periodic training state at ``path``, so a crash loses at most ``every`` epochs.
+
+    A checkpoint is used only when its fingerprint (the configuration and a hash of the
+    training data) matches; resuming restores the generators too, so a resumed run gives the
+    same model as an uninterrupted one. It is deleted when training completes.
+    """
+
+    path: Path
+    every: int
+    fingerprint: str
+
+    @classmethod
+    def for_run(cls, path: Path, every: int, cfg: TrainConfig, x: np.ndarray, y: np.ndarray):
+        digest = hashlib.sha256(repr(asdict(cfg)).encode())
+        digest.update(np.ascontiguousarray(x).tobytes())
+        digest.update(np.ascontiguousarray(y).tobytes())
+        return cls(Path(path), every, digest.hexdigest())
+
+    def restore(self, run: "_Run") -> int:
+        """Load a matching checkpoint into ``run``; return the last finished epoch (0: none)."""
+        if not self.path.exists():
+            return 0
+        state = torch.load(self.path, map_location=run.device, weights_only=True)
+        if state.get("fingerprint") != self.fingerprint:
+            return 0  # another configuration or other data: start afresh
+        run.load_state_dict(state["run"])
+        return int(state["epoch"])
+
+    def maybe_save(self, run: "_Run", epoch: int) -> None:
+        if epoch % self.every == 0:
+            state = {"fingerprint": self.fingerprint, "epoch": epoch, "run": run.state_dict()}
+            write_with(self.path, lambda tmp: torch.save(state, tmp))
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
-                cfg: TrainConfig, *, progress: bool = True, desc: str = "") -> TrainResult:
+                cfg: TrainConfig, *, progress: bool = True, desc: str = "",
+                checkpoint_path: Path | None = None, checkpoint_every: int = 5) -> TrainResult:
     """Train one configuration and return the model, its trace and its privacy record."""
     run = build_run(feature_shape, n_classes, len(x), cfg)
+    checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \
+        if checkpoint_path else None
     x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)
     y_t = torch.as_tensor(y, dtype=torch.int64, device=run.device)
     started = time.perf_counter()
-    run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method)
+    run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method, checkpoint=checkpoint)
     train_s = time.perf_counter() - started
     step_times = np.array(run.step_times) if run.step_times else np.zeros(1)
     return TrainResult(
@@ -141,6 +186,35 @@ class _Run:
         """The trained network without Opacus's per-sample-gradient wrapper."""
         return self.model._module if isinstance(self.model, GradSampleModule) else self.model
 
+    def fit(self, x, y, *, progress: bool, desc: str, checkpoint: "Checkpoint | None" = None):
+        """Run the epochs; with ``checkpoint``, resume from it and save one every few epochs."""
+        first = checkpoint.restore(self) + 1 if checkpoint else 1
+        with self._bar(progress, desc) as bar:
+            bar.update(len(self.trace))
+            for epoch in range(first, self.cfg.epochs + 1):
+                if not self.run_epoch(x, y, epoch, bar):
+                    break  # the budget guard stopped training
+                if checkpoint and epoch < self.cfg.epochs:
+                    checkpoint.maybe_save(self, epoch)
+        if checkpoint:
+            checkpoint.discard()
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where training stopped."""
+        return {"model": self.plain_model().state_dict(),
+                "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
+                "trace": self.trace, "step_times": self.step_times,
+                "sample_gen": self.sample_gen.get_state(),
+                "noise_gen": self.noise_gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.plain_model().load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.method.load_state_dict(state["method"])
+        self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
+        self.sample_gen.set_state(state["sample_gen"])
+        self.noise_gen.set_state(state["noise_gen"])
+
     def _bar(self, progress: bool, desc: str):
         return tqdm(total=self.total_steps, desc=desc, disable=not progress, leave=False,
                     unit="step", dynamic_ncols=True, mininterval=0.5)
@@ -155,22 +229,20 @@ class _Run:
 class _PlainRun(_Run):
     """Non-private: shuffled minibatches, mean loss, no clipping, no noise."""
 
-    def fit(self, x, y, *, progress, desc):
+    def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n, b = len(x), self.cfg.batch_size
-        step = 0
-        with self._bar(progress, desc) as bar:
-            for epoch in range(1, self.cfg.epochs + 1):
-                order = torch.randperm(n, generator=self.sample_gen).to(self.device)
-                for k in range(self.steps_per_epoch):
-                    idx = order[k * b:(k + 1) * b] if (k + 1) * b <= n else order[-b:]
-                    step += 1
-                    tic = time.perf_counter()
-                    loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
-                    self.step_times.append(time.perf_counter() - tic)
-                    self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
-                                       "clip_threshold": float("nan"), "train_loss": loss,
-                                       "epsilon_spent": float("nan")})
-                    self._show(bar, step, epoch=epoch, loss=f"{loss:.3f}")
+        order = torch.randperm(n, generator=self.sample_gen).to(self.device)
+        for k in range(self.steps_per_epoch):
+            idx = order[k * b:(k + 1) * b] if (k + 1) * b <= n else order[-b:]
+            step = len(self.trace) + 1
+            tic = time.perf_counter()
+            loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
+            self.step_times.append(time.perf_counter() - tic)
+            self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
+                               "clip_threshold": float("nan"), "train_loss": loss,
+                               "epsilon_spent": float("nan")})
+            self._show(bar, step, epoch=epoch, loss=f"{loss:.3f}")
+        return True
 
     def privacy_record(self) -> dict:
         return {"dp_guarantee": False, "accountant": None, "target_epsilon": None,
@@ -194,22 +266,28 @@ class _PrivateRun(_Run):
         trace_every = 1 if cfg.accountant == "rdp" else max(1, self.total_steps // PRV_TRACE_POINTS)
         self.trace_every = trace_every
 
-    def fit(self, x, y, *, progress, desc):
+    def run_epoch(self, x, y, epoch: int, bar) -> bool:
         sampler = UniformWithReplacementSampler(num_samples=len(x), sample_rate=self.q,
                                                 generator=self.sample_gen,
                                                 steps=self.steps_per_epoch)
-        with self._bar(progress, desc) as bar:
-            for epoch in range(1, self.cfg.epochs + 1):
-                for batch in sampler:
-                    if not self.guard.allows(self.sigma_eff, self.q,
-                                             horizon=self.total_steps - self.guard.steps):
-                        self.stopped_by_budget = True
-                        return
-                    row = self.step(x, y, batch, epoch)
-                    self._show(bar, row["step"], epoch=epoch, loss=f"{row['train_loss']:.3f}",
-                               C=f"{row['clip_threshold']:.3g}",
-                               eps="-" if math.isnan(row["epsilon_spent"])
-                               else f"{row['epsilon_spent']:.2f}")
+        for batch in sampler:
+            if not self.guard.allows(self.sigma_eff, self.q,
+                                     horizon=self.total_steps - self.guard.steps):
+                self.stopped_by_budget = True
+                return False
+            row = self.step(x, y, batch, epoch)
+            self._show(bar, row["step"], epoch=epoch, loss=f"{row['train_loss']:.3f}",
+                       C=f"{row['clip_threshold']:.3g}",
+                       eps="-" if math.isnan(row["epsilon_spent"])
+                       else f"{row['epsilon_spent']:.2f}")
+        return True
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "history": list(self.guard.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.guard.history = [tuple(entry) for entry in state["history"]]
 
     def step(self, x, y, batch, epoch: int) -> dict:
         """One accounted step on Poisson batch ``batch`` (record indices); returns its trace row.
