@@ -69,12 +69,14 @@ def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> d
             "n_members": int(len(member_scores)), "n_nonmembers": int(len(nonmember_scores))}
 
 
-def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Exact two-sided binomial confidence interval."""
+def clopper_pearson(successes, trials: int, confidence: float = 0.95):
+    """Exact two-sided binomial confidence limits (element-wise over ``successes``)."""
+    k = np.asarray(successes, dtype=np.float64)
     a = (1 - confidence) / 2
-    lo = 0.0 if successes == 0 else beta_dist.ppf(a, successes, trials - successes + 1)
-    hi = 1.0 if successes == trials else beta_dist.ppf(1 - a, successes + 1, trials - successes)
-    return float(lo), float(hi)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(k == 0, 0.0, beta_dist.ppf(a, k, trials - k + 1))
+        hi = np.where(k == trials, 1.0, beta_dist.ppf(1 - a, k + 1, trials - k))
+    return lo, hi
 
 
 def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmembers: int,
@@ -85,13 +87,9 @@ def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmember
     e^eps times the upper limit of its FPR plus delta (Clopper-Pearson intervals), so a flagged
     violation is evidence of a privacy bug, not noise.
     """
-    worst, violations = -math.inf, 0
-    factor = math.exp(min(epsilon, 700.0))
-    for f, t in zip(fpr, tpr):
-        tpr_lo, _ = clopper_pearson(int(round(t * n_members)), n_members, confidence)
-        _, fpr_hi = clopper_pearson(int(round(f * n_nonmembers)), n_nonmembers, confidence)
-        excess = tpr_lo - (factor * fpr_hi + delta)
-        worst = max(worst, excess)
-        violations += excess > 0
-    return {"violated": bool(violations > 0), "violating_points": int(violations),
-            "max_excess": float(worst), "confidence": confidence}
+    tpr_lo, _ = clopper_pearson(np.round(np.asarray(tpr) * n_members), n_members, confidence)
+    _, fpr_hi = clopper_pearson(np.round(np.asarray(fpr) * n_nonmembers), n_nonmembers,
+                                confidence)
+    excess = tpr_lo - (math.exp(min(epsilon, 700.0)) * fpr_hi + delta)
+    return {"violated": bool((excess > 0).any()), "violating_points": int((excess > 0).sum()),
+            "max_excess": float(excess.max()), "confidence": confidence}

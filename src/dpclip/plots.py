@@ -72,3 +72,15 @@ def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
     axes[0].invert_yaxis()
     fig.suptitle("dpclip: matched-budget comparison")
     return write_figure(path, fig)
+
+
+def partition_histogram_figure(path: Path, record: dict) -> Path:
+    """Records per class in one partition (label skew at a glance)."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(range(len(record["histogram"])), record["histogram"], color="#3b75af")
+    ax.set_xticks(range(len(record["classes"])), record["classes"], rotation=45, ha="right")
+    ax.set_ylabel("records")
+    title = "IID (no label skew)" if record["alpha"] is None else \
+        f"Dirichlet alpha = {record['alpha']}"
+    ax.set_title(f"{title}: {record['size']} of {record['source_size']} records")
+    return write_figure(path, fig)

@@ -13,8 +13,9 @@ import numpy as np
 from dpclip.config import IID, Params, alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
-from dpclip.io import atomic_dir, read_json, write_figure, write_json
+from dpclip.io import atomic_dir, read_json, write_json
 from dpclip.layout import Layout
+from dpclip.plots import partition_histogram_figure
 from dpclip.stages.prepare import load_split
 
 
@@ -40,7 +41,7 @@ def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:
     }
     with atomic_dir(layout.partition(alpha_tag(alpha))) as folder:
         write_json(folder / "partition.json", record)
-        write_figure(folder / "histogram.png", _histogram_figure(record))
+        partition_histogram_figure(folder / "histogram.png", record)
     return record
 
 
@@ -56,18 +57,3 @@ def load_partition(layout: Layout, alpha) -> dict:
     record["positions"] = positions
     return record
 
-
-def _histogram_figure(record: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(range(len(record["histogram"])), record["histogram"], color="#3b75af")
-    ax.set_xticks(range(len(record["classes"])), record["classes"], rotation=45, ha="right")
-    ax.set_ylabel("records")
-    title = "IID (no label skew)" if record["alpha"] is None else \
-        f"Dirichlet alpha = {record['alpha']}"
-    ax.set_title(f"{title}: {record['size']} of {record['source_size']} records")
-    return fig
