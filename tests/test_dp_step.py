@@ -8,12 +8,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opacus import GradSampleModule
 from torch import nn
 
 from dpclip.methods import available_methods, get_method
 from dpclip.train import TrainConfig, build_run, train_model
-from dpclip.train.step import LayerGroups, as_layer_factors, dp_step
+from dpclip.train.step import LayerGroups, as_layer_factors, dp_step, wrap_for_dp
 
 PRIVATE_METHODS = [m for m in available_methods() if get_method(m).private]
 
@@ -66,7 +65,7 @@ def _run_dp_step(sigma, clip=0.5, seed=0, expected_batch=8.0):
     reference = _reference_clipped_sum(_tiny_model(), x, y, clip)
     groups = LayerGroups.of(model)
     method = get_method("dp_sgd")(clip, groups.names)
-    wrapped = GradSampleModule(model, loss_reduction="sum")
+    wrapped = wrap_for_dp(model)
     optimizer = torch.optim.SGD(groups.flat(), lr=0.0)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y, method, sigma,
             expected_batch, optimizer, torch.Generator().manual_seed(seed), step=1)
@@ -185,3 +184,31 @@ def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path, m
         assert torch.equal(a, b)
     assert len(resumed.trace) == len(reference.trace)
     assert resumed.privacy == reference.privacy
+
+
+def test_per_layer_factors_scale_each_layer_separately():
+    from dpclip.methods.base import Method
+
+    class PerLayer(Method):  # not registered: a stand-in for per-layer rules
+        name = "per_layer_test"
+
+        def scale(self, layer_norms):
+            weights = torch.tensor([0.25, 2.0], dtype=layer_norms.dtype)
+            return weights[None, :].expand(layer_norms.shape[0], -1)
+
+    model = _tiny_model()
+    gen = torch.Generator().manual_seed(7)
+    x, y = torch.randn(5, 5, generator=gen), torch.randint(0, 3, (5,), generator=gen)
+    reference_model = _tiny_model()
+    reference_model.zero_grad()
+    nn.functional.cross_entropy(reference_model(x), y, reduction="sum").backward()
+    layer_of = [0, 0, 1, 1]  # (weight, bias) of the first Linear, then of the second
+    reference = [[0.25, 2.0][layer] * p.grad for layer, p in
+                 zip(layer_of, reference_model.parameters())]
+    groups = LayerGroups.of(model)
+    wrapped = wrap_for_dp(model)
+    dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y,
+            PerLayer(1.0, groups.names), 0.0, 1.0, torch.optim.SGD(groups.flat(), lr=0.0),
+            torch.Generator(), step=1)
+    for p, r in zip(groups.flat(), reference):
+        torch.testing.assert_close(p.grad, r, rtol=1e-5, atol=1e-7)

@@ -152,3 +152,17 @@ def test_prefect_serve_takes_the_schedule_from_params(tmp_path, write_params, ti
     schedule = kwargs["schedules"][0]
     assert schedule.cron == "15 4 * * 1" and schedule.timezone == "Europe/Paris"
     assert kwargs["parameters"]["params_path"] == str(path.resolve())
+
+
+def test_mlflow_artifacts_live_beside_the_database(dvc_project):
+    tmp, project, _, _ = dvc_project
+    assert any((tmp / "artifacts").rglob("model.pt"))
+    assert not (project / "mlruns").exists() and not (PROJECT / "mlruns").exists()
+
+
+def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
+    from dpclip.tracking import project_home
+
+    inside = tmp_path / "proj" / ".dvc" / "tmp" / "exps" / "tmpabc123"
+    assert project_home(inside) == (tmp_path / "proj").resolve()
+    assert project_home(tmp_path / "proj") == (tmp_path / "proj").resolve()

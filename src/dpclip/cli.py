@@ -49,6 +49,7 @@ def _check_choice(key: str, value, allowed: list) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opacus").setLevel(logging.WARNING)  # per-layer mode notes at INFO
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))

@@ -7,7 +7,7 @@ is not logged again: the parent records it as reused, so re-running the report, 
 same configuration through the other front door, gives one record per trained model.
 
 Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
-``<project>/mlflow/artifacts``. Inside a DVC temporary experiment folder
+``<project>/mlflow/artifacts`` (with any SQLite URI, artifacts go beside the database). Inside a DVC temporary experiment folder
 (``<project>/.dvc/tmp/exps/...``) the project is the folder that holds ``.dvc``, so records
 survive the temporary copy. ``MLFLOW_TRACKING_URI`` overrides the backend.
 """
@@ -61,6 +61,15 @@ def tracking_uri(root: Path) -> str:
     return f"sqlite:///{home / 'mlflow.db'}"
 
 
+def artifact_root(uri: str) -> Path | None:
+    """Where new experiments keep artifacts: beside a SQLite database (``<db folder>/artifacts``)
+    rather than in ``./mlruns`` of whatever folder the stage ran in; a tracking server or a
+    file store decides for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).parent / "artifacts"
+    return None
+
+
 def git_commit(root: Path) -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -98,10 +107,9 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
     import mlflow
 
     root = layout.root.resolve()
-    mlflow.set_tracking_uri(tracking_uri(root))
-    artifact_root = None if os.environ.get("MLFLOW_TRACKING_URI") else \
-        project_home(root) / "mlflow" / "artifacts"
-    experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root)
+    uri = tracking_uri(root)
+    mlflow.set_tracking_uri(uri)
+    experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root(uri))
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline-{stamp}",

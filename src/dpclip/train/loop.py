@@ -26,7 +26,7 @@ from dpclip.io import write_with
 from dpclip.methods import get_method
 from dpclip.models import build_model
 from dpclip.privacy import BudgetGuard, epsilon_of, noise_for_epsilon, split_sigma
-from dpclip.train.step import LayerGroups, dp_step, plain_step
+from dpclip.train.step import LayerGroups, dp_step, plain_step, wrap_for_dp
 
 # PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
 PRV_TRACE_POINTS = 50
@@ -262,7 +262,7 @@ class _PrivateRun(_Run):
         self.extras = self.method.extra_queries(self.sigma_eff)
         self.sigma_train = split_sigma(self.sigma_eff, self.extras)
         self.guard = BudgetGuard(cfg.accountant, cfg.delta, cfg.target_epsilon)
-        self.model = GradSampleModule(self.model, batch_first=True, loss_reduction="sum")
+        self.model = wrap_for_dp(self.model)
         trace_every = 1 if cfg.accountant == "rdp" else max(1, self.total_steps // PRV_TRACE_POINTS)
         self.trace_every = trace_every
 

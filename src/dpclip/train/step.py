@@ -6,8 +6,11 @@
     theta     <- optimizer(theta, G)
     state     <- controller(released quantities)
 
-Per-sample gradients come from Opacus's GradSampleModule; a "layer" is one module that owns
-parameters (its weight and bias together).
+Per-sample gradient norms come from Opacus (``GradSampleModuleFastGradientClipping``: exact
+"ghost" norms for Linear layers, materialised per-sample gradients for the others), so the
+per-sample gradients of a Linear layer are never built: the clipped sum is a second backward
+pass of sum_i s_i loss_i (one per layer when the factors differ by layer). A "layer" is one
+module that owns parameters (its weight and bias together).
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import nn
 
 from dpclip.methods.base import Method, StepRelease
+
+# Opacus's backward hooks warn that the input needs no gradient: expected, and once per step
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 @dataclass
@@ -42,13 +49,27 @@ class LayerGroups:
         return [p for group in self.params for p in group]
 
 
+def wrap_for_dp(model: nn.Module) -> GradSampleModuleFastGradientClipping:
+    """Attach Opacus's per-sample norm hooks (losses are summed, batch first)."""
+    return GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
+                                                use_ghost_clipping=True)
+
+
 def per_layer_norms(groups: LayerGroups) -> torch.Tensor:
-    """n_i^(l) = ||g_i^(l)||, shape (B, L), from the ``grad_sample`` Opacus attached."""
+    """n_i^(l) = ||g_i^(l)||, shape (B, L), from the per-parameter norms Opacus attached.
+
+    Each norm is read once and removed, so a missing hook can never reuse a stale norm.
+    """
     columns = []
     for group in groups.params:
-        sq = sum(p.grad_sample.reshape(p.grad_sample.shape[0], -1).pow(2).sum(dim=1)
-                 for p in group)
-        columns.append(sq.sqrt())
+        squares = 0.0
+        for p in group:
+            norm = getattr(p, "_norm_sample", None)
+            if norm is None:
+                raise RuntimeError("Opacus computed no per-sample norm for a parameter")
+            squares = squares + norm ** 2
+            p._norm_sample = None
+        columns.append(squares.sqrt())
     return torch.stack(columns, dim=1)
 
 
@@ -59,13 +80,25 @@ def as_layer_factors(factors: torch.Tensor, n_layers: int) -> torch.Tensor:
     return factors
 
 
-def scaled_sum(groups: LayerGroups, factors: torch.Tensor) -> list[torch.Tensor]:
-    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order."""
-    sums = []
-    for l, group in enumerate(groups.params):
-        for p in group:
-            sums.append(torch.einsum("b,b...->...", factors[:, l], p.grad_sample))
-    return sums
+def scaled_sum(model: GradSampleModuleFastGradientClipping, groups: LayerGroups,
+               losses: torch.Tensor, factors: torch.Tensor) -> list[torch.Tensor]:
+    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order.
+
+    g_i is the gradient of loss_i, so sum_i s_i g_i is the gradient of sum_i s_i loss_i with
+    the factors held constant: one extra backward pass (one per layer for per-layer factors).
+    """
+    factors = factors.detach()
+    model.disable_hooks()
+    try:
+        if factors.dim() == 1:
+            return list(torch.autograd.grad((factors * losses).sum(), groups.flat()))
+        sums = []
+        for layer, group in enumerate(groups.params):
+            sums += torch.autograd.grad((factors[:, layer] * losses).sum(), group,
+                                        retain_graph=True)
+        return sums
+    finally:
+        model.enable_hooks()
 
 
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -76,19 +109,15 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
     losses = loss_fn(model(x), y)  # per-sample losses, reduction="none"
-    with warnings.catch_warnings():
-        # Opacus's hooks warn that the input needs no gradient; that is expected here
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        losses.sum().backward()
+    losses.sum().backward(retain_graph=True)  # the hooks record per-sample norms
     layer_norms = per_layer_norms(groups)
-    factors = as_layer_factors(method.scale(layer_norms), len(groups.names))
+    factors = method.scale(layer_norms)
     extras = method.release_extras(layer_norms, noise_gen)
     noisy = []
-    for p, total in zip(groups.flat(), scaled_sum(groups, factors)):
+    for p, total in zip(groups.flat(), scaled_sum(model, groups, losses, factors)):
         noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=noise_gen,
                              device=total.device)
         p.grad = (total + noise) / expected_batch
-        p.grad_sample = None
         noisy.append(p.grad.detach())
     optimizer.step()
     release = StepRelease(step=step, noisy_grad=noisy, extras=extras)
