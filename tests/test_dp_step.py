@@ -212,3 +212,10 @@ def test_per_layer_factors_scale_each_layer_separately():
             torch.Generator(), step=1)
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r, rtol=1e-5, atol=1e-7)
+
+
+def test_trained_model_is_the_plain_network():
+    x, y = _data()
+    result = train_model(x, y, (6,), 3, _cfg(), progress=False)
+    assert all(not name.startswith("_module") for name in result.model.state_dict())
+    assert type(result.model) is nn.Sequential

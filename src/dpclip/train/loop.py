@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from tqdm.auto import tqdm
@@ -173,6 +172,7 @@ class _Run:
     def __init__(self, model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
                  loss_fn):
         self.model, self.groups, self.method, self.cfg = model, groups, method, cfg
+        self.network = model  # the plain module; self.model may get Opacus's wrapper
         self.q, self.steps_per_epoch, self.total_steps = q, steps_per_epoch, total_steps
         self.device, self.loss_fn = device, loss_fn
         self.sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + 1)
@@ -184,7 +184,7 @@ class _Run:
 
     def plain_model(self) -> nn.Module:
         """The trained network without Opacus's per-sample-gradient wrapper."""
-        return self.model._module if isinstance(self.model, GradSampleModule) else self.model
+        return self.network
 
     def fit(self, x, y, *, progress: bool, desc: str, checkpoint: "Checkpoint | None" = None):
         """Run the epochs; with ``checkpoint``, resume from it and save one every few epochs."""
