@@ -128,7 +128,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
         summary = {"parent_run_id": parent.info.run_id, "experiment": f"dpclip-"
                    f"{params.data.dataset}", "tracking_uri": mlflow.get_tracking_uri(),
                    "new": [r for r in runs if r not in reused], "reused": reused}
-        log.info("%s", describe(summary))
+        log.debug("%s", describe(summary))
         return summary
 
 
