@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dpclip.methods import available_methods, get_method
+from dpclip.methods.base import MethodContext
 from dpclip.train import TrainConfig, build_run, train_model
 from dpclip.train.step import LayerGroups, as_layer_factors, dp_step, wrap_for_dp
 
@@ -33,7 +34,10 @@ def test_every_scaled_per_sample_gradient_is_within_the_clip_bound(method_name, 
     blocks = [b / b.norm(dim=1, keepdim=True) * scales[:, l:l + 1].double()
               for l, b in enumerate(blocks)]
     layer_norms = torch.stack([b.norm(dim=1) for b in blocks], dim=1)
-    method = get_method(method_name)(clip, [f"layer{l}" for l in range(n_layers)])
+    method = get_method(method_name)(MethodContext(clip, [f"layer{l}" for l in range(n_layers)],
+                                                   n_params=7 * n_layers,
+                                                   expected_batch=float(batch)))
+    method.bind_noise(1.0, 1.1)
     factors = as_layer_factors(method.scale(layer_norms), n_layers)
     scaled_norms = torch.stack([(factors[:, l:l + 1] * b).norm(dim=1) for l, b in
                                 enumerate(blocks)], dim=1).pow(2).sum(dim=1).sqrt()
@@ -64,7 +68,7 @@ def _run_dp_step(sigma, clip=0.5, seed=0, expected_batch=8.0):
     x, y = torch.randn(6, 5, generator=gen), torch.randint(0, 3, (6,), generator=gen)
     reference = _reference_clipped_sum(_tiny_model(), x, y, clip)
     groups = LayerGroups.of(model)
-    method = get_method("dp_sgd")(clip, groups.names)
+    method = get_method("dp_sgd")(MethodContext(clip, groups.names))
     wrapped = wrap_for_dp(model)
     optimizer = torch.optim.SGD(groups.flat(), lr=0.0)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y, method, sigma,
@@ -208,7 +212,7 @@ def test_per_layer_factors_scale_each_layer_separately():
     groups = LayerGroups.of(model)
     wrapped = wrap_for_dp(model)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y,
-            PerLayer(1.0, groups.names), 0.0, 1.0, torch.optim.SGD(groups.flat(), lr=0.0),
+            PerLayer(MethodContext(1.0, groups.names)), 0.0, 1.0, torch.optim.SGD(groups.flat(), lr=0.0),
             torch.Generator(), step=1)
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r, rtol=1e-5, atol=1e-7)

@@ -104,9 +104,17 @@ class Params:
     train: TrainParams = field(default_factory=TrainParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     schedule: ScheduleParams = field(default_factory=ScheduleParams)
+    methods: dict = field(default_factory=dict)  # options_key -> {option: value}
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def method_options(self, method: str) -> dict:
+        """The validated options of one method (its section of ``methods:``)."""
+        from dpclip.methods import get_method
+
+        key = get_method(method).options_key
+        return dict(self.methods.get(key, {})) if key else {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +366,37 @@ def _read_schedule(r: _Reader) -> ScheduleParams:
     return s
 
 
+def _read_method_options(r: _Reader) -> dict:
+    """``methods.<key>.<option>`` for every registered method that declares options."""
+    from dpclip.methods.base import REGISTRY
+
+    out: dict[str, dict] = {}
+    for cls in REGISTRY.values():
+        key = cls.options_key
+        if not key or key in out:
+            continue
+        section = r.sub(key)
+        values = {}
+        for name, opt in cls.OPTIONS.items():
+            if opt.choices is not None:
+                values[name] = section.choice(name, opt.default, opt.choices)
+            elif isinstance(opt.default, bool):
+                values[name] = section.boolean(name, opt.default)
+            elif isinstance(opt.default, str) or opt.default is None:
+                values[name] = section.text(name, opt.default)
+            else:
+                values[name] = section.number(name, opt.default, integer=opt.integer,
+                                              low=opt.low, high=opt.high,
+                                              low_open=opt.low_open, high_open=opt.high_open)
+        section.finish()
+        check = getattr(cls, "check_options", None)
+        if check is not None:
+            r.problems.extend(check(values, f"{r.prefix}.{key}"))
+        out[key] = values
+    r.finish()
+    return out
+
+
 def parse_params(raw: dict | None) -> Params:
     """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
     problems: list[str] = []
@@ -370,6 +409,7 @@ def parse_params(raw: dict | None) -> Params:
         train=_read_train(root.sub("train")),
         evaluate=_read_evaluate(root.sub("evaluate")),
         schedule=_read_schedule(root.sub("schedule")),
+        methods=_read_method_options(root.sub("methods")),
     )
     root.finish()
     if problems:

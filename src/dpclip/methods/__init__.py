@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dpclip.methods import dp_sgd, non_private  # noqa: F401  (registration side effect)
+from dpclip.methods import (auto_s, dc_sgd, dp_psac,  # noqa: F401  (registration)
+                            dp_sgd, non_private)
 from dpclip.methods.base import REGISTRY, Method, StepRelease
 
 

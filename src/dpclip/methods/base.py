@@ -8,9 +8,10 @@ A method module defines one subclass of :class:`Method` and registers it with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from dpclip.privacy import ExtraQuery
 
@@ -28,16 +29,52 @@ class StepRelease:
     extras: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Option:
+    """One method parameter in params.yaml (``methods.<options_key>.<name>``) and its range."""
+
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    choices: tuple | None = None
+    help: str = ""
+
+
+@dataclass
+class MethodContext:
+    """What a method may know when it is built: C_0, the layers, d = number of trainable
+    parameters, the expected batch size B, its options, and the model (weights only)."""
+
+    clip_norm: float
+    layer_names: list[str]
+    n_params: int = 0
+    expected_batch: float = 1.0
+    options: dict = field(default_factory=dict)
+    model: nn.Module | None = None
+
+
 class Method:
     """Base class. Subclasses set ``name`` and override the rules they change."""
 
     name: ClassVar[str] = ""
     private: ClassVar[bool] = True  # False: plain training, no clipping, no noise
     dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
+    options_key: ClassVar[str | None] = None  # section of params.yaml `methods:`
+    OPTIONS: ClassVar[dict[str, Option]] = {}
 
-    def __init__(self, clip_norm: float, layer_names: list[str]):
-        self.clip_threshold = float(clip_norm)  # C_t, read before each step
-        self.layer_names = list(layer_names)
+    def __init__(self, context: MethodContext):
+        self.context = context
+        self.options = {**{k: o.default for k, o in self.OPTIONS.items()}, **context.options}
+        self.clip_threshold = float(context.clip_norm)  # C_t, read before each step
+        self.layer_names = list(context.layer_names)
+        self.sigma_eff = self.sigma_train = None
+
+    def bind_noise(self, sigma_eff: float, sigma_train: float) -> None:
+        """Told once, after the sigma split: the step's overall and gradient multipliers."""
+        self.sigma_eff, self.sigma_train = sigma_eff, sigma_train
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         """Per-sample scaling factors s_i (shape B) or per-layer s_i^(l) (shape B x L).

@@ -32,7 +32,8 @@ def train_config(params: Params, method: str, epsilon, seed: int) -> TrainConfig
                        batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer,
                        momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
                        device=t.device, model=t.model, hidden=tuple(t.hidden),
-                       epsilon_tolerance=p.epsilon_tolerance)
+                       epsilon_tolerance=p.epsilon_tolerance,
+                       method_options=params.method_options(method))
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),

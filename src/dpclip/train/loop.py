@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from dpclip.errors import DpclipError
 from dpclip.io import write_with
 from dpclip.methods import get_method
-from dpclip.models import build_model
+from dpclip.methods.base import MethodContext
+from dpclip.models import build_model, count_parameters
 from dpclip.privacy import BudgetGuard, epsilon_of, noise_for_epsilon, split_sigma
 from dpclip.train.step import LayerGroups, dp_step, plain_step, wrap_for_dp
 
@@ -48,6 +49,7 @@ class TrainConfig:
     model: str
     hidden: tuple[int, ...]
     epsilon_tolerance: float = 0.01
+    method_options: dict = field(default_factory=dict)  # params.yaml methods.<key>
 
 
 @dataclass
@@ -98,7 +100,8 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     model = build_model(cfg.model, feature_shape, n_classes, list(cfg.hidden)).to(device)
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.batch_size, cfg.epochs)
     groups = LayerGroups.of(model)
-    method = method_cls(cfg.clip_norm, groups.names)
+    method = method_cls(MethodContext(cfg.clip_norm, groups.names, count_parameters(model),
+                                      q * n_records, dict(cfg.method_options), model))
     runner = _PrivateRun if method_cls.private else _PlainRun
     return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
                   nn.CrossEntropyLoss(reduction="none"))
@@ -261,6 +264,7 @@ class _PrivateRun(_Run):
                                            cfg.epsilon_tolerance)
         self.extras = self.method.extra_queries(self.sigma_eff)
         self.sigma_train = split_sigma(self.sigma_eff, self.extras)
+        self.method.bind_noise(self.sigma_eff, self.sigma_train)
         self.guard = BudgetGuard(cfg.accountant, cfg.delta, cfg.target_epsilon)
         self.model = wrap_for_dp(self.model)
         trace_every = 1 if cfg.accountant == "rdp" else max(1, self.total_steps // PRV_TRACE_POINTS)

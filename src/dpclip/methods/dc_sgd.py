@@ -1,0 +1,133 @@
+"""``dc_sgd_p`` and ``dc_sgd_e`` (Wei et al. 2025, DC-SGD: dynamic clipping from a noisy
+histogram of per-sample gradient norms; ``papers/dc-sgd_dynamic-clipping.txt``).
+
+Each step clips as DP-SGD does, s_i = min(1, C_t / n_i), and also releases a histogram of the
+batch's norms over H fixed bins on [0, b_max] (norms >= b_max count in the last bin). Each record
+adds 1 to one bin, so the histogram has L2 sensitivity 1; its counts get N(0, sigma_H^2) noise
+and are clamped at 0. The step is one Gaussian mechanism with
+    sigma = (sigma_T^-2 + sigma_H^-2)^(-1/2),  i.e.  sigma_T = (sigma^-2 - sigma_H^-2)^(-1/2),
+with sigma_H = ratio * sigma. The next threshold is computed from the noisy histogram only:
+
+* P rule: C_{t+1} = upper edge of the first bin whose cumulative noisy mass reaches p.
+* E rule: C_{t+1} = argmin over the bin edges C of
+      sigma_T^2 C^2 d / B^2 + sum_k c~_k max(m_k - C, 0)^2 / sum_k c~_k      (m_k: bin midpoint)
+  The paper writes the bias term over the raw batch norms, which would make C_{t+1} a
+  function of private data with no noise; METHODS.md evaluates it on the noisy histogram.
+
+When the noisy histogram holds no mass, C is left unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.privacy import ExtraQuery
+
+
+def norm_histogram(norms: torch.Tensor, bins: int, b_max: float) -> torch.Tensor:
+    """Counts of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the last bin."""
+    width = b_max / bins
+    index = torch.clamp((norms / width).floor().long(), 0, bins - 1)
+    return torch.bincount(index, minlength=bins).to(torch.float64)
+
+
+def percentile_threshold(noisy_counts: torch.Tensor, b_max: float, p: float) -> float | None:
+    """Upper edge of the first bin whose cumulative share of the noisy mass reaches p."""
+    total = float(noisy_counts.sum())
+    if total <= 0:
+        return None
+    share = torch.cumsum(noisy_counts, 0) / total
+    first = int(torch.nonzero(share >= p - 1e-12)[0, 0])
+    return (first + 1) * b_max / len(noisy_counts)
+
+
+def error_threshold(noisy_counts: torch.Tensor, b_max: float, sigma_train: float,
+                    n_params: int, expected_batch: float) -> float | None:
+    """The bin edge C minimising noise variance plus clipping bias on the noisy histogram."""
+    total = float(noisy_counts.sum())
+    if total <= 0:
+        return None
+    bins = len(noisy_counts)
+    width = b_max / bins
+    mids = (torch.arange(bins, dtype=torch.float64) + 0.5) * width
+    candidates = torch.arange(1, bins + 1, dtype=torch.float64) * width
+    variance = sigma_train ** 2 * candidates ** 2 * n_params / expected_batch ** 2
+    excess = torch.clamp(mids[None, :] - candidates[:, None], min=0.0) ** 2
+    bias = (excess * noisy_counts[None, :]).sum(dim=1) / total
+    return float(candidates[torch.argmin(variance + bias)])
+
+
+class _DCSGD(Method):
+    options_key = "dc_sgd"
+    OPTIONS = {
+        "bins": Option(20, low=2, integer=True, help="H, histogram bins"),
+        "b_max": Option(5.0, low=0.0, low_open=True, help="histogram range [0, b_max]"),
+        "p": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
+                    help="P rule: quantile of the norm distribution"),
+        "sigma_h_ratio": Option(5.0, low=1.0, low_open=True,
+                                help="sigma_H / sigma (histogram noise over overall noise)"),
+        "hist_every": Option(50, low=1, integer=True,
+                             help="trace the noisy histogram every this many steps"),
+    }
+
+    def __init__(self, context):
+        super().__init__(context)
+        self._hist_row: dict = {}
+
+    def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
+        return [ExtraQuery("hist", 1.0, self.options["sigma_h_ratio"] * sigma_eff)]
+
+    def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        norms = total_norms(layer_norms)
+        return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
+
+    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+        counts = norm_histogram(total_norms(layer_norms).detach().double().cpu(),
+                                self.options["bins"], self.options["b_max"])
+        std = self.options["sigma_h_ratio"] * self.sigma_eff
+        noise = torch.normal(0.0, std, size=counts.shape, dtype=torch.float64,
+                             generator=_cpu(generator))
+        return {"hist": torch.clamp(counts + noise, min=0.0)}
+
+    def update(self, release: StepRelease) -> None:
+        noisy = release.extras["hist"]
+        new = self.next_threshold(noisy)
+        if new is not None:
+            self.clip_threshold = new
+        self._hist_row = {}
+        if release.step % self.options["hist_every"] == 0:
+            self._hist_row = {"noisy_histogram": ";".join(f"{c:.2f}" for c in noisy.tolist())}
+
+    def next_threshold(self, noisy_counts: torch.Tensor) -> float | None:
+        raise NotImplementedError
+
+    def trace_row(self) -> dict:
+        row, self._hist_row = self._hist_row, {}
+        return row
+
+
+def _cpu(generator: torch.Generator) -> torch.Generator | None:
+    """The histogram is tiny and lives on the CPU; a CUDA noise generator cannot draw it."""
+    return generator if generator.device.type == "cpu" else None
+
+
+@register
+class DCSGDPercentile(_DCSGD):
+    name = "dc_sgd_p"
+
+    def next_threshold(self, noisy_counts):
+        return percentile_threshold(noisy_counts, self.options["b_max"], self.options["p"])
+
+
+@register
+class DCSGDError(_DCSGD):
+    name = "dc_sgd_e"
+
+    def next_threshold(self, noisy_counts):
+        return error_threshold(noisy_counts, self.options["b_max"], self.sigma_train,
+                               self.context.n_params, self.context.expected_batch)
+
+
+__all__ = ["DCSGDPercentile", "DCSGDError", "norm_histogram", "percentile_threshold",
+           "error_threshold"]

@@ -1,0 +1,25 @@
+"""``dp_psac`` (Xia et al. 2023, per-sample adaptive clipping):
+
+    s_i = C / (n_i + r / (n_i + r)),  so ||gbar_i|| = C n_i / (n_i + r / (n_i + r)) < C  (r > 0).
+
+Small gradients are scaled up less aggressively than by automatic clipping: the added term
+r / (n_i + r) tends to 1 as n_i -> 0 and to 0 as n_i grows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpclip.methods.base import Method, Option, register, total_norms
+
+
+@register
+class DPPSAC(Method):
+    name = "dp_psac"
+    options_key = "dp_psac"
+    OPTIONS = {"r": Option(0.1, low=0.0, low_open=True, help="the paper's r (default 0.1)")}
+
+    def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        norms = total_norms(layer_norms)
+        r = self.options["r"]
+        return self.clip_threshold / (norms + r / (norms + r))
