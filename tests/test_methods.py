@@ -83,14 +83,16 @@ def test_sigma_h_ratio_must_exceed_one(tiny_raw):
         parse_params(tiny_raw(methods={"dc_sgd": {"bins": 1}}))
 
 
-@pytest.mark.parametrize("name", ["auto_s", "dp_psac", "dc_sgd_p", "dc_sgd_e"])
+@pytest.mark.parametrize("name", ["auto_s", "dp_psac", "dc_sgd_p", "dc_sgd_e", "ww_dp_sgd"])
 def test_each_method_trains_within_budget_and_traces_its_threshold(name):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(200, 6)).astype(np.float32), rng.integers(0, 3, size=200)
     cfg = TrainConfig(method=name, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=3,
                       batch_size=20, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0,
                       seed=0, device="cpu", model="mlp", hidden=(8,),
-                      method_options={"hist_every": 5} if name.startswith("dc") else {})
+                      method_options={"dc_sgd_p": {"hist_every": 5}, "dc_sgd_e": {"hist_every": 5},
+                                      "ww_dp_sgd": {"probe_every": 5, "kappa": 0.5,
+                                                    "min_tail": 4}}.get(name, {}))
     result = train_model(x, y, (6,), 3, cfg, progress=False)
     p = result.privacy
     assert p["epsilon"] <= 4.0 and p["epsilon"] >= 4.0 - 0.02
@@ -100,5 +102,97 @@ def test_each_method_trains_within_budget_and_traces_its_threshold(name):
         assert p["sigma_train"] > p["noise_multiplier"]
         assert len(set(thresholds)) > 1  # the controller moved C
         assert any("noisy_histogram" in row for row in result.trace)
+    elif name == "ww_dp_sgd":
+        assert p["sigma_train"] == p["noise_multiplier"]
+        probed = [row for row in result.trace if not np.isnan(row["ww_zeta"])]
+        assert probed and all(row["step"] % 5 == 0 for row in probed)
+        assert len(set(thresholds)) > 1
     else:
         assert p["sigma_train"] == p["noise_multiplier"] and set(thresholds) == {1.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# WW-DP-SGD: the tail-exponent estimator and the controller
+
+from dpclip.methods.ww_dp_sgd import WWDPSGD, tail_exponent  # noqa: E402
+
+
+def _pareto(alpha: float, n: int, seed: int) -> np.ndarray:
+    """Samples with density ~ x^-alpha on [1, inf) (inverse-CDF sampling)."""
+    u = np.random.default_rng(seed).random(n)
+    return (1 - u) ** (-1.0 / (alpha - 1.0))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tail_exponent_recovers_a_pareto_exponent_of_three(seed):
+    # pure power law: the MLE's standard error is (alpha - 1) / sqrt(n) ~ 0.06 at n = 1000
+    assert tail_exponent(_pareto(3.0, 1000, seed)) == pytest.approx(3.0, abs=0.3)
+
+
+def test_tail_exponent_agrees_with_the_powerlaw_package():
+    powerlaw = pytest.importorskip("powerlaw")
+    rng = np.random.default_rng(5)
+    # a power-law tail above 10 on top of a uniform bulk: the KS search must find the cut
+    data = np.concatenate([rng.uniform(0.1, 10.0, 300), 10.0 * _pareto(3.0, 400, 6)])
+    fit = powerlaw.Fit(data, verbose=False)
+    ours = tail_exponent(data, min_tail=10)
+    assert ours == pytest.approx(fit.power_law.alpha, rel=1e-6)
+
+
+def test_tail_exponent_falls_back_to_top_k_on_small_spectra():
+    eigs = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    # top 3 with lambda_min = 4: alpha = 1 + 3 / (log 1 + log 2 + log 4) = 1 + 3 / (3 log 2)
+    assert tail_exponent(eigs, min_tail=10, top_k=3) == pytest.approx(1 + 1 / np.log(2))
+
+
+def _ww(**options):
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(40, 30))
+    ctx = MethodContext(1.0, ["fc1"], options={"probe": "fc1", **options}, model=model)
+    return WWDPSGD(ctx)
+
+
+def test_ww_controller_sign_saturation_ema_and_clamp():
+    ww = _ww(beta=0.5, kappa=0.1, r=2.0, zeta_star=4.0, c_max=1.1)
+    assert ww.zeta_hat == 4.0  # EMA starts at zeta*
+    ww.control(6.0)            # zeta_hat = 0.5*4 + 0.5*6 = 5: error 0.5 -> C = e^0.05
+    assert ww.zeta_hat == pytest.approx(5.0) and ww.signal == pytest.approx(0.5)
+    assert ww.clip_threshold == pytest.approx(np.exp(0.05))
+    ww.control(100.0)  # zeta_hat = 52.5: saturates at +1 -> log C = 0.15 > log 1.1: clamped
+    assert ww.signal == 1.0 and ww.clip_threshold == pytest.approx(1.1)
+    assert ww.clamp_hits == {"min": 0, "max": 1}
+    low = _ww(beta=0.0, kappa=0.1)
+    low.control(1.0)           # below the centre: C shrinks
+    assert low.signal == pytest.approx(-1.0) and low.clip_threshold == pytest.approx(np.exp(-0.1))
+
+
+def test_ww_probes_only_every_k_steps_and_ignores_empty_batches():
+    ww = _ww(probe_every=3)
+    measured = []
+    ww.measure = lambda: measured.append(1) or 4.5
+    for step in range(1, 10):
+        ww.update(StepRelease(step=step, noisy_grad=[]))
+    assert len(measured) == 3  # steps 3, 6, 9
+    before = ww.state_dict()
+    # an empty batch never reaches update(): the loop skips it (see test_dp_step), so the
+    # state only changes through update
+    assert ww.state_dict() == before
+
+
+def test_ww_probe_layer_must_exist(tiny_raw):
+    with pytest.raises(ConfigError, match="methods.ww_dp_sgd.probe: 'fc9'"):
+        parse_params(tiny_raw(methods={"ww_dp_sgd": {"probe": "fc9"}}))
+    with pytest.raises(ConfigError, match="methods.ww_dp_sgd.beta"):
+        parse_params(tiny_raw(methods={"ww_dp_sgd": {"beta": 1.0}}))
+    with pytest.raises(ConfigError, match="methods.ww_dp_sgd.probe_every"):
+        parse_params(tiny_raw(methods={"ww_dp_sgd": {"probe_every": 0}}))
+
+
+def test_spectrum_is_the_squared_singular_values():
+    from dpclip.methods.ww_dp_sgd import spectrum
+
+    layer = torch.nn.Linear(7, 4)
+    expected = np.sort(torch.linalg.svdvals(layer.weight.detach().double()).numpy() ** 2)
+    assert np.allclose(np.sort(spectrum(layer)), expected)
+    conv = torch.nn.Conv2d(3, 5, 3)  # reshaped to 5 x 27
+    assert spectrum(conv).shape == (5,)

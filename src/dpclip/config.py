@@ -8,7 +8,7 @@ message that lists every bad key and its value.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -366,7 +366,7 @@ def _read_schedule(r: _Reader) -> ScheduleParams:
     return s
 
 
-def _read_method_options(r: _Reader) -> dict:
+def _read_method_options(r: _Reader, layer_names: list[str]) -> dict:
     """``methods.<key>.<option>`` for every registered method that declares options."""
     from dpclip.methods.base import REGISTRY
 
@@ -391,7 +391,7 @@ def _read_method_options(r: _Reader) -> dict:
         section.finish()
         check = getattr(cls, "check_options", None)
         if check is not None:
-            r.problems.extend(check(values, f"{r.prefix}.{key}"))
+            r.problems.extend(check(values, f"{r.prefix}.{key}", layer_names))
         out[key] = values
     r.finish()
     return out
@@ -409,8 +409,15 @@ def parse_params(raw: dict | None) -> Params:
         train=_read_train(root.sub("train")),
         evaluate=_read_evaluate(root.sub("evaluate")),
         schedule=_read_schedule(root.sub("schedule")),
-        methods=_read_method_options(root.sub("methods")),
+        methods={},
     )
+    if not problems:  # layer names need a valid train section
+        from dpclip.models import layer_names
+
+        methods = _read_method_options(root.sub("methods"),
+                                       layer_names(params.train.model, params.train.hidden))
+        params = replace(params, methods=methods)
+    root.known.add("methods")
     root.finish()
     if problems:
         raise ConfigError(problems)

@@ -65,3 +65,9 @@ def parameterised_layers(model: nn.Module) -> list[str]:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def layer_names(name: str, hidden: list[int]) -> list[str]:
+    """The parameterised layer names a model will have (they do not depend on the data)."""
+    shape = (1, 8, 8) if name == "cnn" else (4,)
+    return parameterised_layers(build_model(name, shape, 2, list(hidden)))
