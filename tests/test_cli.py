@@ -83,3 +83,17 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
             tmp.write_text("half")
             raise DpclipError("interrupted")
     assert target.read_text().strip().startswith("{") and _files(tmp_path) == ["out.json"]
+
+
+def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys):
+    base = _prepared(tmp_path, tiny_raw, write_params)
+    code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "--steps", "2",
+                 "--rounds", "2"])
+    assert code == 0, capsys.readouterr().err
+    import json
+
+    result = json.loads((tmp_path / "reports" / "bench.json").read_text())
+    rows = {row["method"]: row for row in result["table"]}
+    assert rows["dp_sgd"]["ratio_to_dp_sgd"] == 1.0 and rows["ww_dp_sgd"]["step_ms_median"] > 0
+    assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["ww_probe"]["share"] < 1
+    assert (tmp_path / "reports" / "bench.md").exists()

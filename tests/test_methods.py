@@ -28,7 +28,7 @@ def test_histogram_bins_and_overflow():
     norms = torch.tensor([0.0, 0.49, 0.5, 1.2, 1.99, 2.0, 7.5])
     # 4 bins of width 0.5 on [0, 2]: [0, .5) gets 0 and .49; [.5, 1) gets .5; [1, 1.5) gets 1.2;
     # the last bin gets 1.99 and the two norms >= b_max
-    assert norm_histogram(norms, 4, 2.0).tolist() == [2, 1, 1, 3]
+    assert norm_histogram(norms.numpy(), 4, 2.0).tolist() == [2, 1, 1, 3]
 
 
 def test_percentile_rule_picks_the_right_bin():
@@ -68,7 +68,7 @@ def test_dc_sgd_controller_reads_only_the_noisy_histogram():
     method = get_method("dc_sgd_p")(MethodContext(1.0, ["fc1"]))
     method.bind_noise(1.0, 1.02)
     # the update gets a release; whatever the raw norms were, only extras["hist"] is read
-    release = StepRelease(step=1, noisy_grad=[], extras={"hist": torch.tensor(
+    release = StepRelease(step=1, noisy_grad=[], extras={"hist": np.array(
         [0.0] * 10 + [4.0] + [0.0] * 9)})
     method.update(release)
     assert method.clip_threshold == pytest.approx(11 * 5.0 / 20)

@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
               with_method=False)
     _run_args(sub.add_parser("train", help="train one configuration"))
     _run_args(sub.add_parser("evaluate", help="evaluate one trained configuration"))
+    bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
+                                         "as ratios to dp_sgd (needs `dpclip prepare`)")
+    bench.add_argument("--methods", nargs="*", help="default: train.methods")
+    bench.add_argument("--steps", type=int, default=20, help="steps per method per round")
+    bench.add_argument("--rounds", type=int, default=15)
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -68,6 +73,13 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "prepare":
         meta = stages.prepare(params, layout)
         print(f"prepared {meta['dataset']}: {meta['sizes']}")
+        return 0
+    if args.command == "bench":
+        from dpclip.bench import bench
+
+        table = bench(params, layout, args.params, args.methods, args.steps, args.rounds)
+        print(table.to_string(index=False))
+        print(f"written to {layout.reports / 'bench.md'}")
         return 0
     if args.command == "report":
         result = stages.report(params, layout, track=not args.no_track)

@@ -41,6 +41,9 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "train_s": ("time", "train_s"),
 }
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
+# method signals logged per step when a trace has them (WW-DP-SGD's controller)
+METHOD_STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
+                       "ww_clamp_hits_max")
 
 
 def project_home(root: Path) -> Path:
@@ -178,7 +181,7 @@ def _log_trace(mlflow, trace: pd.DataFrame, chunk: int = 900) -> None:
     run_id = mlflow.active_run().info.run_id
     now = int(dt.datetime.now().timestamp() * 1000)
     entries = [Metric(name, float(row[name]), now, int(row["step"]))
-               for _, row in trace.iterrows() for name in STEP_METRICS
+               for _, row in trace.iterrows() for name in STEP_METRICS + METHOD_STEP_METRICS
                if name in trace and pd.notna(row[name])]
     for i in range(0, len(entries), chunk):
         client.log_batch(run_id, metrics=entries[i:i + chunk])

@@ -19,43 +19,44 @@ When the noisy histogram holds no mass, C is left unchanged.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
 from dpclip.privacy import ExtraQuery
 
 
-def norm_histogram(norms: torch.Tensor, bins: int, b_max: float) -> torch.Tensor:
+def norm_histogram(norms, bins: int, b_max: float) -> np.ndarray:
     """Counts of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the last bin."""
-    width = b_max / bins
-    index = torch.clamp((norms / width).floor().long(), 0, bins - 1)
-    return torch.bincount(index, minlength=bins).to(torch.float64)
+    norms = np.asarray(norms, dtype=np.float64)
+    index = np.clip(np.floor(norms / (b_max / bins)).astype(np.int64), 0, bins - 1)
+    return np.bincount(index, minlength=bins).astype(np.float64)
 
 
-def percentile_threshold(noisy_counts: torch.Tensor, b_max: float, p: float) -> float | None:
+def percentile_threshold(noisy_counts, b_max: float, p: float) -> float | None:
     """Upper edge of the first bin whose cumulative share of the noisy mass reaches p."""
-    total = float(noisy_counts.sum())
+    counts = np.asarray(noisy_counts, dtype=np.float64)
+    total = counts.sum()
     if total <= 0:
         return None
-    share = torch.cumsum(noisy_counts, 0) / total
-    first = int(torch.nonzero(share >= p - 1e-12)[0, 0])
-    return (first + 1) * b_max / len(noisy_counts)
+    first = int(np.argmax(np.cumsum(counts) / total >= p - 1e-12))
+    return (first + 1) * b_max / len(counts)
 
 
-def error_threshold(noisy_counts: torch.Tensor, b_max: float, sigma_train: float,
-                    n_params: int, expected_batch: float) -> float | None:
+def error_threshold(noisy_counts, b_max: float, sigma_train: float, n_params: int,
+                    expected_batch: float) -> float | None:
     """The bin edge C minimising noise variance plus clipping bias on the noisy histogram."""
-    total = float(noisy_counts.sum())
+    counts = np.asarray(noisy_counts, dtype=np.float64)
+    total = counts.sum()
     if total <= 0:
         return None
-    bins = len(noisy_counts)
+    bins = len(counts)
     width = b_max / bins
-    mids = (torch.arange(bins, dtype=torch.float64) + 0.5) * width
-    candidates = torch.arange(1, bins + 1, dtype=torch.float64) * width
+    mids = (np.arange(bins) + 0.5) * width
+    candidates = np.arange(1, bins + 1) * width
     variance = sigma_train ** 2 * candidates ** 2 * n_params / expected_batch ** 2
-    excess = torch.clamp(mids[None, :] - candidates[:, None], min=0.0) ** 2
-    bias = (excess * noisy_counts[None, :]).sum(dim=1) / total
-    return float(candidates[torch.argmin(variance + bias)])
+    bias = (np.clip(mids[None, :] - candidates[:, None], 0.0, None) ** 2 @ counts) / total
+    return float(candidates[int(np.argmin(variance + bias))])
 
 
 class _DCSGD(Method):
@@ -83,12 +84,13 @@ class _DCSGD(Method):
         return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
-        counts = norm_histogram(total_norms(layer_norms).detach().double().cpu(),
+        # the histogram is tiny: numpy is faster than torch for it (no per-op dispatch)
+        counts = norm_histogram(total_norms(layer_norms).detach().cpu().numpy(),
                                 self.options["bins"], self.options["b_max"])
         std = self.options["sigma_h_ratio"] * self.sigma_eff
         noise = torch.normal(0.0, std, size=counts.shape, dtype=torch.float64,
-                             generator=_cpu(generator))
-        return {"hist": torch.clamp(counts + noise, min=0.0)}
+                             generator=_cpu(generator)).numpy()
+        return {"hist": np.clip(counts + noise, 0.0, None)}
 
     def update(self, release: StepRelease) -> None:
         noisy = release.extras["hist"]

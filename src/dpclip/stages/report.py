@@ -34,6 +34,13 @@ def configured_runs(params: Params) -> list[RunKey]:
         params.train.seeds)]
 
 
+def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
+    groups: dict[tuple, list[RunKey]] = {}
+    for key in runs:
+        groups.setdefault((key.epsilon, key.alpha, key.seed), []).append(key)
+    return groups
+
+
 COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
            "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
            "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "noise_multiplier", "c_final",
@@ -93,6 +100,11 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     rocs = {k.name: pd.read_csv(layout.roc(k.name)) for k in runs}
     comparison_figure(out / "comparison.png", table)
     clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
+    for (epsilon, alpha, seed), keys in _by_configuration(runs).items():
+        # one figure per (epsilon, alpha, seed): every method's C_t schedule overlaid
+        clip_figure(out / f"clip_thresholds-eps{epsilon}-{alpha}-seed{seed}.png",
+                    {k.method: traces[k.name] for k in keys},
+                    title=f"C_t by method (target eps {epsilon}, alpha {alpha}, seed {seed})")
     roc_figure(out / "roc.png", rocs, title="Loss-attack ROC by run")
     logged = None
     if track:
