@@ -83,7 +83,8 @@ def test_sigma_h_ratio_must_exceed_one(tiny_raw):
         parse_params(tiny_raw(methods={"dc_sgd": {"bins": 1}}))
 
 
-@pytest.mark.parametrize("name", ["auto_s", "dp_psac", "dc_sgd_p", "dc_sgd_e", "ww_dp_sgd"])
+@pytest.mark.parametrize("name", ["auto_s", "dp_psac", "dc_sgd_p", "dc_sgd_e", "ww_dp_sgd",
+                                  "adaclip"])
 def test_each_method_trains_within_budget_and_traces_its_threshold(name):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(200, 6)).astype(np.float32), rng.integers(0, 3, size=200)
@@ -102,6 +103,12 @@ def test_each_method_trains_within_budget_and_traces_its_threshold(name):
         assert p["sigma_train"] > p["noise_multiplier"]
         assert len(set(thresholds)) > 1  # the controller moved C
         assert any("noisy_histogram" in row for row in result.trace)
+    elif name == "adaclip":
+        # centred count, sensitivity 1/2, std 0.05 B = 1: sigma_T^-2 = sigma^-2 - (2 * 1)^-2
+        assert p["sigma_unclipped"] == pytest.approx(1.0)
+        assert p["sigma_train"] == pytest.approx(
+            (p["noise_multiplier"] ** -2 - 0.25) ** -0.5)
+        assert len(set(thresholds)) > 1
     elif name == "ww_dp_sgd":
         assert p["sigma_train"] == p["noise_multiplier"]
         probed = [row for row in result.trace if not np.isnan(row["ww_zeta"])]
@@ -196,3 +203,23 @@ def test_spectrum_is_the_squared_singular_values():
     assert np.allclose(np.sort(spectrum(layer)), expected)
     conv = torch.nn.Conv2d(3, 5, 3)  # reshaped to 5 x 27
     assert spectrum(conv).shape == (5,)
+
+
+
+def test_adaclip_controller_by_hand():
+    ada = get_method("adaclip")(MethodContext(1.0, ["fc1"], expected_batch=10.0))
+    # half of the records unclipped = the target quantile: C does not move
+    ada.update(StepRelease(step=1, noisy_grad=[], extras={"unclipped_fraction": 0.5}))
+    assert ada.clip_threshold == pytest.approx(1.0)
+    # all unclipped: C shrinks by exp(-eta_C * 0.5) with eta_C = 0.05
+    ada.update(StepRelease(step=2, noisy_grad=[], extras={"unclipped_fraction": 1.0}))
+    assert ada.clip_threshold == pytest.approx(np.exp(-0.025))
+
+
+def test_adaclip_release_is_the_centred_count_over_the_expected_batch():
+    ada = get_method("adaclip")(MethodContext(1.0, ["fc1"], expected_batch=4.0,
+                                              options={"count_noise_fraction": 1e-12}))
+    norms = torch.tensor([[0.5], [0.9], [2.0]])  # two unclipped of three, B = 4
+    released = ada.release_extras(norms, torch.Generator().manual_seed(0))
+    # ((1 - .5) + (1 - .5) + (0 - .5)) / 4 + .5 = 0.625 (not 2/3: |L_t| stays private)
+    assert released["unclipped_fraction"] == pytest.approx(0.625)
