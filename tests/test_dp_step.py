@@ -107,15 +107,17 @@ def _data(n=100, seed=0):
     return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
 
 
-def test_empty_poisson_batch_counts_but_moves_nothing():
+@pytest.mark.parametrize("method", PRIVATE_METHODS)
+def test_empty_poisson_batch_counts_but_moves_nothing(method):
     x, y = _data()
-    run = build_run((6,), 3, len(x), _cfg())
+    options = {"count_noise_fraction": 0.2} if method == "adaclip" else {}
+    run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options))
     before = [p.detach().clone() for p in run.groups.flat()]
-    clip_before = run.method.clip_threshold
+    state_before = repr(run.method.state_dict())
     row = run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
     assert row["batch_size"] == 0 and np.isnan(row["train_loss"])
     assert run.guard.steps == 1 and row["epsilon_spent"] > 0
-    assert run.method.clip_threshold == clip_before
+    assert repr(run.method.state_dict()) == state_before  # controller state unchanged
     for b, p in zip(before, run.groups.flat()):
         assert torch.equal(b, p)
     row = run.step(torch.as_tensor(x), torch.as_tensor(y), [0, 5, 7], epoch=1)

@@ -223,3 +223,16 @@ def test_adaclip_release_is_the_centred_count_over_the_expected_batch():
     released = ada.release_extras(norms, torch.Generator().manual_seed(0))
     # ((1 - .5) + (1 - .5) + (0 - .5)) / 4 + .5 = 0.625 (not 2/3: |L_t| stays private)
     assert released["unclipped_fraction"] == pytest.approx(0.625)
+
+
+def test_adaclip_count_noise_too_small_for_the_split_names_its_key():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(100, 6)).astype(np.float32), rng.integers(0, 3, size=100)
+    cfg = TrainConfig(method="adaclip", target_epsilon=4.0, delta=1e-5, accountant="rdp",
+                      epochs=2, batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0,
+                      clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
+                      method_options={"count_noise_fraction": 0.01})
+    from dpclip.errors import DpclipError
+
+    with pytest.raises(DpclipError, match="methods.adaclip.count_noise_fraction"):
+        train_model(x, y, (6,), 3, cfg, progress=False)

@@ -32,6 +32,7 @@ class ExtraQuery:
     name: str
     sensitivity: float
     noise_std: float
+    option: str = ""  # the params.yaml key that sets this noise, for error messages
 
 
 def combined_sigma(sigma_train: float, extras: list[ExtraQuery]) -> float:
@@ -46,8 +47,9 @@ def split_sigma(sigma_eff: float, extras: list[ExtraQuery]) -> float:
     remaining = sigma_eff ** -2 - extra_precision
     if remaining <= 0:
         worst = min(extras, key=lambda q: q.noise_std / q.sensitivity)
+        where = f"{worst.option}: " if worst.option else ""
         raise DpclipError(
-            f"noise of extra query {worst.name!r} (std/sensitivity = "
+            f"{where}noise of extra query {worst.name!r} (std/sensitivity = "
             f"{worst.noise_std / worst.sensitivity:g}) is too small: the step's overall noise "
             f"multiplier is {sigma_eff:g}, and each extra query needs std/sensitivity above it "
             f"with room left for the gradient")

@@ -57,7 +57,8 @@ class AdaClip(Method):
         return self.options["count_noise_fraction"] * self.context.expected_batch
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
-        return [ExtraQuery("unclipped", 0.5, self.count_std)]
+        return [ExtraQuery("unclipped", 0.5, self.count_std,
+                           option="methods.adaclip.count_noise_fraction")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         norms = total_norms(layer_norms)

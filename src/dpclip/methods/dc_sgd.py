@@ -77,7 +77,8 @@ class _DCSGD(Method):
         self._hist_row: dict = {}
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
-        return [ExtraQuery("hist", 1.0, self.options["sigma_h_ratio"] * sigma_eff)]
+        return [ExtraQuery("hist", 1.0, self.options["sigma_h_ratio"] * sigma_eff,
+                           option="methods.dc_sgd.sigma_h_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         norms = total_norms(layer_norms)
