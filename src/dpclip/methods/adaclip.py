@@ -24,7 +24,8 @@ import math
 import numpy as np
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register,
+                                 total_norms)
 from dpclip.privacy import ExtraQuery
 
 
@@ -61,8 +62,7 @@ class AdaClip(Method):
                            option="methods.adaclip.count_noise_fraction")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        norms = total_norms(layer_norms)
-        return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return clip_factors(layer_norms, self.clip_threshold)
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
         unclipped = (total_norms(layer_norms) <= self.clip_threshold).double()

@@ -119,3 +119,8 @@ def register(cls: type[Method]) -> type[Method]:
 def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:
     """n_i = sqrt(sum_l (n_i^(l))^2)."""
     return layer_norms.pow(2).sum(dim=1).sqrt()
+
+
+def clip_factors(layer_norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """DP-SGD's rule s_i = min(1, C / n_i); n_i = 0 gives 1 (the clamp avoids 0/0)."""
+    return (clip / total_norms(layer_norms).clamp_min(1e-12)).clamp(max=1.0)

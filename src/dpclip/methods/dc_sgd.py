@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register,
+                                 total_norms)
 from dpclip.privacy import ExtraQuery
 
 
@@ -81,8 +82,7 @@ class _DCSGD(Method):
                            option="methods.dc_sgd.sigma_h_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        norms = total_norms(layer_norms)
-        return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return clip_factors(layer_norms, self.clip_threshold)
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
         # the histogram is tiny: numpy is faster than torch for it (no per-op dispatch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dpclip.methods.base import Method, register, total_norms
+from dpclip.methods.base import Method, clip_factors, register
 
 
 @register
@@ -12,6 +12,4 @@ class DPSGD(Method):
     name = "dp_sgd"
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        norms = total_norms(layer_norms)
-        # n_i = 0 gives factor 1 (a zero gradient needs no clipping); clamp avoids 0/0
-        return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return clip_factors(layer_norms, self.clip_threshold)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register)
 
 
 def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) -> float:
@@ -130,8 +130,7 @@ class WWDPSGD(Method):
         self._probed = False
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        norms = total_norms(layer_norms)
-        return (self.clip_threshold / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return clip_factors(layer_norms, self.clip_threshold)
 
     def update(self, release: StepRelease) -> None:
         self._probed = release.step % self.options["probe_every"] == 0
