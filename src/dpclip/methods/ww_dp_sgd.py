@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register)
+from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
 
 
 def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) -> float:
