@@ -160,13 +160,16 @@ def test_non_private_run_reports_no_epsilon():
     assert result.privacy["epsilon"] is None and result.privacy["dp_guarantee"] is False
 
 
-@pytest.mark.parametrize("method", ["dp_sgd", "non_private"])
+@pytest.mark.parametrize("method", ["dp_sgd", "non_private", "dc_sgd_p", "ww_dp_sgd",
+                                    "adaclip"])
 def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch,
                                                                      method):
     from dpclip.train import loop
 
     x, y = _data()
-    cfg = _cfg(method=method, epochs=4)
+    options = {"ww_dp_sgd": {"probe_every": 3, "min_tail": 4, "kappa": 0.5},
+               "adaclip": {"count_noise_fraction": 0.2}}.get(method, {})
+    cfg = _cfg(method=method, epochs=4, method_options=options)
     reference = train_model(x, y, (6,), 3, cfg, progress=False)
     path = tmp_path / "ckpt.pt"
     runner = loop._PrivateRun if get_method(method).private else loop._PlainRun
@@ -225,3 +228,23 @@ def test_trained_model_is_the_plain_network():
     result = train_model(x, y, (6,), 3, _cfg(), progress=False)
     assert all(not name.startswith("_module") for name in result.model.state_dict())
     assert type(result.model) is nn.Sequential
+
+
+def test_noiseless_cnn_step_equals_independent_per_example_clipping():
+    # conv layers take Opacus's materialised per-sample path, linear layers the ghost norms
+    from dpclip.models import build_model
+
+    def cnn():
+        torch.manual_seed(3)
+        return build_model("cnn", (1, 6, 6), 3, [5])
+
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(4, 1, 6, 6, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+    reference = _reference_clipped_sum(cnn(), x, y, clip=0.3)
+    model = cnn()
+    groups = LayerGroups.of(model)
+    dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
+            get_method("dp_sgd")(MethodContext(0.3, groups.names)), 0.0, 2.0,
+            torch.optim.SGD(groups.flat(), lr=0.0), torch.Generator(), step=1)
+    for p, r in zip(groups.flat(), reference):
+        torch.testing.assert_close(p.grad, r / 2.0, rtol=1e-4, atol=1e-6)
