@@ -110,7 +110,7 @@ def _data(n=100, seed=0):
 @pytest.mark.parametrize("method", PRIVATE_METHODS)
 def test_empty_poisson_batch_counts_but_moves_nothing(method):
     x, y = _data()
-    options = {"count_noise_fraction": 0.2} if method == "adaclip" else {}
+    options = {"count_noise_fraction": 0.2} if method.startswith("adaclip") else {}
     run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options))
     before = [p.detach().clone() for p in run.groups.flat()]
     state_before = repr(run.method.state_dict())
@@ -161,14 +161,15 @@ def test_non_private_run_reports_no_epsilon():
 
 
 @pytest.mark.parametrize("method", ["dp_sgd", "non_private", "dc_sgd_p", "ww_dp_sgd",
-                                    "adaclip"])
+                                    "adaclip", "adaclip_opacus"])
 def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch,
                                                                      method):
     from dpclip.train import loop
 
     x, y = _data()
     options = {"ww_dp_sgd": {"probe_every": 3, "min_tail": 4, "kappa": 0.5},
-               "adaclip": {"count_noise_fraction": 0.2}}.get(method, {})
+               "adaclip": {"count_noise_fraction": 0.2},
+               "adaclip_opacus": {"count_noise_fraction": 0.2}}.get(method, {})
     cfg = _cfg(method=method, epochs=4, method_options=options)
     reference = train_model(x, y, (6,), 3, cfg, progress=False)
     path = tmp_path / "ckpt.pt"

@@ -236,3 +236,19 @@ def test_adaclip_count_noise_too_small_for_the_split_names_its_key():
 
     with pytest.raises(DpclipError, match="methods.adaclip.count_noise_fraction"):
         train_model(x, y, (6,), 3, cfg, progress=False)
+
+
+def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 6)).astype(np.float32), rng.integers(0, 3, size=200)
+    cfg = TrainConfig(method="adaclip_opacus", target_epsilon=4.0, delta=1e-5,
+                      accountant="rdp", epochs=3, batch_size=20, lr=0.1, optimizer="sgd",
+                      momentum=0.0, clip_norm=1.0, seed=0, device="cpu", model="mlp",
+                      hidden=(8,))
+    result = train_model(x, y, (6,), 3, cfg, progress=False)
+    p = result.privacy
+    assert p["dp_guarantee"] is False  # the literal variant: epsilon is not a guarantee
+    # Opacus's adjusted noise multiplier (sigma^-2 - (2 sigma_u)^-2)^(-1/2), sigma_u = 0.05 B
+    assert p["sigma_train"] == pytest.approx((p["noise_multiplier"] ** -2 - 0.25) ** -0.5)
+    thresholds = [row["clip_threshold"] for row in result.trace]
+    assert len(set(thresholds)) > 1  # Opacus moved C, and the trace follows it

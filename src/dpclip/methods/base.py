@@ -64,6 +64,9 @@ class Method:
     dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
     options_key: ClassVar[str | None] = None  # section of params.yaml `methods:`
     OPTIONS: ClassVar[dict[str, Option]] = {}
+    # "shared": the shared DP step (dpclip.train.step). "opacus_optimizer": the method brings an
+    # Opacus DPOptimizer of its own through attach() and opacus_step().
+    step_kind: ClassVar[str] = "shared"
 
     def __init__(self, context: MethodContext):
         self.context = context

@@ -214,6 +214,10 @@ class _Run:
         self.plain_model().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
+        if hasattr(self.optimizer, "max_grad_norm"):
+            # an Opacus optimizer keeps C itself, as a float32 tensor once it has updated it
+            self.optimizer.max_grad_norm = torch.tensor(self.method.clip_threshold,
+                                                        dtype=torch.float32)
         self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
         self.sample_gen.set_state(state["sample_gen"])
         self.noise_gen.set_state(state["noise_gen"])
@@ -266,7 +270,11 @@ class _PrivateRun(_Run):
         self.sigma_train = split_sigma(self.sigma_eff, self.extras)
         self.method.bind_noise(self.sigma_eff, self.sigma_train)
         self.guard = BudgetGuard(cfg.accountant, cfg.delta, cfg.target_epsilon)
-        self.model = wrap_for_dp(self.model)
+        if self.method.step_kind == "opacus_optimizer":
+            self.model, self.optimizer = self.method.attach(self.model, self.optimizer,
+                                                            self.noise_gen)
+        else:
+            self.model = wrap_for_dp(self.model)
         trace_every = 1 if cfg.accountant == "rdp" else max(1, self.total_steps // PRV_TRACE_POINTS)
         self.trace_every = trace_every
 
@@ -306,9 +314,13 @@ class _PrivateRun(_Run):
         if len(batch) > 0:
             idx = torch.as_tensor(batch, device=self.device)
             tic = time.perf_counter()
-            loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
-                              self.method, self.sigma_train, self.q * len(x), self.optimizer,
-                              self.noise_gen, step)
+            if self.method.step_kind == "opacus_optimizer":
+                loss = self.method.opacus_step(self.model, self.loss_fn, x[idx], y[idx],
+                                               self.optimizer)
+            else:
+                loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
+                                  self.method, self.sigma_train, self.q * len(x),
+                                  self.optimizer, self.noise_gen, step)
             self.step_times.append(time.perf_counter() - tic)
         row = {"step": step, "epoch": epoch, "batch_size": len(batch), "clip_threshold": clip,
                "train_loss": loss, "epsilon_spent": self._epsilon_for_trace(step),
