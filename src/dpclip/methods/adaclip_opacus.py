@@ -19,7 +19,7 @@ import torch
 from opacus import GradSampleModule
 from opacus.optimizers import AdaClipDPOptimizer
 
-from dpclip.methods.base import Method, Option, clip_factors, register
+from dpclip.methods.base import Method, clip_factors, register
 from dpclip.privacy import ExtraQuery
 
 
