@@ -371,7 +371,9 @@ def _read_method_options(r: _Reader, layer_names: list[str]) -> dict:
     from dpclip.methods.base import REGISTRY
 
     out: dict[str, dict] = {}
-    for cls in REGISTRY.values():
+    # a class that declares the options reads a shared section first (adaclip, not
+    # adaclip_opacus, which reuses it)
+    for cls in sorted(REGISTRY.values(), key=lambda c: -len(c.OPTIONS)):
         key = cls.options_key
         if not key or key in out:
             continue
