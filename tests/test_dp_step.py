@@ -13,9 +13,14 @@ from torch import nn
 from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
 from dpclip.train import TrainConfig, build_run, train_model
-from dpclip.train.step import LayerGroups, as_layer_factors, dp_step, wrap_for_dp
+from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
 
 PRIVATE_METHODS = [m for m in available_methods() if get_method(m).private]
+
+
+def as_layer_factors(factors: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """How the DP step applies a method's factors: (B,) for every layer, or (B, L) as given."""
+    return factors[:, None].expand(-1, n_layers) if factors.dim() == 1 else factors
 
 
 @pytest.mark.parametrize("method_name", PRIVATE_METHODS)

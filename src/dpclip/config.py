@@ -449,8 +449,7 @@ def alpha_tag(alpha) -> str:
 
 def parse_scalar(text: str):
     """Read a CLI value the way YAML (and DVC's ${...} interpolation) wrote it: '8' -> 8."""
-    value = yaml.safe_load(str(text))
-    return value
+    return yaml.safe_load(str(text))
 
 
 def epsilon_tag(epsilon) -> str:

@@ -41,10 +41,6 @@ class Layout:
     def metrics(self, run: str) -> Path:
         return self.root / "metrics" / f"{run}.json"
 
-    @property
-    def metrics_dir(self) -> Path:
-        return self.root / "metrics"
-
     def roc(self, run: str) -> Path:
         return self.root / "plots" / "roc" / f"{run}.csv"
 

@@ -73,13 +73,6 @@ def per_layer_norms(groups: LayerGroups) -> torch.Tensor:
     return torch.stack(columns, dim=1)
 
 
-def as_layer_factors(factors: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """Broadcast per-sample factors (B,) to per-layer factors (B, L)."""
-    if factors.dim() == 1:
-        return factors[:, None].expand(-1, n_layers)
-    return factors
-
-
 def scaled_sum(model: GradSampleModuleFastGradientClipping, groups: LayerGroups,
                losses: torch.Tensor, factors: torch.Tensor) -> list[torch.Tensor]:
     """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order.
