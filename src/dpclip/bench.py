@@ -2,15 +2,19 @@
 
 Speed on a shared machine is only comparable within one run, so the methods are timed
 round-robin on the same model, data and Poisson batches (same seed), and each is reported as a
-ratio to dp_sgd's median step. Peak memory is measured per method in a fresh subprocess
-(growth of the resident set size during the steps on CPU, sampled every millisecond;
-``torch.cuda.max_memory_allocated`` on a GPU), as a ratio too. For
+ratio to dp_sgd's median step. Peak memory is each method's working memory per step, measured
+in a fresh subprocess after warm-up steps, as a ratio too: on CPU, the peak growth of the
+resident set size (sampled every millisecond) over the warmed-up level, with glibc's mmap
+threshold lowered so that every freed tensor over 16 KiB goes back to the system (else the
+allocator keeps it and the growth reads 0); on a GPU, ``torch.cuda.max_memory_allocated`` over
+the allocated level. Weights, data and library code are shared by all methods and left out. For
 ``ww_dp_sgd`` the probe's share of the step time at the configured probe period is reported.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -102,8 +106,9 @@ def peak_memory(params_path: str, root: str, method: str, steps: int) -> float:
     """Peak memory (MiB) of ``steps`` steps of one method, in a fresh process."""
     code = ("import sys, json; from dpclip.bench import _child_memory; "
             "print(json.dumps(_child_memory(*sys.argv[1:])))")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(16 * 1024)}
     out = subprocess.run([sys.executable, "-c", code, params_path, root, method, str(steps)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env=env)
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -114,17 +119,25 @@ def _child_memory(params_path: str, root: str, method: str, steps: str) -> float
     layout = Layout(__import__("pathlib").Path(root))
     x, y, shape, n_classes = _data(layout)
     run, xt, yt = _runner(params, method, x, y, shape, n_classes)
+    batches = [b for b in _batches(len(x), run.q, _WARM_UP + int(steps)) if b]
+    for batch in batches[:_WARM_UP]:
+        _step(run, xt, yt, batch)
     if run.device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        for batch in _batches(len(x), run.q, int(steps)):
-            if batch:
-                _step(run, xt, yt, batch)
-        return torch.cuda.max_memory_allocated() / 2 ** 20
+        for batch in batches[_WARM_UP:]:
+            _step(run, xt, yt, batch)
+        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     with _RssPeak() as peak:
-        for batch in _batches(len(x), run.q, int(steps)):
-            if batch:
-                _step(run, xt, yt, batch)
+        for batch in batches[_WARM_UP:]:
+            _step(run, xt, yt, batch)
     return peak.growth_mib
+
+
+# steps before the memory baseline: optimizer state and lazy library loads, including the
+# first run of every periodic controller at its default period (the WW probe, K = 50)
+_WARM_UP = 60
 
 
 class _RssPeak:
@@ -165,7 +178,9 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     if not layout.split("target_train").exists():
         raise DpclipError("bench needs the prepared data: run `dpclip prepare` first")
     times = time_steps(params, layout, methods, steps, rounds)
-    memory = {m: peak_memory(params_path, str(layout.root), m, steps) for m in methods}
+    # at least 100 steps, so that the WW probe (every K = 50 steps) falls among them
+    memory = {m: peak_memory(params_path, str(layout.root), m, max(steps, 100))
+              for m in methods}
     base_t = float(np.median(times["dp_sgd"]))
     base_m = memory["dp_sgd"]
     rows = [{"method": m, "step_ms_median": 1000 * float(np.median(times[m])),

@@ -19,29 +19,43 @@ When the noisy histogram holds no mass, C is left unchanged.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
-from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register,
-                                 total_norms)
+from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
 from dpclip.privacy import ExtraQuery
 
 
 def norm_histogram(norms, bins: int, b_max: float) -> np.ndarray:
     """Counts of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the last bin."""
-    norms = np.asarray(norms, dtype=np.float64)
-    index = np.clip(np.floor(norms / (b_max / bins)).astype(np.int64), 0, bins - 1)
+    index = np.minimum((np.asarray(norms) * (bins / b_max)).astype(np.intp), bins - 1)
     return np.bincount(index, minlength=bins).astype(np.float64)
 
 
 def percentile_threshold(noisy_counts, b_max: float, p: float) -> float | None:
     """Upper edge of the first bin whose cumulative share of the noisy mass reaches p."""
-    counts = np.asarray(noisy_counts, dtype=np.float64)
-    total = counts.sum()
+    cumulative = np.cumsum(np.asarray(noisy_counts, dtype=np.float64))
+    total = cumulative[-1]
     if total <= 0:
         return None
-    first = int(np.argmax(np.cumsum(counts) / total >= p - 1e-12))
-    return (first + 1) * b_max / len(counts)
+    first = int(np.searchsorted(cumulative, (p - 1e-12) * total))
+    return (first + 1) * b_max / len(cumulative)
+
+
+@lru_cache(maxsize=16)
+def _bin_geometry(bins: int, b_max: float) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate edges C_j = j * b_max / H and the bias matrix max(m_k - C_j, 0)^2 (j x k).
+
+    Both depend only on (H, b_max), so they are built once, not every step.
+    """
+    width = b_max / bins
+    mids = (np.arange(bins) + 0.5) * width
+    candidates = np.arange(1, bins + 1) * width
+    bias = np.maximum(mids[None, :] - candidates[:, None], 0.0) ** 2
+    candidates.flags.writeable = bias.flags.writeable = False
+    return candidates, bias
 
 
 def error_threshold(noisy_counts, b_max: float, sigma_train: float, n_params: int,
@@ -51,13 +65,9 @@ def error_threshold(noisy_counts, b_max: float, sigma_train: float, n_params: in
     total = counts.sum()
     if total <= 0:
         return None
-    bins = len(counts)
-    width = b_max / bins
-    mids = (np.arange(bins) + 0.5) * width
-    candidates = np.arange(1, bins + 1) * width
-    variance = sigma_train ** 2 * candidates ** 2 * n_params / expected_batch ** 2
-    bias = (np.clip(mids[None, :] - candidates[:, None], 0.0, None) ** 2 @ counts) / total
-    return float(candidates[int(np.argmin(variance + bias))])
+    candidates, bias = _bin_geometry(len(counts), float(b_max))
+    variance = (sigma_train ** 2 * n_params / expected_batch ** 2) * candidates ** 2
+    return float(candidates[int(np.argmin(variance + bias @ counts / total))])
 
 
 class _DCSGD(Method):
@@ -85,13 +95,23 @@ class _DCSGD(Method):
         return clip_factors(layer_norms, self.clip_threshold)
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
-        # the histogram is tiny: numpy is faster than torch for it (no per-op dispatch)
-        counts = norm_histogram(total_norms(layer_norms).detach().cpu().numpy(),
+        # B x L and H are tiny: numpy is several times faster than torch on them (no per-op
+        # dispatch), and this runs every step
+        per_layer = layer_norms.detach().cpu().numpy()
+        counts = norm_histogram(np.sqrt((per_layer * per_layer).sum(axis=1)),
                                 self.options["bins"], self.options["b_max"])
         std = self.options["sigma_h_ratio"] * self.sigma_eff
-        noise = torch.normal(0.0, std, size=counts.shape, dtype=torch.float64,
-                             generator=_cpu(generator)).numpy()
-        return {"hist": np.clip(counts + noise, 0.0, None)}
+        noisy = torch.normal(0.0, std, size=counts.shape, dtype=torch.float64,
+                             generator=self._cpu_generator(generator)).numpy()
+        noisy += counts
+        return {"hist": np.maximum(noisy, 0.0, out=noisy)}
+
+    def _cpu_generator(self, generator: torch.Generator) -> torch.Generator | None:
+        """The histogram lives on the CPU; a CUDA noise generator cannot draw it (then the
+        global CPU generator does). Decided once: the generator's device never changes."""
+        if not hasattr(self, "_hist_generator"):
+            self._hist_generator = generator if generator.device.type == "cpu" else None
+        return self._hist_generator
 
     def update(self, release: StepRelease) -> None:
         noisy = release.extras["hist"]
@@ -108,11 +128,6 @@ class _DCSGD(Method):
     def trace_row(self) -> dict:
         row, self._hist_row = self._hist_row, {}
         return row
-
-
-def _cpu(generator: torch.Generator) -> torch.Generator | None:
-    """The histogram is tiny and lives on the CPU; a CUDA noise generator cannot draw it."""
-    return generator if generator.device.type == "cpu" else None
 
 
 @register

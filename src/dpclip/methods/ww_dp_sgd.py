@@ -48,19 +48,24 @@ def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) 
     # every candidate lambda_min = x[i] at once: rows are candidates, columns eigenvalues
     logs = np.log(x)
     starts = np.arange(0, n - min_tail + 1)
-    sizes = n - starts                                      # m_i, tail sizes
+    sizes = (n - starts).astype(np.float64)                 # m_i, tail sizes
     suffix = np.cumsum(logs[::-1])[::-1]                    # sum_{j >= i} log x_j
     spread = suffix[starts] - sizes * logs[starts]          # sum_j log(x_j / x_i)
     with np.errstate(divide="ignore", invalid="ignore"):
         alphas = np.where(spread > 0, 1.0 + sizes / spread, np.inf)
-        cols = np.arange(n)[None, :]
-        in_tail = cols >= starts[:, None]
-        ratio = np.where(in_tail, x[None, :] / x[starts][:, None], 1.0)
-        fitted = 1.0 - ratio ** (1.0 - alphas[:, None])
-        rank = (cols - starts[:, None]).astype(np.float64)  # 0-based position in the tail
-        gap_hi = np.abs((rank + 1) / sizes[:, None] - fitted)
-        gap_lo = np.abs(rank / sizes[:, None] - fitted)
-    distance = np.where(in_tail, np.maximum(gap_hi, gap_lo), -np.inf).max(axis=1)
+    slope = np.where(np.isfinite(alphas), 1.0 - alphas, 0.0)
+    # fitted survival S_ij = (x_j / x_i)^(1 - alpha_i). Just below and at x_j the empirical
+    # survival is R_j / m_i and (R_j - 1) / m_i, R_j = n - j, so the KS gap at x_j is
+    # max(|S_ij - R_j/m_i|, |S_ij - (R_j - 1)/m_i|) = |S_ij - (R_j - 1/2)/m_i| + 1/(2 m_i).
+    # the n x n part runs in torch: its exp is vectorised and threaded, 3-4x numpy's here
+    t_slope, t_logs = torch.from_numpy(slope), torch.from_numpy(logs)
+    gap = torch.outer(t_slope, t_logs)
+    gap -= (t_slope * t_logs[starts])[:, None]
+    gap.exp_()
+    gap -= torch.outer(torch.from_numpy(1.0 / sizes), torch.arange(n, 0, -1, dtype=torch.float64) - 0.5)
+    gap.abs_()
+    gap.masked_fill_(torch.arange(n)[None, :] < torch.from_numpy(starts)[:, None], 0.0)
+    distance = gap.amax(dim=1).numpy() + 0.5 / sizes      # 0 outside candidate i's tail
     distance[~np.isfinite(alphas)] = np.inf                 # no spread: no tail to fit
     return float(alphas[int(np.argmin(distance))])
 
@@ -78,11 +83,19 @@ def probe_matrix(module: nn.Module) -> torch.Tensor:
 
 
 def spectrum(module: nn.Module) -> np.ndarray:
-    """Non-zero eigenvalues of W^T W (= squared singular values of W), from the smaller of the
-    Gram matrices W^T W and W W^T, which share them (4x faster than an SVD for 256 x 784)."""
-    w = probe_matrix(module).double().cpu()
+    """Eigenvalues of W^T W (= squared singular values of W) above float32 round-off.
+
+    They come from the smaller of the Gram matrices W^T W and W W^T, which share the non-zero
+    ones, in the weights' float32 (4x faster than an SVD and 2x faster than float64 for
+    256 x 784). Eigenvalues below n * eps32 * lambda_max are round-off, not spectrum, and are
+    dropped.
+    """
+    w = probe_matrix(module).float().cpu()
     gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
-    return torch.linalg.eigvalsh(gram).clamp_min(0.0).numpy()
+    # torch's LAPACK, not scipy's: a second BLAS thread pool would fight torch's for the cores
+    values = torch.linalg.eigvalsh(gram).numpy().astype(np.float64)
+    floor = len(values) * np.finfo(np.float32).eps * max(float(values[-1]), 0.0)
+    return values[values > floor]
 
 
 @register

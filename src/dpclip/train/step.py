@@ -8,18 +8,24 @@
 
 Per-sample gradient norms come from Opacus (``GradSampleModuleFastGradientClipping``: exact
 "ghost" norms for Linear layers, materialised per-sample gradients for the others), so the
-per-sample gradients of a Linear layer are never built: the clipped sum is a second backward
-pass of sum_i s_i loss_i (one per layer when the factors differ by layer). A "layer" is one
-module that owns parameters (its weight and bias together).
+per-sample gradients of a Linear layer are never built. The one backward pass also keeps each
+layer's activations a_i and output gradients delta_i (Opacus's hooks capture them anyway), and
+the scaled sum is formed from them directly, for per-sample and per-layer factors alike:
+    Linear:  sum_i s_i^(l) g_i^(l) = (s^(l) * delta)^T a   (weight),  sum_i s_i^(l) delta_i  (bias)
+    others:  Opacus's per-sample gradient of the layer, summed with weights s_i^(l).
+No second backward pass is needed. A "layer" is one module that owns parameters (its weight and
+bias together).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
 import torch
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from torch import nn
 
 from dpclip.methods.base import Method, StepRelease
@@ -34,25 +40,40 @@ class LayerGroups:
 
     names: list[str]
     params: list[list[nn.Parameter]]
+    modules: list[nn.Module]
 
     @classmethod
     def of(cls, model: nn.Module) -> "LayerGroups":
-        names, params = [], []
+        names, params, modules = [], [], []
         for name, module in model.named_modules():
             own = [p for p in module.parameters(recurse=False) if p.requires_grad]
             if own:
                 names.append(name.removeprefix("_module."))
                 params.append(own)
-        return cls(names, params)
+                modules.append(module)
+        return cls(names, params, modules)
 
     def flat(self) -> list[nn.Parameter]:
         return [p for group in self.params for p in group]
 
 
-def wrap_for_dp(model: nn.Module) -> GradSampleModuleFastGradientClipping:
+class NormsAndSums(GradSampleModuleFastGradientClipping):
+    """Opacus's ghost-norm module that also keeps, per layer, the (activations, output
+    gradients) its hooks captured in the backward pass, for :func:`scaled_sum`."""
+
+    def rearrange_grad_samples(self, *, module, backprops, loss_reduction, batch_first):
+        activations, backprops = super().rearrange_grad_samples(
+            module=module, backprops=backprops, loss_reduction=loss_reduction,
+            batch_first=batch_first)
+        if self.hooks_enabled:
+            module._dpclip_captured = getattr(module, "_dpclip_captured", [])
+            module._dpclip_captured.append((activations, backprops))
+        return activations, backprops
+
+
+def wrap_for_dp(model: nn.Module) -> NormsAndSums:
     """Attach Opacus's per-sample norm hooks (losses are summed, batch first)."""
-    return GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
-                                                use_ghost_clipping=True)
+    return NormsAndSums(model, batch_first=True, loss_reduction="sum", use_ghost_clipping=True)
 
 
 def per_layer_norms(groups: LayerGroups) -> torch.Tensor:
@@ -73,25 +94,42 @@ def per_layer_norms(groups: LayerGroups) -> torch.Tensor:
     return torch.stack(columns, dim=1)
 
 
-def scaled_sum(model: GradSampleModuleFastGradientClipping, groups: LayerGroups,
-               losses: torch.Tensor, factors: torch.Tensor) -> list[torch.Tensor]:
-    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order.
-
-    g_i is the gradient of loss_i, so sum_i s_i g_i is the gradient of sum_i s_i loss_i with
-    the factors held constant: one extra backward pass (one per layer for per-layer factors).
-    """
+def scaled_sum(model: NormsAndSums, groups: LayerGroups, factors: torch.Tensor
+               ) -> list[torch.Tensor]:
+    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order, from the
+    activations and output gradients captured in the backward pass (each read once)."""
     factors = factors.detach()
-    model.disable_hooks()
-    try:
-        if factors.dim() == 1:
-            return list(torch.autograd.grad((factors * losses).sum(), groups.flat()))
-        sums = []
-        for layer, group in enumerate(groups.params):
-            sums += torch.autograd.grad((factors[:, layer] * losses).sum(), group,
-                                        retain_graph=True)
-        return sums
-    finally:
-        model.enable_hooks()
+    sums = []
+    for layer, (module, group) in enumerate(zip(groups.modules, groups.params)):
+        captured = getattr(module, "_dpclip_captured", None)
+        if not captured:
+            raise RuntimeError(f"no activations were captured for layer {groups.names[layer]}")
+        del module._dpclip_captured
+        weights = factors if factors.dim() == 1 else factors[:, layer]
+        totals = {id(p): torch.zeros_like(p) for p in group}
+        for activations, backprops in captured:  # one entry per use of the module
+            for param, total in _layer_sum(model, module, activations, backprops,
+                                           weights).items():
+                totals[id(param)] += total
+        sums += [totals[id(p)] for p in group]
+    return sums
+
+
+def _layer_sum(model: NormsAndSums, module: nn.Module, activations, backprops,
+               weights: torch.Tensor) -> dict:
+    """{parameter: sum_i w_i g_i} for one use of one layer."""
+    shape = (-1,) + (1,) * (backprops.dim() - 1)
+    weighted = backprops * weights.to(backprops.dtype).reshape(shape)
+    if type(module) is nn.Linear:
+        # batch and any sequence dimensions are summed: (w delta)^T a, never per sample
+        out = {module.weight: torch.einsum("n...o,n...i->oi", weighted, activations[0])}
+        if module.bias is not None:
+            out[module.bias] = weighted.reshape(-1, weighted.shape[-1]).sum(dim=0)
+        return {p: g for p, g in out.items() if p.requires_grad}
+    # other layers: Opacus's per-sample gradients (linear in the output gradient), summed
+    sampler = model.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+    return {p: g.sum(dim=0) for p, g in sampler(module, activations, weighted).items()
+            if p.requires_grad}
 
 
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -101,13 +139,15 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     """One DP step on a non-empty Poisson batch; returns (mean batch loss, the release)."""
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
+    for module in groups.modules:  # nothing captured by an earlier, interrupted step
+        module.__dict__.pop("_dpclip_captured", None)
     losses = loss_fn(model(x), y)  # per-sample losses, reduction="none"
-    losses.sum().backward(retain_graph=True)  # the hooks record per-sample norms
+    losses.sum().backward()  # the hooks record per-sample norms, activations and gradients
     layer_norms = per_layer_norms(groups)
     factors = method.scale(layer_norms)
     extras = method.release_extras(layer_norms, noise_gen)
     noisy = []
-    for p, total in zip(groups.flat(), scaled_sum(model, groups, losses, factors)):
+    for p, total in zip(groups.flat(), scaled_sum(model, groups, factors)):
         noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=noise_gen,
                              device=total.device)
         p.grad = (total + noise) / expected_batch
@@ -125,3 +165,22 @@ def plain_step(model: nn.Module, loss_fn, x, y, optimizer) -> float:
     loss.backward()
     optimizer.step()
     return float(loss.detach())
+
+
+def layer_norms_of(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                   batch: int = 512) -> torch.Tensor:
+    """n_i^(l) for every record (N x L) under ``model``'s current weights, with the same Opacus
+    norms as the DP step. Works on a copy: ``model`` keeps no hooks."""
+    private_copy = copy.deepcopy(model)
+    groups = LayerGroups.of(private_copy)
+    wrapped = wrap_for_dp(private_copy)
+    out = []
+    for start in range(0, len(x), batch):
+        losses = loss_fn(wrapped(x[start:start + batch]), y[start:start + batch])
+        losses.sum().backward()
+        out.append(per_layer_norms(groups).detach())
+        for module in groups.modules:
+            module.__dict__.pop("_dpclip_captured", None)
+        wrapped.zero_grad(set_to_none=True)
+    return torch.cat(out)
+
