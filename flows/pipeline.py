@@ -27,6 +27,7 @@ TASK = dict(cache_policy=NO_CACHE, retries=0)
 prepare_task = task(name="prepare", **TASK)(stages.prepare)
 partition_task = task(name="partition", task_run_name="partition-{alpha}", **TASK)(
     stages.partition)
+shadow_task = task(name="shadow", **TASK)(stages.shadow)
 train_task = task(name="train", task_run_name="train-{method}-eps{epsilon}-{alpha}-seed{seed}",
                   **TASK)(stages.train)
 evaluate_task = task(name="evaluate",
@@ -38,19 +39,22 @@ report_task = task(name="report", **TASK)(stages.report)
 @flow(name="dpclip-pipeline", log_prints=True)
 def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = True,
              progress: bool = False) -> list[dict]:
-    """prepare -> partition (per alpha) -> train, evaluate (per configuration) -> report."""
+    """prepare -> partition (per alpha) -> shadow -> train, evaluate (per configuration)
+    -> report."""
     params = load_params(params_path)  # every bad key is reported before any work
     layout = Layout(Path(root))
     prepare_task(params, layout)
     for alpha in params.partition.alphas:
         partition_task(params, alpha, layout)
+    shadow_task(params, layout, progress)
     summary = []
     for key in stages.configured_runs(params):
         train_task(params, key.method, key.epsilon, key.alpha, key.seed, layout, progress)
         m = evaluate_task(params, key.method, key.epsilon, key.alpha, key.seed, layout)
         summary.append({"run": m["run"], "epsilon": m["privacy"]["epsilon"],
                         "accuracy": m["utility"]["accuracy"], "ece": m["utility"]["ece"],
-                        "mia_auc": m["mia"]["loss"]["auc"]})
+                        "mia_auc": m["mia"]["loss"]["auc"],
+                        "peak_ir_mia": m["mia"].get("ir", {}).get("peak_accuracy")})
         print(summary[-1])
     result = report_task(params, layout, track)
     if result.mlflow:

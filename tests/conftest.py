@@ -53,3 +53,12 @@ def write_params(tmp_path):
         return path
 
     return write
+
+
+def shadow_risk_for(names: list[str], error_rates=None, shares=None) -> dict:
+    """A shadow risk record (the ``layers`` part lm_dp_sgd reads) for hand-made cases."""
+    error_rates = error_rates or [0.5 - 0.1 * (i % 3) for i in range(len(names))]
+    shares = shares or [1.0 / (i + 1) for i in range(len(names))]
+    return {"layers": {n: {"error_rate": float(e), "norm_share": float(s)}
+                       for n, e, s in zip(names, error_rates, shares)},
+            "layer_names": list(names)}

@@ -14,6 +14,7 @@ from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
 from dpclip.train import TrainConfig, build_run, train_model
 from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
+from conftest import shadow_risk_for
 
 PRIVATE_METHODS = [m for m in available_methods() if get_method(m).private]
 
@@ -39,9 +40,10 @@ def test_every_scaled_per_sample_gradient_is_within_the_clip_bound(method_name, 
     blocks = [b / b.norm(dim=1, keepdim=True) * scales[:, l:l + 1].double()
               for l, b in enumerate(blocks)]
     layer_norms = torch.stack([b.norm(dim=1) for b in blocks], dim=1)
-    method = get_method(method_name)(MethodContext(clip, [f"layer{l}" for l in range(n_layers)],
-                                                   n_params=7 * n_layers,
-                                                   expected_batch=float(batch)))
+    names = [f"layer{l}" for l in range(n_layers)]
+    method = get_method(method_name)(MethodContext(clip, names, n_params=7 * n_layers,
+                                                   expected_batch=float(batch),
+                                                   shadow_risk=shadow_risk_for(names)))
     method.bind_noise(1.0, 1.1)
     factors = as_layer_factors(method.scale(layer_norms), n_layers)
     scaled_norms = torch.stack([(factors[:, l:l + 1] * b).norm(dim=1) for l, b in
@@ -102,7 +104,8 @@ def test_noise_has_std_sigma_times_clip_over_expected_batch():
 def _cfg(method="dp_sgd", **kw):
     base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=2,
                 batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
-                device="cpu", model="mlp", hidden=(8,))
+                device="cpu", model="mlp", hidden=(8,),
+                shadow_risk=shadow_risk_for(["fc1", "head"]))
     base.update(kw)
     return TrainConfig(**base)
 

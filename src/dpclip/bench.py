@@ -41,8 +41,8 @@ def _data(layout: Layout):
     return x, y, tuple(meta["feature_shape"]), int(meta["n_classes"])
 
 
-def _runner(params: Params, method: str, x, y, shape, n_classes):
-    cfg = replace(train_config(params, method, params.privacy.target_epsilons[0], 0),
+def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
+    cfg = replace(train_config(params, method, params.privacy.target_epsilons[0], 0, layout),
                   epochs=1_000)  # a long plan, so the budget never stops the benchmark
     run = build_run(shape, n_classes, len(x), cfg)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
@@ -57,7 +57,7 @@ def time_steps(params: Params, layout: Layout, methods: list[str], steps: int,
                rounds: int = 5) -> dict[str, list[float]]:
     """Seconds per step of each method, interleaved over ``rounds`` rounds."""
     x, y, shape, n_classes = _data(layout)
-    runs = {m: _runner(params, m, x, y, shape, n_classes) for m in methods}
+    runs = {m: _runner(params, layout, m, x, y, shape, n_classes) for m in methods}
     q = next(iter(runs.values()))[0].q
     batches = _batches(len(x), q, steps * rounds)
     times: dict[str, list[float]] = {m: [] for m in methods}
@@ -90,7 +90,7 @@ def _step(run, x, y, batch):
 def ww_probe_share(params: Params, layout: Layout, steps: int) -> dict:
     """Probe time over step time for ww_dp_sgd at its configured probe period."""
     x, y, shape, n_classes = _data(layout)
-    run, xt, yt = _runner(params, "ww_dp_sgd", x, y, shape, n_classes)
+    run, xt, yt = _runner(params, layout, "ww_dp_sgd", x, y, shape, n_classes)
     total = 0.0
     for batch in _batches(len(x), run.q, steps, seed=1):
         if batch:
@@ -118,7 +118,7 @@ def _child_memory(params_path: str, root: str, method: str, steps: str) -> float
     params = load_params(params_path)
     layout = Layout(__import__("pathlib").Path(root))
     x, y, shape, n_classes = _data(layout)
-    run, xt, yt = _runner(params, method, x, y, shape, n_classes)
+    run, xt, yt = _runner(params, layout, method, x, y, shape, n_classes)
     batches = [b for b in _batches(len(x), run.q, _WARM_UP + int(steps)) if b]
     for batch in batches[:_WARM_UP]:
         _step(run, xt, yt, batch)

@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="build the target and shadow splits")
     _run_args(sub.add_parser("partition", help="Dirichlet label skew for one alpha"),
               with_method=False)
+    sub.add_parser("shadow", help="per-layer MIA risk from a shadow model on public data")
     _run_args(sub.add_parser("train", help="train one configuration"))
     _run_args(sub.add_parser("evaluate", help="evaluate one trained configuration"))
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
@@ -74,6 +75,12 @@ def _dispatch(args, params, layout) -> int:
         meta = stages.prepare(params, layout)
         print(f"prepared {meta['dataset']}: {meta['sizes']}")
         return 0
+    if args.command == "shadow":
+        rec = stages.shadow(params, layout, progress=not args.quiet)
+        risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in rec["layers"].items())
+        print(f"shadow model (holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer MIA "
+              f"error rate ({rec['risk_eval']}): {risks}")
+        return 0
     if args.command == "bench":
         from dpclip.bench import bench
 
@@ -107,8 +114,10 @@ def _dispatch(args, params, layout) -> int:
               f"{rec['time']['train_s']:.1f} s")
         return 0
     m = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
+    ir = m["mia"].get("ir")
+    peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
     print(f"{m['run']}: accuracy={m['utility']['accuracy']:.4f} ece={m['utility']['ece']:.4f} "
-          f"mia_auc={m['mia']['loss']['auc']:.4f}")
+          f"mia_auc={m['mia']['loss']['auc']:.4f}{peak}")
     return 0
 
 

@@ -88,6 +88,29 @@ class TrainParams:
 @dataclass(frozen=True)
 class EvaluateParams:
     ece_bins: int = 15
+    ir_attack: bool = True  # layer-wise membership inference on intermediate representations
+
+
+@dataclass(frozen=True)
+class ShadowParams:
+    """The shadow model (target architecture, non-private, on the public shadow train split)
+    whose per-layer membership attacks estimate each layer's risk ER^(l)."""
+
+    epochs: int = 30
+    batch_size: int = 64
+    risk_eval: str = "cv"  # cv: held-out folds | train: the paper's literal protocol
+    alpha: Any = IID  # Dirichlet label skew of the shadow train split (transfer tests)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AttackParams:
+    """Per-layer membership classifiers, for the shadow risk and the IR-level evaluation."""
+
+    classifier: str = "logistic"  # logistic | gbdt
+    folds: int = 5
+    max_features: int = 512  # convolutional maps are average-pooled to at most this many
+    max_records: int = 2000  # members (and as many non-members) per attack
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,8 @@ class Params:
     privacy: PrivacyParams = field(default_factory=PrivacyParams)
     train: TrainParams = field(default_factory=TrainParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
+    shadow: ShadowParams = field(default_factory=ShadowParams)
+    attack: AttackParams = field(default_factory=AttackParams)
     schedule: ScheduleParams = field(default_factory=ScheduleParams)
     methods: dict = field(default_factory=dict)  # options_key -> {option: value}
 
@@ -350,9 +375,41 @@ def _read_train(r: _Reader) -> TrainParams:
 
 
 def _read_evaluate(r: _Reader) -> EvaluateParams:
-    e = EvaluateParams(ece_bins=r.number("ece_bins", 15, integer=True, low=1))
+    d = EvaluateParams()
+    e = EvaluateParams(ece_bins=r.number("ece_bins", d.ece_bins, integer=True, low=1),
+                       ir_attack=r.boolean("ir_attack", d.ir_attack))
     r.finish()
     return e
+
+
+def _read_shadow(r: _Reader) -> ShadowParams:
+    from dpclip.attacks.layerwise import RISK_EVALS
+
+    d = ShadowParams()
+    alpha = r.get("alpha", d.alpha)
+    if alpha != IID and not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+                             and math.isfinite(alpha) and alpha > 0):
+        r.problems.append(bad_value("shadow.alpha", alpha,
+                                    "must be 'iid' or a Dirichlet concentration > 0"))
+        alpha = d.alpha
+    s = ShadowParams(epochs=r.number("epochs", d.epochs, integer=True, low=1),
+                     batch_size=r.number("batch_size", d.batch_size, integer=True, low=1),
+                     risk_eval=r.choice("risk_eval", d.risk_eval, RISK_EVALS), alpha=alpha,
+                     seed=r.number("seed", d.seed, integer=True, low=0))
+    r.finish()
+    return s
+
+
+def _read_attack(r: _Reader) -> AttackParams:
+    from dpclip.attacks.layerwise import CLASSIFIERS
+
+    d = AttackParams()
+    a = AttackParams(classifier=r.choice("classifier", d.classifier, CLASSIFIERS),
+                     folds=r.number("folds", d.folds, integer=True, low=2),
+                     max_features=r.number("max_features", d.max_features, integer=True, low=1),
+                     max_records=r.number("max_records", d.max_records, integer=True, low=2))
+    r.finish()
+    return a
 
 
 def _read_schedule(r: _Reader) -> ScheduleParams:
@@ -410,6 +467,8 @@ def parse_params(raw: dict | None) -> Params:
         privacy=_read_privacy(root.sub("privacy")),
         train=_read_train(root.sub("train")),
         evaluate=_read_evaluate(root.sub("evaluate")),
+        shadow=_read_shadow(root.sub("shadow")),
+        attack=_read_attack(root.sub("attack")),
         schedule=_read_schedule(root.sub("schedule")),
         methods={},
     )

@@ -51,5 +51,18 @@ class Layout:
         return self.root / "figures" / run
 
     @property
+    def shadow(self) -> Path:
+        """The shadow stage's outputs: ``risk.json``, ``model.pt`` and ``risk.png``."""
+        return self.root / "shadow"
+
+    @property
+    def shadow_risk(self) -> Path:
+        return self.shadow / "risk.json"
+
+    def ir_attack(self, run: str) -> Path:
+        """Per-layer IR membership-inference results of one run, for ``dvc plots``."""
+        return self.root / "plots" / "ir_mia" / f"{run}.csv"
+
+    @property
     def reports(self) -> Path:
         return self.root / "reports"

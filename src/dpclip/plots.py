@@ -60,14 +60,18 @@ def clip_figure(path: Path, traces: dict[str, pd.DataFrame], title: str) -> Path
 
 
 def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
-    """Accuracy, ECE and loss-attack AUC of every run, side by side."""
-    fig, axes = plt.subplots(1, 3, figsize=(12, 0.45 * len(table) + 1.8), sharey=True)
+    """Accuracy, ECE, loss-attack AUC and (when evaluated) peak IR-attack accuracy of every
+    run, side by side."""
+    panels = [("accuracy", "accuracy (holdout)"), ("ece", "ECE"), ("mia_auc", "loss-attack AUC")]
+    if "peak_ir_mia" in table and table["peak_ir_mia"].notna().any():
+        panels.append(("peak_ir_mia", "peak IR-attack accuracy"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels),
+                                                      0.45 * len(table) + 1.8), sharey=True)
     labels = table["run"].tolist()
-    for ax, column, name in zip(axes, ("accuracy", "ece", "mia_auc"),
-                                ("accuracy (holdout)", "ECE", "loss-attack AUC")):
-        ax.barh(labels, table[column], color="#3b75af")
+    for ax, (column, name) in zip(axes, panels):
+        ax.barh(labels, table[column].astype(float), color="#3b75af")
         ax.set_xlabel(name)
-        if column == "mia_auc":
+        if column in ("mia_auc", "peak_ir_mia"):
             ax.axvline(0.5, color="grey", linestyle=":")
     axes[0].invert_yaxis()
     fig.suptitle("dpclip: matched-budget comparison")
@@ -83,4 +87,23 @@ def partition_histogram_figure(path: Path, record: dict) -> Path:
     title = "IID (no label skew)" if record["alpha"] is None else \
         f"Dirichlet alpha = {record['alpha']}"
     ax.set_title(f"{title}: {record['size']} of {record['source_size']} records")
+    return write_figure(path, fig)
+
+
+def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
+                        metrics: tuple[str, ...] = ("accuracy", "auc")) -> Path:
+    """Per-layer membership-attack results as grouped bars, layers in model order; the dotted
+    line at 0.5 is a guess (accuracy, AUC) or no signal at all (error rate)."""
+    names = list(layers)
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(names) + 2), 3.6))
+    width = 0.8 / len(metrics)
+    for k, metric in enumerate(metrics):
+        values = [layers[n][metric] for n in names]
+        pos = np.arange(len(names)) + (k - (len(metrics) - 1) / 2) * width
+        bars = ax.bar(pos, values, width=width, label=metric.replace("_", " "))
+        ax.bar_label(bars, fmt="%.3f", fontsize=7)
+    ax.axhline(0.5, color="grey", linestyle=":")
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylim=(0, 1.05), xlabel="layer", title=title)
+    ax.legend(fontsize=8, loc="lower right")
     return write_figure(path, fig)

@@ -38,12 +38,15 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "mia_auc": ("mia", "loss", "auc"),
     "mia_balanced_accuracy": ("mia", "loss", "balanced_accuracy"),
     "mia_tpr_at_fpr_1pct": ("mia", "loss", "tpr_at_fpr_1pct"),
+    "ir_mia_peak_accuracy": ("mia", "ir", "peak_accuracy"),
+    "ir_mia_peak_auc": ("mia", "ir", "peak_auc"),
     "train_s": ("time", "train_s"),
 }
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
 METHOD_STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
                        "ww_clamp_hits_max")
+METHOD_STEP_PREFIXES = ("lm_w_",)  # LM-DP-SGD's per-layer weights, one column per layer
 
 
 def project_home(root: Path) -> Path:
@@ -123,6 +126,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
                      "roc.png"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
+        _log_shadow(mlflow, layout)
         reused = []
         for run in runs:
             if not _log_configuration(mlflow, experiment_id, layout, run, commit):
@@ -133,6 +137,20 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
                    "new": [r for r in runs if r not in reused], "reused": reused}
         log.debug("%s", describe(summary))
         return summary
+
+
+def _log_shadow(mlflow, layout: Layout) -> None:
+    """The shadow stage's per-layer risk on the pipeline's parent run (it serves every
+    configuration): ``shadow_er_<layer>`` metrics, the risk file and its plot."""
+    if not layout.shadow_risk.exists():
+        return
+    risk = read_json(layout.shadow_risk)
+    mlflow.log_metrics({f"shadow_er_{name}": v["error_rate"]
+                        for name, v in risk["layers"].items()})
+    mlflow.log_metric("shadow_accuracy", risk["shadow_accuracy"])
+    for name in ("risk.json", "risk.png"):
+        if (layout.shadow / name).exists():
+            mlflow.log_artifact(str(layout.shadow / name), artifact_path="shadow")
 
 
 def describe(summary: dict) -> str:
@@ -163,6 +181,9 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
         mlflow.log_params({k: v for k, v in privacy.items() if v is not None})
         mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
                             SUMMARY_METRICS.items() if _get(metrics, path) is not None})
+        for layer, values in (_get(metrics, ("mia", "ir", "layers")) or {}).items():
+            mlflow.log_metrics({f"ir_mia_accuracy_{layer}": values["accuracy"],
+                                f"ir_mia_auc_{layer}": values["auc"]})
         _log_trace(mlflow, pd.read_csv(layout.trace(run)))
         mlflow.log_artifact(str(layout.trace(run)), artifact_path="trace")
         mlflow.log_artifact(str(layout.metrics(run)), artifact_path="metrics")
@@ -180,8 +201,9 @@ def _log_trace(mlflow, trace: pd.DataFrame, chunk: int = 900) -> None:
     client = mlflow.tracking.MlflowClient()
     run_id = mlflow.active_run().info.run_id
     now = int(dt.datetime.now().timestamp() * 1000)
+    names = [n for n in STEP_METRICS + METHOD_STEP_METRICS if n in trace] + \
+        [n for n in trace.columns if n.startswith(METHOD_STEP_PREFIXES)]
     entries = [Metric(name, float(row[name]), now, int(row["step"]))
-               for _, row in trace.iterrows() for name in STEP_METRICS + METHOD_STEP_METRICS
-               if name in trace and pd.notna(row[name])]
+               for _, row in trace.iterrows() for name in names if pd.notna(row[name])]
     for i in range(0, len(entries), chunk):
         client.log_batch(run_id, metrics=entries[i:i + chunk])

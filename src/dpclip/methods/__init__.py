@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dpclip.methods import (adaclip, adaclip_opacus,  # noqa: F401  (registration)
-                            auto_s, dc_sgd, dp_psac, dp_sgd, non_private, ww_dp_sgd)
+                            auto_s, dc_sgd, dp_psac, dp_sgd, lm_dp_sgd, non_private,
+                            ww_dp_sgd)
 from dpclip.methods.base import REGISTRY, Method, StepRelease
 
 

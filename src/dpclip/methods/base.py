@@ -46,7 +46,8 @@ class Option:
 @dataclass
 class MethodContext:
     """What a method may know when it is built: C_0, the layers, d = number of trainable
-    parameters, the expected batch size B, its options, and the model (weights only)."""
+    parameters, the expected batch size B, its options, the model (weights only) and, for
+    methods that declare ``needs_shadow_risk``, the shadow stage's public risk record."""
 
     clip_norm: float
     layer_names: list[str]
@@ -54,6 +55,7 @@ class MethodContext:
     expected_batch: float = 1.0
     options: dict = field(default_factory=dict)
     model: nn.Module | None = None
+    shadow_risk: dict | None = None  # the shadow stage's risk file, for methods that need it
 
 
 class Method:
@@ -67,6 +69,7 @@ class Method:
     # "shared": the shared DP step (dpclip.train.step). "opacus_optimizer": the method brings an
     # Opacus DPOptimizer of its own through attach() and opacus_step().
     step_kind: ClassVar[str] = "shared"
+    needs_shadow_risk: ClassVar[bool] = False  # True: trains only after the shadow stage
 
     def __init__(self, context: MethodContext):
         self.context = context

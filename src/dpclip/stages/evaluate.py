@@ -1,9 +1,10 @@
 """evaluate: utility, calibration and membership inference of one trained configuration.
 
 Members are the records the run actually trained on (its partition of target train);
-non-members are the target holdout, which is also the utility test set. Writes
-``metrics/<run>.json`` (the metrics contract), ROC and reliability CSVs for ``dvc plots``, and
-PNG figures.
+non-members are the target holdout, which is also the utility test set. Two attacks: the loss
+threshold on the output, and (``evaluate.ir_attack``) one classifier per layer on its
+intermediate representations. Writes ``metrics/<run>.json`` (the metrics contract), ROC,
+reliability and per-layer IR-attack CSVs for ``dvc plots``, and PNG figures.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dpclip.attacks import layer_representations, membership_attack
 from dpclip.config import Params, run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.metrics import attack_metrics, calibration_metrics, dp_bound_check, reliability_bins
-from dpclip.plots import clip_figure, reliability_figure, roc_figure
+from dpclip.plots import clip_figure, layer_attack_figure, reliability_figure, roc_figure
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.train import load_model
@@ -91,9 +93,41 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         "time": {k: v for k, v in record["time"].items() if k != "device"},
         "training": record["training"], "device": record["time"].get("device"),
     }
+    if params.evaluate.ir_attack:
+        metrics["mia"]["ir"] = ir_attack(params, model, x_train[members], x_out)
+        _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
     return metrics
+
+
+def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
+              x_nonmembers: np.ndarray) -> dict:
+    """Layer-wise membership inference on intermediate representations (METHODS.md,
+    evaluation): per layer, a classifier of members vs non-members scored on held-out folds;
+    accuracy and AUC per layer and the peak over layers."""
+    a = params.attack
+    reps_in = layer_representations(model, x_members, a.max_features)
+    reps_out = layer_representations(model, x_nonmembers, a.max_features)
+    layers = {}
+    for name in reps_in:
+        result = membership_attack(reps_in[name], reps_out[name], classifier=a.classifier,
+                                   evaluation="cv", folds=a.folds, max_records=a.max_records,
+                                   seed=params.data.seed)
+        layers[name] = {"accuracy": result["accuracy"], "auc": result["auc"],
+                        "features": int(reps_in[name].shape[1])}
+    peak = max(layers, key=lambda n: layers[n]["accuracy"])
+    return {"layers": layers, "peak_accuracy": layers[peak]["accuracy"], "peak_layer": peak,
+            "peak_auc": max(v["auc"] for v in layers.values()), "classifier": a.classifier,
+            "folds": a.folds, "n_each": result["n_each"]}
+
+
+def _write_ir_plots(layout: Layout, run: str, ir: dict) -> None:
+    frame = pd.DataFrame([{"layer": name, **values} for name, values in ir["layers"].items()])
+    write_csv_frame(layout.ir_attack(run), frame)
+    layer_attack_figure(layout.figures(run) / "ir_mia.png", ir["layers"],
+                        title=f"IR-level MIA per layer: {run} (peak {ir['peak_accuracy']:.3f} "
+                              f"at {ir['peak_layer']})")
 
 
 def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> None:

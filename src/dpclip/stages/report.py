@@ -43,12 +43,13 @@ def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
 
 COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
            "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
-           "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "noise_multiplier", "c_final",
-           "train_s"]
+           "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
+           "noise_multiplier", "c_final", "train_s"]
 
 
 def table_row(m: dict) -> dict:
     p, u, a = m["privacy"], m["utility"], m["mia"]["loss"]
+    ir = m["mia"].get("ir") or {}
     return {"run": m["run"], "method": m["method"], "dp_guarantee": p["dp_guarantee"],
             "target_epsilon": p["target_epsilon"], "epsilon": p["epsilon"],
             "alpha": "iid" if m["alpha"] is None else m["alpha"], "seed": m["seed"],
@@ -56,6 +57,7 @@ def table_row(m: dict) -> dict:
             "nll": u["nll"], "mia_auc": a["auc"], "mia_balanced_accuracy": a["balanced_accuracy"],
             "mia_tpr_at_fpr_1pct": a["tpr_at_fpr_1pct"],
             "mia_tpr_at_fpr_0.1pct": a["tpr_at_fpr_0.1pct"],
+            "peak_ir_mia": ir.get("peak_accuracy"), "peak_ir_layer": ir.get("peak_layer"),
             "noise_multiplier": p["noise_multiplier"], "c_final": m["clip"]["c_final"],
             "train_s": m["time"]["train_s"]}
 
@@ -73,6 +75,15 @@ def markdown_table(table: pd.DataFrame) -> str:
     rows = ["| " + " | ".join(fmt(v) for v in row) + " |"
             for row in table.astype(object).itertuples(index=False)]
     return "\n".join([header, rule, *rows])
+
+
+def _shadow_notes(layout: Layout) -> list[str]:
+    if not layout.shadow_risk.exists():
+        return []
+    risk = read_json(layout.shadow_risk)
+    rates = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in risk["layers"].items())
+    return [f"Shadow-model risk ER per layer ({risk['risk_eval']}, {risk['classifier']}; "
+            f"lower = leakier), used by lm_dp_sgd: {rates}."]
 
 
 @dataclass
@@ -93,7 +104,10 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     notes = ["", "`dp_guarantee: false` rows are non-private or literal-paper variants: their "
                  "epsilon is not a guarantee.",
              "`mia_*`: loss-threshold membership attack, members = records trained on, "
-             "non-members = target holdout."]
+             "non-members = target holdout.",
+             "`peak_ir_mia`: the highest held-out accuracy of the per-layer attacks on "
+             "intermediate representations (0.5 is a guess), and the layer where it peaks."]
+    notes += _shadow_notes(layout)
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}

@@ -18,22 +18,30 @@ from dpclip.config import IID, Params, run_name
 from dpclip.io import read_json, write_csv_frame, write_json, write_with
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.models import build_model
+from dpclip.models import build_model, layer_names
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
+from dpclip.stages.shadow import load_risk
 from dpclip.train import TrainConfig, train_model
 
 
-def train_config(params: Params, method: str, epsilon, seed: int) -> TrainConfig:
+def train_config(params: Params, method: str, epsilon, seed: int,
+                 layout: Layout | None = None) -> TrainConfig:
+    """The loop's configuration of one run. A method that needs the shadow stage's risks gets
+    them from ``layout``, checked against the model first."""
     t, p = params.train, params.privacy
     private = get_method(method).private
+    risk = None
+    if get_method(method).needs_shadow_risk:
+        meta = read_json((layout or Layout()).prepared_meta)
+        risk = load_risk(layout or Layout(), params, meta, layer_names(t.model, t.hidden))
     return TrainConfig(method=method, target_epsilon=float(epsilon) if private else None,
                        delta=p.delta, accountant=p.accountant, epochs=t.epochs,
                        batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer,
                        momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
                        device=t.device, model=t.model, hidden=tuple(t.hidden),
                        epsilon_tolerance=p.epsilon_tolerance,
-                       method_options=params.method_options(method))
+                       method_options=params.method_options(method), shadow_risk=risk)
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -43,7 +51,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     part = load_partition(layout, alpha)
     meta = read_json(layout.prepared_meta)
     members = part["positions"]
-    cfg = train_config(params, method, epsilon, seed)
+    cfg = train_config(params, method, epsilon, seed, layout)
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
                          int(meta["n_classes"]), cfg, progress=progress, desc=run,
                          checkpoint_path=layout.checkpoint(run),

@@ -50,6 +50,7 @@ class TrainConfig:
     hidden: tuple[int, ...]
     epsilon_tolerance: float = 0.01
     method_options: dict = field(default_factory=dict)  # params.yaml methods.<key>
+    shadow_risk: dict | None = None  # the shadow stage's risk record (lm_dp_sgd)
 
 
 @dataclass
@@ -101,7 +102,8 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.batch_size, cfg.epochs)
     groups = LayerGroups.of(model)
     method = method_cls(MethodContext(cfg.clip_norm, groups.names, count_parameters(model),
-                                      q * n_records, dict(cfg.method_options), model))
+                                      q * n_records, dict(cfg.method_options), model,
+                                      cfg.shadow_risk))
     runner = _PrivateRun if method_cls.private else _PlainRun
     return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
                   nn.CrossEntropyLoss(reduction="none"))

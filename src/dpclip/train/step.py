@@ -171,7 +171,7 @@ def layer_norms_of(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                    batch: int = 512) -> torch.Tensor:
     """n_i^(l) for every record (N x L) under ``model``'s current weights, with the same Opacus
     norms as the DP step. Works on a copy: ``model`` keeps no hooks."""
-    private_copy = copy.deepcopy(model)
+    private_copy = copy.deepcopy(model).train()  # Opacus captures in training mode only
     groups = LayerGroups.of(private_copy)
     wrapped = wrap_for_dp(private_copy)
     out = []

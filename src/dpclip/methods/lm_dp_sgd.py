@@ -1,0 +1,133 @@
+"""``lm_dp_sgd`` (papers/lm-dp-sgd_layerwise-mia-risk.txt, Algorithm 1): layer-wise
+reweighted clipping that protects the layers a shadow model found leakiest.
+
+Per sample, with C_i = min(C, n_i), the layer-l part becomes
+    ghat_i^(l) = C_i w^(l) g_i^(l) / n_i^(l)         (0 when n_i^(l) = 0),
+so with sum_l (w^(l))^2 = 1, ||ghat_i|| <= C_i <= C, and the noise is DP-SGD's N(0, sigma^2 C^2).
+The weights are w = normalize(w_base^(l) (ER^(l))^r): a low error rate ER^(l) of the shadow
+stage's layer-l attack (a leaky layer) shrinks that layer's share of the clipped gradient, so
+the same noise covers it more. r >= 1 is the emphasis. ``weights`` picks w_base:
+
+* ``private`` (default): u_i = (n_i^(1), ..., n_i^(L)) / n_i is a unit vector, so
+  sum_i u_i + N(0, sigma_W^2 I_L) is a Gaussian query of sensitivity 1, accounted by the sigma
+  split (sigma_W = sigma_w_ratio * sigma). After each step, w_base = max(noisy sum / B, floor)
+  sets the weights of the next step (so each step's two releases are one non-adaptive Gaussian
+  mechanism). The first step uses the public shares below.
+* ``public``: w_base = the shadow model's per-layer norm shares on public data. No privacy cost.
+* ``batch``: the paper's literal rule, w_base^(l) = mean_i n_i^(l) / C_i over the current batch,
+  un-noised. One record then changes every other record's weighting, the per-record
+  sensitivity is no longer C and the epsilon does not hold: runs are flagged
+  ``dp_guarantee: false``.
+
+An error rate below 1e-3 is taken as 1e-3, so the weights stay defined when a classifier
+separates a layer perfectly (``shadow.risk_eval: train`` often does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dpclip.errors import DpclipError
+from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.privacy import ExtraQuery
+
+ER_FLOOR = 1e-3
+WEIGHT_SOURCES = ("private", "public", "batch")
+
+
+def layer_weights(base: np.ndarray, error_rates: np.ndarray, r: float) -> np.ndarray:
+    """w = normalize(w_base * ER^r), unit L2 norm."""
+    raw = np.asarray(base, dtype=np.float64) * np.maximum(error_rates, ER_FLOOR) ** r
+    norm = np.linalg.norm(raw)
+    if not np.isfinite(norm) or norm <= 0:
+        raise DpclipError(f"lm_dp_sgd: layer weights {raw.tolist()} cannot be normalised")
+    return raw / norm
+
+
+def reweighted_factors(layer_norms: torch.Tensor, clip: float, weights: torch.Tensor
+                       ) -> torch.Tensor:
+    """s_i^(l) = min(C, n_i) w^(l) / n_i^(l), 0 where n_i^(l) = 0 (shape B x L)."""
+    clipped = total_norms(layer_norms).clamp(max=clip)[:, None]
+    safe = layer_norms.clamp_min(1e-30)
+    return torch.where(layer_norms > 1e-30, clipped * weights[None, :] / safe,
+                       torch.zeros_like(layer_norms))
+
+
+@register
+class LMDPSGD(Method):
+    name = "lm_dp_sgd"
+    options_key = "lm_dp_sgd"
+    needs_shadow_risk = True
+    OPTIONS = {
+        "r": Option(2.0, low=1.0, help="emphasis on the layer-wise risk, r >= 1"),
+        "weights": Option("private", choices=WEIGHT_SOURCES,
+                          help="w_base: private (noisy, accounted) | public | batch (literal)"),
+        "sigma_w_ratio": Option(5.0, low=1.0, low_open=True,
+                                help="sigma_W / sigma for the private layer-share query"),
+        "w_floor": Option(0.01, low=0.0, low_open=True,
+                          help="floor of the private w_base (a noisy share can be <= 0)"),
+    }
+
+    def __init__(self, context):
+        super().__init__(context)
+        risk = context.shadow_risk
+        if risk is None:
+            raise DpclipError("lm_dp_sgd needs the shadow stage's per-layer risks")
+        missing = [n for n in self.layer_names if n not in risk["layers"]]
+        if missing:
+            raise DpclipError(f"the shadow risk file has no layer(s) {missing}; the model has "
+                              f"{self.layer_names}")
+        self.error_rates = np.array([risk["layers"][n]["error_rate"] for n in self.layer_names])
+        self.public_shares = np.array([risk["layers"][n]["norm_share"]
+                                       for n in self.layer_names])
+        self.source = self.options["weights"]
+        self.dp_guarantee = self.source != "batch"
+        self._set_weights(self.public_shares)
+
+    def _set_weights(self, base: np.ndarray) -> None:
+        self.weights = layer_weights(base, self.error_rates, self.options["r"])
+        self._weights_t = torch.as_tensor(self.weights, dtype=torch.float64)
+
+    def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
+        if self.source != "private":
+            return []
+        return [ExtraQuery("layer_shares", 1.0, self.options["sigma_w_ratio"] * sigma_eff,
+                           option="methods.lm_dp_sgd.sigma_w_ratio")]
+
+    def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        if self.source == "batch":  # the paper's rule: batch statistics, no noise
+            clipped = total_norms(layer_norms).clamp(max=self.clip_threshold)
+            ratios = layer_norms / clipped.clamp_min(1e-30)[:, None]
+            self._set_weights(ratios.mean(dim=0).double().cpu().numpy())
+        weights = self._weights_t.to(layer_norms.device, layer_norms.dtype)
+        return reweighted_factors(layer_norms, self.clip_threshold, weights)
+
+    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+        if self.source != "private":
+            return {}
+        totals = total_norms(layer_norms)[:, None]
+        units = torch.where(totals > 0, layer_norms / totals.clamp_min(1e-30),
+                            torch.zeros_like(layer_norms))
+        noise = torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
+                             size=(units.shape[1],), generator=generator, device=units.device)
+        return {"layer_shares": (units.sum(dim=0) + noise).double().cpu().numpy()}
+
+    def update(self, release: StepRelease) -> None:
+        if self.source == "private":
+            noisy_mean = release.extras["layer_shares"] / self.context.expected_batch
+            self._set_weights(np.maximum(noisy_mean, self.options["w_floor"]))
+
+    def trace_row(self) -> dict:
+        return {f"lm_w_{name}": float(w) for name, w in zip(self.layer_names, self.weights)}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "weights": self.weights.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.weights = np.asarray(state["weights"], dtype=np.float64)
+        self._weights_t = torch.as_tensor(self.weights, dtype=torch.float64)
+
+
+__all__ = ["LMDPSGD", "layer_weights", "reweighted_factors"]

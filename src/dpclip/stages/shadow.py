@@ -1,0 +1,134 @@
+"""shadow: per-layer membership-inference risk from a shadow model on public data
+(LM-DP-SGD, papers/lm-dp-sgd_layerwise-mia-risk.txt, Algorithm 2).
+
+A model with the target's architecture is trained without privacy on the public shadow train
+split (optionally label-skewed by a Dirichlet ``shadow.alpha``, to test how risk estimates
+transfer). The intermediate representation of every parameterised layer
+(:mod:`dpclip.attacks.representations`) of its members (shadow train) and non-members (shadow
+holdout) feeds one membership classifier per layer; its error rate ER^(l) is the layer's risk
+estimate (lower error = higher risk). ``shadow.risk_eval: cv`` scores held-out folds;
+``train`` is the paper's literal protocol (the classifier's own training set).
+
+Also recorded: the public per-layer gradient-norm shares, mean_i n_i^(l) / n_i over the shadow
+members under the trained shadow weights, which ``lm_dp_sgd``'s ``public`` weight mode uses.
+
+Writes ``shadow/risk.json`` (with the architecture it was computed for), ``shadow/model.pt``
+and ``shadow/risk.png``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpclip.attacks import layer_representations, membership_attack
+from dpclip.config import IID, Params, alpha_tag
+from dpclip.data.splits import dirichlet_subsample
+from dpclip.errors import DpclipError
+from dpclip.io import read_json, write_json, write_with
+from dpclip.layout import Layout
+from dpclip.models import parameterised_layers
+from dpclip.plots import layer_attack_figure
+from dpclip.stages.prepare import load_split
+from dpclip.train import TrainConfig, train_model
+from dpclip.train.step import layer_norms_of
+
+
+def architecture(params: Params, meta: dict) -> dict:
+    """What a risk file must match: the model family, widths, input and output sizes."""
+    return {"model": params.train.model, "hidden": list(params.train.hidden),
+            "feature_shape": list(meta["feature_shape"]), "n_classes": int(meta["n_classes"])}
+
+
+def shadow_config(params: Params) -> TrainConfig:
+    t, s = params.train, params.shadow
+    return TrainConfig(method="non_private", target_epsilon=None, delta=params.privacy.delta,
+                       accountant=params.privacy.accountant, epochs=s.epochs,
+                       batch_size=s.batch_size, lr=t.lr, optimizer=t.optimizer,
+                       momentum=t.momentum, clip_norm=t.clip_norm, seed=s.seed, device="cpu",
+                       model=t.model, hidden=tuple(t.hidden))
+
+
+def _shadow_members(params: Params, y: np.ndarray, n_classes: int) -> np.ndarray:
+    alpha = params.shadow.alpha
+    if alpha == IID:
+        return np.arange(len(y))
+    positions, _ = dirichlet_subsample(y, n_classes, float(alpha), params.shadow.seed)
+    return positions
+
+
+def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> dict:
+    meta = read_json(layout.prepared_meta)
+    x_in, y_in, _ = load_split(layout, "shadow_train")
+    x_out, _, _ = load_split(layout, "shadow_holdout")
+    for name, x in (("shadow_train", x_in), ("shadow_holdout", x_out)):
+        if len(x) == 0:
+            raise DpclipError(f"the shadow stage needs public data, but the {name} split is "
+                              f"empty (data.split.{name} = "
+                              f"{getattr(params.data.split, name)})")
+    members = _shadow_members(params, y_in, int(meta["n_classes"]))
+    x_in, y_in = x_in[members], y_in[members]
+    result = train_model(x_in, y_in, tuple(meta["feature_shape"]), int(meta["n_classes"]),
+                         shadow_config(params), progress=progress, desc="shadow")
+    model = result.model.eval()
+    a = params.attack
+    reps_in = layer_representations(model, x_in, a.max_features)
+    reps_out = layer_representations(model, x_out, a.max_features)
+    shares = _norm_shares(model, x_in, y_in)
+    layers = {}
+    for i, name in enumerate(parameterised_layers(model)):
+        attack = membership_attack(reps_in[name], reps_out[name], classifier=a.classifier,
+                                   evaluation=params.shadow.risk_eval, folds=a.folds,
+                                   max_records=a.max_records, seed=params.shadow.seed)
+        layers[name] = {**attack, "features": int(reps_in[name].shape[1]),
+                        "norm_share": float(shares[i])}
+    record = {
+        "architecture": architecture(params, meta), "layer_names": list(layers),
+        "risk_eval": params.shadow.risk_eval, "classifier": a.classifier,
+        "alpha": None if params.shadow.alpha == IID else params.shadow.alpha,
+        "n_members": int(len(x_in)), "n_nonmembers": int(len(x_out)),
+        "shadow_accuracy": _accuracy(model, *load_split(layout, "shadow_holdout")[:2]),
+        "layers": layers,
+    }
+    checkpoint = {"state_dict": model.state_dict(), "architecture": record["architecture"]}
+    write_with(layout.shadow / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
+    layer_attack_figure(layout.shadow / "risk.png", layers, metrics=("error_rate", "auc"),
+                        title=f"shadow model: per-layer MIA error rate ER "
+                              f"({record['risk_eval']}, alpha {alpha_tag(params.shadow.alpha)})")
+    write_json(layout.shadow_risk, record)
+    return record
+
+
+def _norm_shares(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """mean_i n_i^(l) / n_i: each record's gradient split over the layers, averaged."""
+    norms = layer_norms_of(model, nn.CrossEntropyLoss(reduction="none"),
+                           torch.as_tensor(x, dtype=torch.float32),
+                           torch.as_tensor(y, dtype=torch.int64)).double()
+    total = norms.pow(2).sum(dim=1, keepdim=True).sqrt()
+    unit = torch.where(total > 0, norms / total.clamp_min(1e-300), torch.zeros_like(norms))
+    return unit.mean(dim=0).numpy()
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    pred = model(torch.as_tensor(x, dtype=torch.float32)).argmax(dim=1).numpy()
+    return float(np.mean(pred == y))
+
+
+def load_risk(layout: Layout, params: Params, meta: dict, layer_names: list[str]) -> dict:
+    """The risk file, checked against the model about to be trained (before any training)."""
+    path = layout.shadow_risk
+    if not path.exists():
+        raise DpclipError(f"lm_dp_sgd needs the shadow stage's risk file {str(path)!r}: run "
+                          f"`dpclip shadow` first")
+    risk = read_json(path)
+    expected = architecture(params, meta)
+    if risk.get("architecture") != expected:
+        raise DpclipError(f"the risk file {str(path)!r} was computed for the architecture "
+                          f"{risk.get('architecture')}, but train.* describes {expected}: "
+                          f"rerun `dpclip shadow`")
+    if list(risk.get("layer_names", [])) != list(layer_names):
+        raise DpclipError(f"the risk file {str(path)!r} names the layers "
+                          f"{risk.get('layer_names')}, but the model has {layer_names}")
+    return risk
