@@ -55,6 +55,18 @@ def write_params(tmp_path):
     return write
 
 
+def prepared_project(tmp_path, raw: dict, write_params) -> list[str]:
+    """Write ``raw`` as params, run prepare and the iid partition through the CLI; returns the
+    CLI arguments that address this project."""
+    from dpclip.cli import main
+
+    params = write_params(raw)
+    base = ["--params", str(params), "--root", str(tmp_path), "--quiet"]
+    assert main([*base, "prepare"]) == 0
+    assert main([*base, "partition", "--alpha", "iid"]) == 0
+    return base
+
+
 def shadow_risk_for(names: list[str], error_rates=None, shares=None) -> dict:
     """A shadow risk record (the ``layers`` part lm_dp_sgd reads) for hand-made cases."""
     error_rates = error_rates or [0.5 - 0.1 * (i % 3) for i in range(len(names))]

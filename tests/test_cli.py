@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import prepared_project
 from dpclip.cli import main
 from dpclip.errors import DpclipError
 from dpclip.io import atomic_path, write_json
@@ -38,11 +39,7 @@ def test_bad_params_stop_every_stage_before_work(tmp_path, tiny_raw, write_param
 
 
 def _prepared(tmp_path, tiny_raw, write_params, **override):
-    params = write_params(tiny_raw(**override))
-    base = ["--params", str(params), "--root", str(tmp_path), "--quiet"]
-    assert main([*base, "prepare"]) == 0
-    assert main([*base, "partition", "--alpha", "iid"]) == 0
-    return base
+    return prepared_project(tmp_path, tiny_raw(**override), write_params)
 
 
 def test_batch_larger_than_the_data_fails_before_training(tmp_path, tiny_raw, write_params,

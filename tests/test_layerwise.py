@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import shadow_risk_for
+from conftest import prepared_project, shadow_risk_for
 from dpclip.attacks import layer_representations, membership_attack, reduce_map
 from dpclip.cli import main
 from dpclip.config import parse_params
@@ -54,12 +54,13 @@ def test_every_reweighted_gradient_has_norm_min_of_clip_and_its_norm(mode, data)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_layer_with_zero_gradient_gets_zero_and_the_bound_holds(mode):
+def test_a_layer_with_zero_gradient_stays_zero_and_the_bound_holds(mode):
     method = _lm(mode, ["a", "b"], clip=1.0)
     norms = torch.tensor([[0.0, 3.0], [2.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
-    factors = method.scale(norms)
-    assert factors[0, 0] == 0 and factors[1, 1] == 0 and torch.all(factors[2] == 0)
-    assert torch.all((factors * norms).pow(2).sum(dim=1).sqrt() <= 1.0 + 1e-12)
+    scaled = method.scale(norms) * norms  # ||ghat_i^(l)||
+    assert scaled[0, 0] == 0 and scaled[1, 1] == 0 and torch.all(scaled[2] == 0)
+    assert torch.all(scaled.pow(2).sum(dim=1).sqrt() <= 1.0 + 1e-12)
+    assert torch.all(torch.isfinite(method.scale(norms)))
 
 
 def test_weights_are_unit_norm_and_follow_error_rate_to_the_power_r():
@@ -88,7 +89,7 @@ def test_private_mode_declares_its_query_and_reads_only_the_noisy_release():
     assert query.sensitivity == 1.0 and query.noise_std == 5.0
     assert query.option == "methods.lm_dp_sgd.sigma_w_ratio"
     # noisy sum of unit vectors (6, -2) over B = 10: (0.6, floor 0.01) -> weights ∝ (0.6, 0.01)
-    method.update(StepRelease(step=1, noisy_grad=[], extras={"layer_shares": np.array([6.0, -2.0])}))
+    method.update(StepRelease(step=1, noisy_grad=[], extras={"layer_shares": [6.0, -2.0]}))
     np.testing.assert_allclose(method.weights, np.array([0.6, 0.01]) / math.hypot(0.6, 0.01))
     released = method.release_extras(torch.tensor([[3.0, 4.0], [0.0, 2.0]]),
                                       torch.Generator().manual_seed(0))["layer_shares"]
@@ -176,11 +177,7 @@ def test_cnn_maps_are_pooled_to_the_documented_shapes():
 # --- the shadow stage, lm_dp_sgd and evaluate through the CLI ------------------------------------
 
 def _project(tmp_path, tiny_raw, write_params, **override):
-    params = write_params(tiny_raw(**override))
-    base = ["--params", str(params), "--root", str(tmp_path), "--quiet"]
-    assert main([*base, "prepare"]) == 0
-    assert main([*base, "partition", "--alpha", "iid"]) == 0
-    return base
+    return prepared_project(tmp_path, tiny_raw(**override), write_params)
 
 
 def test_shadow_lm_dp_sgd_and_layerwise_evaluation_end_to_end(tmp_path, tiny_raw, write_params,
@@ -237,3 +234,11 @@ def test_empty_shadow_split_is_named(tmp_path, tiny_raw, write_params, capsys):
     err = capsys.readouterr().err
     assert "data.split.shadow_train = 0.0" in err
     assert not (tmp_path / "shadow").exists()
+
+
+def test_label_skewed_shadow_data_trains_on_a_subset(tmp_path, tiny_raw, write_params):
+    base = _project(tmp_path, tiny_raw, write_params, shadow={"epochs": 1, "alpha": 0.3})
+    assert main([*base, "shadow"]) == 0
+    risk = json.loads((tmp_path / "shadow" / "risk.json").read_text())
+    shadow_train = np.load(tmp_path / "data" / "prepared" / "shadow_train.npz")["y"]
+    assert risk["alpha"] == 0.3 and 0 < risk["n_members"] < len(shadow_train)

@@ -20,10 +20,14 @@ the same noise covers it more. r >= 1 is the emphasis. ``weights`` picks w_base:
   ``dp_guarantee: false``.
 
 An error rate below 1e-3 is taken as 1e-3, so the weights stay defined when a classifier
-separates a layer perfectly (``shadow.risk_eval: train`` often does).
+separates a layer perfectly (``shadow.risk_eval: train`` often does). The L-vectors (weights,
+shares) are a handful of numbers updated every step: they are kept as Python floats, which is
+several times faster than numpy or torch at that size.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -36,22 +40,33 @@ ER_FLOOR = 1e-3
 WEIGHT_SOURCES = ("private", "public", "batch")
 
 
-def layer_weights(base: np.ndarray, error_rates: np.ndarray, r: float) -> np.ndarray:
+def risk_factors(error_rates, r: float) -> list[float]:
+    """(ER^(l))^r, with ER floored at ``ER_FLOOR``."""
+    return [max(float(e), ER_FLOOR) ** r for e in error_rates]
+
+
+def layer_weights(base, error_rates, r: float) -> np.ndarray:
     """w = normalize(w_base * ER^r), unit L2 norm."""
-    raw = np.asarray(base, dtype=np.float64) * np.maximum(error_rates, ER_FLOOR) ** r
-    norm = np.linalg.norm(raw)
-    if not np.isfinite(norm) or norm <= 0:
-        raise DpclipError(f"lm_dp_sgd: layer weights {raw.tolist()} cannot be normalised")
-    return raw / norm
+    return np.array(_normalised([b * f for b, f in zip(base, risk_factors(error_rates, r))]))
 
 
-def reweighted_factors(layer_norms: torch.Tensor, clip: float, weights: torch.Tensor
-                       ) -> torch.Tensor:
-    """s_i^(l) = min(C, n_i) w^(l) / n_i^(l), 0 where n_i^(l) = 0 (shape B x L)."""
-    clipped = total_norms(layer_norms).clamp(max=clip)[:, None]
-    safe = layer_norms.clamp_min(1e-30)
-    return torch.where(layer_norms > 1e-30, clipped * weights[None, :] / safe,
-                       torch.zeros_like(layer_norms))
+def _normalised(raw: list[float]) -> list[float]:
+    norm = math.sqrt(sum(v * v for v in raw))
+    if not math.isfinite(norm) or norm <= 0:
+        raise DpclipError(f"lm_dp_sgd: layer weights {raw} cannot be normalised")
+    return [v / norm for v in raw]
+
+
+def reweighted_factors(layer_norms: torch.Tensor, clip: float, weights: torch.Tensor,
+                       totals: torch.Tensor | None = None) -> torch.Tensor:
+    """s_i^(l) = min(C, n_i) w^(l) / max(n_i^(l), 1e-30)   (shape B x L).
+
+    ``totals`` (n_i), when the caller has them already. Then ||s_i^(l) g_i^(l)|| =
+    C_i w^(l) min(1, n_i^(l) / 1e-30) <= C_i w^(l): a zero block stays zero, and the bound
+    ||ghat_i|| <= C_i holds for every block.
+    """
+    totals = total_norms(layer_norms) if totals is None else totals
+    return totals.clamp(max=clip)[:, None] * weights / layer_norms.clamp_min(1e-30)
 
 
 @register
@@ -78,16 +93,26 @@ class LMDPSGD(Method):
         if missing:
             raise DpclipError(f"the shadow risk file has no layer(s) {missing}; the model has "
                               f"{self.layer_names}")
-        self.error_rates = np.array([risk["layers"][n]["error_rate"] for n in self.layer_names])
-        self.public_shares = np.array([risk["layers"][n]["norm_share"]
-                                       for n in self.layer_names])
+        self.error_rates = [float(risk["layers"][n]["error_rate"]) for n in self.layer_names]
+        self.public_shares = [float(risk["layers"][n]["norm_share"]) for n in self.layer_names]
+        self._risk = risk_factors(self.error_rates, self.options["r"])
         self.source = self.options["weights"]
         self.dp_guarantee = self.source != "batch"
         self._set_weights(self.public_shares)
 
-    def _set_weights(self, base: np.ndarray) -> None:
-        self.weights = layer_weights(base, self.error_rates, self.options["r"])
-        self._weights_t = torch.as_tensor(self.weights, dtype=torch.float64)
+    @property
+    def weights(self) -> np.ndarray:
+        return np.array(self._weights)
+
+    def _set_weights(self, base) -> None:
+        self._weights = _normalised([b * f for b, f in zip(base, self._risk)])
+        self._weights_t = None  # converted to the norms' dtype and device on next use
+
+    def _weights_like(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        if self._weights_t is None:
+            self._weights_t = torch.tensor(self._weights, dtype=layer_norms.dtype,
+                                           device=layer_norms.device)
+        return self._weights_t
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         if self.source != "private":
@@ -96,38 +121,40 @@ class LMDPSGD(Method):
                            option="methods.lm_dp_sgd.sigma_w_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        totals = total_norms(layer_norms)
+        self._totals = (layer_norms, totals)  # reused by release_extras on the same norms
         if self.source == "batch":  # the paper's rule: batch statistics, no noise
-            clipped = total_norms(layer_norms).clamp(max=self.clip_threshold)
-            ratios = layer_norms / clipped.clamp_min(1e-30)[:, None]
-            self._set_weights(ratios.mean(dim=0).double().cpu().numpy())
-        weights = self._weights_t.to(layer_norms.device, layer_norms.dtype)
-        return reweighted_factors(layer_norms, self.clip_threshold, weights)
+            ratios = layer_norms / totals.clamp(max=self.clip_threshold).clamp_min(1e-30)[:, None]
+            self._set_weights(ratios.mean(dim=0).tolist())
+        return reweighted_factors(layer_norms, self.clip_threshold,
+                                  self._weights_like(layer_norms), totals)
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+        """sum_i u_i + N(0, sigma_W^2 I_L), u_i = (n_i^(l) / n_i)_l (0 for a zero gradient)."""
         if self.source != "private":
             return {}
-        totals = total_norms(layer_norms)[:, None]
-        units = torch.where(totals > 0, layer_norms / totals.clamp_min(1e-30),
-                            torch.zeros_like(layer_norms))
-        noise = torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
-                             size=(units.shape[1],), generator=generator, device=units.device)
-        return {"layer_shares": (units.sum(dim=0) + noise).double().cpu().numpy()}
+        cached, totals = getattr(self, "_totals", (None, None))
+        totals = totals if cached is layer_norms else total_norms(layer_norms)
+        shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).sum(dim=0)
+        shares += torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
+                               size=shares.shape, generator=generator, device=shares.device)
+        return {"layer_shares": shares.tolist()}
 
     def update(self, release: StepRelease) -> None:
         if self.source == "private":
-            noisy_mean = release.extras["layer_shares"] / self.context.expected_batch
-            self._set_weights(np.maximum(noisy_mean, self.options["w_floor"]))
+            batch, floor = self.context.expected_batch, self.options["w_floor"]
+            self._set_weights([max(v / batch, floor) for v in release.extras["layer_shares"]])
 
     def trace_row(self) -> dict:
-        return {f"lm_w_{name}": float(w) for name, w in zip(self.layer_names, self.weights)}
+        return {f"lm_w_{name}": w for name, w in zip(self.layer_names, self._weights)}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "weights": self.weights.tolist()}
+        return {**super().state_dict(), "weights": list(self._weights)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.weights = np.asarray(state["weights"], dtype=np.float64)
-        self._weights_t = torch.as_tensor(self.weights, dtype=torch.float64)
+        self._weights = [float(w) for w in state["weights"]]
+        self._weights_t = None
 
 
-__all__ = ["LMDPSGD", "layer_weights", "reweighted_factors"]
+__all__ = ["LMDPSGD", "layer_weights", "reweighted_factors", "risk_factors"]
