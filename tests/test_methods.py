@@ -28,7 +28,7 @@ def test_histogram_bins_and_overflow():
     norms = torch.tensor([0.0, 0.49, 0.5, 1.2, 1.99, 2.0, 7.5])
     # 4 bins of width 0.5 on [0, 2]: [0, .5) gets 0 and .49; [.5, 1) gets .5; [1, 1.5) gets 1.2;
     # the last bin gets 1.99 and the two norms >= b_max
-    assert norm_histogram(norms.numpy(), 4, 2.0).tolist() == [2, 1, 1, 3]
+    assert norm_histogram(norms, 4, 2.0).tolist() == [2, 1, 1, 3]
 
 
 def test_percentile_rule_picks_the_right_bin():

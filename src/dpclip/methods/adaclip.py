@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from dpclip.methods.base import (Method, Option, StepRelease, clip_factors, register,
-                                 total_norms)
+from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
 from dpclip.privacy import ExtraQuery
 
 
@@ -62,15 +60,16 @@ class AdaClip(Method):
                            option="methods.adaclip.count_noise_fraction")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        return clip_factors(layer_norms, self.clip_threshold)
+        return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
-        unclipped = (total_norms(layer_norms) <= self.clip_threshold).double()
-        centred = float((unclipped - 0.5).sum())
+        """b~ = (sum_i (1[n_i <= C] - 1/2) + N(0, sigma_b^2)) / B + 1/2."""
+        totals = self.total_norms(layer_norms)
+        centred = int((totals <= self.clip_threshold).sum()) - 0.5 * len(totals)
         noise = float(torch.normal(0.0, self.count_std, size=(1,), dtype=torch.float64,
-                                   generator=generator if generator.device.type == "cpu"
-                                   else None))
+                                   generator=self.cpu_generator(generator)))
         return {"unclipped_fraction": (centred + noise) / self.context.expected_batch + 0.5}
+
 
     def __init__(self, context):
         super().__init__(context)
@@ -80,7 +79,7 @@ class AdaClip(Method):
         fraction = release.extras["unclipped_fraction"]
         opts = self.options
         c = self.clip_threshold * math.exp(-opts["clip_lr"] * (fraction - opts["target_quantile"]))
-        self.clip_threshold = float(np.clip(c, opts["c_min"], opts["c_max"]))
+        self.clip_threshold = min(max(c, opts["c_min"]), opts["c_max"])
         self._fraction = fraction
 
     def trace_row(self) -> dict:

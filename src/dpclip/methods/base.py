@@ -98,6 +98,22 @@ class Method:
         """Answer the extra queries with their noise (the only place raw norms are used)."""
         return {}
 
+    def total_norms(self, layer_norms: torch.Tensor) -> torch.Tensor:
+        """n_i of this step's norms, computed once: ``scale`` and ``release_extras`` read the
+        same tensor, and on small models each tensor op is a visible part of the step."""
+        cached = getattr(self, "_totals", None)
+        if cached is None or cached[0] is not layer_norms:
+            cached = self._totals = (layer_norms, total_norms(layer_norms))
+        return cached[1]
+
+    def cpu_generator(self, generator: torch.Generator) -> torch.Generator | None:
+        """The generator for small extra answers drawn on the CPU: the step's noise generator
+        when it is a CPU one; on a GPU run, None (torch's global CPU generator, seeded by the
+        run). Decided once: a run's generator never changes device."""
+        if not hasattr(self, "_cpu_generator"):
+            self._cpu_generator = generator if generator.device.type == "cpu" else None
+        return self._cpu_generator
+
     def update(self, release: StepRelease) -> None:
         """Controller: compute C_{t+1} and other state from DP-released quantities only."""
 
@@ -127,6 +143,9 @@ def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:
     return layer_norms.pow(2).sum(dim=1).sqrt()
 
 
-def clip_factors(layer_norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """DP-SGD's rule s_i = min(1, C / n_i); n_i = 0 gives 1 (the clamp avoids 0/0)."""
-    return (clip / total_norms(layer_norms).clamp_min(1e-12)).clamp(max=1.0)
+def clip_factors(layer_norms: torch.Tensor, clip: float, totals: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """DP-SGD's rule s_i = min(1, C / n_i); n_i = 0 gives 1 (the clamp avoids 0/0).
+    ``totals``: the n_i, when the caller has computed them already."""
+    totals = total_norms(layer_norms) if totals is None else totals
+    return (clip / totals.clamp_min(1e-12)).clamp(max=1.0)

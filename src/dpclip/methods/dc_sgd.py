@@ -28,9 +28,12 @@ from dpclip.methods.base import Method, Option, StepRelease, clip_factors, regis
 from dpclip.privacy import ExtraQuery
 
 
-def norm_histogram(norms, bins: int, b_max: float) -> np.ndarray:
-    """Counts of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the last bin."""
-    index = np.minimum((np.asarray(norms) * (bins / b_max)).astype(np.intp), bins - 1)
+def norm_histogram(norms: torch.Tensor, bins: int, b_max: float) -> np.ndarray:
+    """Counts (float64) of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the
+    last bin. B and H are tiny: numpy is several times faster than torch on them (no per-op
+    dispatch), and this runs every step."""
+    scaled = norms.detach().cpu().numpy() * (bins / b_max)
+    index = np.minimum(scaled.astype(np.intp), bins - 1)
     return np.bincount(index, minlength=bins).astype(np.float64)
 
 
@@ -92,26 +95,16 @@ class _DCSGD(Method):
                            option="methods.dc_sgd.sigma_h_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        return clip_factors(layer_norms, self.clip_threshold)
+        return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))
 
     def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
-        # B x L and H are tiny: numpy is several times faster than torch on them (no per-op
-        # dispatch), and this runs every step
-        per_layer = layer_norms.detach().cpu().numpy()
-        counts = norm_histogram(np.sqrt((per_layer * per_layer).sum(axis=1)),
-                                self.options["bins"], self.options["b_max"])
+        """max(c_k + N(0, sigma_H^2), 0) for the counts c_k of ``norm_histogram``'s bins."""
+        bins = self.options["bins"]
         std = self.options["sigma_h_ratio"] * self.sigma_eff
-        noisy = torch.normal(0.0, std, size=counts.shape, dtype=torch.float64,
-                             generator=self._cpu_generator(generator)).numpy()
-        noisy += counts
+        noisy = torch.normal(0.0, std, size=(bins,), dtype=torch.float64,
+                             generator=self.cpu_generator(generator)).numpy()
+        noisy += norm_histogram(self.total_norms(layer_norms), bins, self.options["b_max"])
         return {"hist": np.maximum(noisy, 0.0, out=noisy)}
-
-    def _cpu_generator(self, generator: torch.Generator) -> torch.Generator | None:
-        """The histogram lives on the CPU; a CUDA noise generator cannot draw it (then the
-        global CPU generator does). Decided once: the generator's device never changes."""
-        if not hasattr(self, "_hist_generator"):
-            self._hist_generator = generator if generator.device.type == "cpu" else None
-        return self._hist_generator
 
     def update(self, release: StepRelease) -> None:
         noisy = release.extras["hist"]

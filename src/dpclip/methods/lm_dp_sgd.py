@@ -121,8 +121,7 @@ class LMDPSGD(Method):
                            option="methods.lm_dp_sgd.sigma_w_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        totals = total_norms(layer_norms)
-        self._totals = (layer_norms, totals)  # reused by release_extras on the same norms
+        totals = self.total_norms(layer_norms)
         if self.source == "batch":  # the paper's rule: batch statistics, no noise
             ratios = layer_norms / totals.clamp(max=self.clip_threshold).clamp_min(1e-30)[:, None]
             self._set_weights(ratios.mean(dim=0).tolist())
@@ -133,8 +132,7 @@ class LMDPSGD(Method):
         """sum_i u_i + N(0, sigma_W^2 I_L), u_i = (n_i^(l) / n_i)_l (0 for a zero gradient)."""
         if self.source != "private":
             return {}
-        cached, totals = getattr(self, "_totals", (None, None))
-        totals = totals if cached is layer_norms else total_norms(layer_norms)
+        totals = self.total_norms(layer_norms)
         shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).sum(dim=0)
         shares += torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
                                size=shares.shape, generator=generator, device=shares.device)

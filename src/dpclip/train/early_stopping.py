@@ -1,0 +1,72 @@
+"""Early-stopping rules on a per-epoch series s_1, s_2, ... (the sanitization-layer paper,
+papers/sanitization-layer_private-features-public-labels.txt, Algorithms 2 and 4).
+
+The series is the mean, over an epoch's batches, of each record's standard deviation of a
+released representation (for ``sanitize``: the sanitized, noisy outputs). Both rules look at a
+window of the last ``window`` epochs:
+
+* ``slope`` (fixed C, Algorithm 2): gamma = (s_e - s_{e-window+1}) / (window - 1), the slope of
+  the line through the window's first and last epoch; stop when gamma <= T_s. The sign is kept,
+  as METHODS.md writes the rule: a series still rising faster than T_s per epoch never stops.
+* ``linear_trend`` (adaptive C, Algorithm 4): fit a least-squares line to each window of
+  ``window`` epochs; stop when the slopes of the last two (overlapping) windows differ by at
+  most tau, i.e. the series has settled into a linear trend (with C = t ||W|| the std follows C
+  linearly once every unit is clipped).
+
+Each rule returns the epoch's signal (gamma, or the slope difference) and the flag, so both are
+traced; the signal is NaN until enough epochs exist (``window`` for ``slope``, ``window + 1``
+for ``linear_trend``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+RULES = ("slope", "linear_trend")
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    signal: float
+    stop: bool
+
+
+def endpoint_slope(series, window: int) -> float:
+    """(s_last - s_first) / (window - 1) over the last ``window`` values; NaN if too few."""
+    if len(series) < window:
+        return math.nan
+    return (float(series[-1]) - float(series[-window])) / (window - 1)
+
+
+def fitted_slope(values) -> float:
+    """Least-squares slope of ``values`` against 0, 1, 2, ..."""
+    y = np.asarray(values, dtype=np.float64)
+    x = np.arange(len(y), dtype=np.float64)
+    x -= x.mean()
+    return float(x @ (y - y.mean()) / (x @ x))
+
+
+def slope_rule(series, window: int, threshold: float) -> StopDecision:
+    """Algorithm 2: stop when the window's endpoint slope is <= T_s."""
+    gamma = endpoint_slope(series, window)
+    return StopDecision(gamma, bool(not math.isnan(gamma) and gamma <= threshold))
+
+
+def linear_trend_rule(series, window: int, tolerance: float) -> StopDecision:
+    """Algorithm 4: stop when the fitted slopes of the last two windows differ by <= tau."""
+    if len(series) < window + 1:
+        return StopDecision(math.nan, False)
+    gap = abs(fitted_slope(series[-window:]) - fitted_slope(series[-window - 1:-1]))
+    return StopDecision(gap, gap <= tolerance)
+
+
+def decide(rule: str, series, window: int, threshold: float) -> StopDecision:
+    """The named rule; ``threshold`` is T_s for ``slope`` and tau for ``linear_trend``."""
+    if rule == "slope":
+        return slope_rule(series, window, threshold)
+    if rule == "linear_trend":
+        return linear_trend_rule(series, window, threshold)
+    raise ValueError(f"unknown early-stopping rule {rule!r}; expected one of {RULES}")
