@@ -81,3 +81,152 @@ def test_funnel_widths():
     with pytest.raises(ValueError, match="methods.sanitize.n: 0"):
         funnel_widths(0)
     assert np.all(np.diff(funnel_widths(3)) < 0)
+
+
+# --- the sanitize method, trained end to end ----------------------------------------------------
+
+def _sanitize_cfg(**options):
+    from dpclip.train import TrainConfig
+
+    early = options.pop("early_stopping", {"rule": "none", "window": 5, "threshold": 0.0})
+    opts = {"n": 2, "drop_p": 0.2, "clip": 1.0, "adaptive": False, "t": 0.05,
+            "encoder": "frozen", "public_epochs": 2, **options}
+    return TrainConfig(method="sanitize", target_epsilon=4.0, delta=1e-5, accountant="rdp",
+                       epochs=4, batch_size=16, lr=0.1, optimizer="sgd", momentum=0.0,
+                       clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
+                       method_options=opts, early_stopping=early)
+
+
+def _sanitize_data(n=80, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+
+
+def test_frozen_mode_leaves_the_public_encoder_bit_identical():
+    from dpclip.train import build_run
+
+    x, y = _sanitize_data()
+    public = _sanitize_data(seed=1)
+    run = build_run((6,), 3, len(x), _sanitize_cfg(), public)
+    encoder = {k: v.clone() for k, v in run.model.state_dict().items()
+               if not k.startswith("head.")}
+    head = run.model.state_dict()["head.weight"].clone()
+    run.fit(torch.as_tensor(x), torch.as_tensor(y), progress=False, desc="t")
+    after = run.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in encoder.items())
+    assert not torch.equal(head, after["head.weight"])  # the head did train
+    record = run.privacy_record()
+    assert record["dp_guarantee"] is True and record["releases_per_record"] == 4
+    assert record["epsilon"] == pytest.approx(record_epsilon(run.sigma, 4, 1e-5))
+    assert record["epsilon"] <= 4.0
+    assert [m for m in dict(run.model.named_children())] == [
+        "flatten", "fc1", "act1", "fc2", "act2", "fc3", "act3", "fc4", "act4", "sanitizer",
+        "head"]  # the funnel 8n, 4n, 2n, n with n = 2
+    assert run.model.fc4.out_features == 2 and run.model.fc1.out_features == 16
+
+
+def test_joint_mode_is_flagged_and_says_what_its_epsilon_covers():
+    from dpclip.train import train_model
+
+    x, y = _sanitize_data()
+    result = train_model(x, y, (6,), 3, _sanitize_cfg(encoder="joint"), progress=False)
+    assert result.privacy["dp_guarantee"] is False
+    assert "sanitized activations only" in result.privacy["epsilon_covers"]
+
+
+def test_frozen_mode_without_public_data_names_the_split():
+    from dpclip.errors import DpclipError
+    from dpclip.train import build_run
+
+    x, _ = _sanitize_data()
+    with pytest.raises(DpclipError, match="data.split.shadow_train"):
+        build_run((6,), 3, len(x), _sanitize_cfg(), None)
+
+
+def test_early_stopping_reports_the_epoch_and_the_budget_saved():
+    from dpclip.train import train_model
+
+    x, y = _sanitize_data()
+    # a slope threshold no series can miss: stops at the first full window (epoch 2)
+    cfg = _sanitize_cfg(early_stopping={"rule": "slope", "window": 2, "threshold": 1e9})
+    result = train_model(x, y, (6,), 3, cfg, progress=False, public=_sanitize_data(seed=1))
+    assert result.training["stopped_epoch"] == 2
+    full = record_epsilon(result.privacy["noise_multiplier"], 4, 1e-5)
+    assert result.privacy["epsilon"] == pytest.approx(
+        record_epsilon(result.privacy["noise_multiplier"], 2, 1e-5))
+    assert result.privacy["epsilon_saved"] == pytest.approx(full - result.privacy["epsilon"])
+    flags = [row["early_stop_flag"] for row in result.trace if "early_stop_flag" in row]
+    assert flags == [False, True] and "sanitized_std" in result.trace[-1]
+
+
+def test_adaptive_clip_follows_the_sanitization_layer_weights():
+    from dpclip.train import build_run
+
+    x, y = _sanitize_data()
+    run = build_run((6,), 3, len(x), _sanitize_cfg(adaptive=True, t=0.5, encoder="joint"))
+    run.fit(torch.as_tensor(x), torch.as_tensor(y), progress=False, desc="t")
+    expected = 0.5 * float(run.model.fc4.weight.detach().norm())
+    assert run.method.clip_threshold == pytest.approx(expected)
+    assert run.sanitizer.clip == pytest.approx(expected)
+
+
+def test_sanitize_options_and_window_are_validated(tiny_raw):
+    from dpclip.config import parse_params
+    from dpclip.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_params(tiny_raw(methods={"sanitize": {"n": 0, "drop_p": 1.0, "t": 0,
+                                                    "encoder": "shared"}}))
+    for key in ("methods.sanitize.n: 0", "methods.sanitize.drop_p: 1.0", "methods.sanitize.t: 0",
+                "methods.sanitize.encoder: 'shared'"):
+        assert key in str(err.value)
+    with pytest.raises(ConfigError, match="train.early_stopping.window: 1"):
+        parse_params(tiny_raw(train={"early_stopping": {"rule": "slope", "window": 1}}))
+
+
+def test_a_crashed_sanitize_run_resumes_to_the_same_model(tmp_path, monkeypatch):
+    from dpclip.train import train_model
+    from dpclip.train.sanitize_run import SanitizeRun
+
+    x, y = _sanitize_data()
+    public = _sanitize_data(seed=1)
+    cfg = _sanitize_cfg()
+    reference = train_model(x, y, (6,), 3, cfg, progress=False, public=public)
+    original = SanitizeRun.run_epoch
+
+    def crash_in_epoch_3(self, x, y, epoch, bar):
+        if epoch == 3:
+            raise KeyboardInterrupt
+        return original(self, x, y, epoch, bar)
+
+    monkeypatch.setattr(SanitizeRun, "run_epoch", crash_in_epoch_3)
+    path = tmp_path / "ckpt.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_model(x, y, (6,), 3, cfg, progress=False, public=public, checkpoint_path=path,
+                    checkpoint_every=1)
+    monkeypatch.setattr(SanitizeRun, "run_epoch", original)
+    resumed = train_model(x, y, (6,), 3, cfg, progress=False, public=public,
+                          checkpoint_path=path, checkpoint_every=1)
+    for a, b in zip(reference.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert resumed.privacy == reference.privacy
+
+
+def test_sanitize_through_the_cli_with_early_stopping(tmp_path, tiny_raw, write_params):
+    import json
+
+    from conftest import prepared_project
+    from dpclip.cli import main
+
+    raw = tiny_raw(train={"methods": ["sanitize"], "epochs": 4,
+                          "early_stopping": {"rule": "slope", "window": 2, "threshold": 1e9}},
+                   methods={"sanitize": {"n": 2, "public_epochs": 1}})
+    base = prepared_project(tmp_path, raw, write_params)
+    run = ["--method", "sanitize", "--epsilon", "8", "--alpha", "iid", "--seed", "0"]
+    assert main([*base, "train", *run]) == 0
+    assert main([*base, "evaluate", *run]) == 0
+    metrics = json.loads((tmp_path / "metrics" / "sanitize-eps8-iid-seed0.json").read_text())
+    assert metrics["training"]["stopped_epoch"] == 2
+    assert metrics["privacy"]["epsilon_saved"] > 0 and metrics["privacy"]["epsilon"] < 8
+    assert (tmp_path / "figures" / "sanitize-eps8-iid-seed0" / "early_stopping.png").exists()
+    assert list(metrics["mia"]["ir"]["layers"]) == ["fc1", "fc2", "fc3", "fc4", "head"]

@@ -83,6 +83,9 @@ class TrainParams:
     clip_norm: float = 1.0
     device: str = "auto"
     checkpoint_every: int = 5
+    # stop when the released per-epoch std series settles (sanitize; see train/early_stopping)
+    early_stopping: dict = field(default_factory=lambda: {"rule": "none", "window": 5,
+                                                          "threshold": 0.0})
 
 
 @dataclass(frozen=True)
@@ -369,9 +372,20 @@ def _read_train(r: _Reader) -> TrainParams:
         clip_norm=r.number("clip_norm", d.clip_norm, low=0.0, low_open=True),
         device=r.choice("device", d.device, DEVICES),
         checkpoint_every=r.number("checkpoint_every", d.checkpoint_every, integer=True, low=1),
+        early_stopping=_read_early_stopping(r.sub("early_stopping"), d.early_stopping),
     )
     r.finish()
     return t
+
+
+def _read_early_stopping(r: _Reader, default: dict) -> dict:
+    from dpclip.train.early_stopping import RULES
+
+    out = {"rule": r.choice("rule", default["rule"], ("none",) + RULES),
+           "window": r.number("window", default["window"], integer=True, low=2),
+           "threshold": r.number("threshold", default["threshold"])}
+    r.finish()
+    return out
 
 
 def _read_evaluate(r: _Reader) -> EvaluateParams:

@@ -90,6 +90,19 @@ def partition_histogram_figure(path: Path, record: dict) -> Path:
     return write_figure(path, fig)
 
 
+def early_stopping_figure(path: Path, trace: pd.DataFrame, title: str) -> Path:
+    """The per-epoch std of the sanitized outputs, with the epochs where the rule fired."""
+    epochs = trace.dropna(subset=["sanitized_std"])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(epochs["epoch"], epochs["sanitized_std"], marker="o", label="sanitized-output std")
+    fired = epochs[epochs["early_stop_flag"].astype(bool)]
+    for epoch in fired["epoch"]:
+        ax.axvline(epoch, color="red", linestyle="--", label="stop flag")
+    ax.set(xlabel="epoch", ylabel="mean per-record std", title=title)
+    ax.legend(fontsize=7)
+    return write_figure(path, fig)
+
+
 def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
                         metrics: tuple[str, ...] = ("accuracy", "auc")) -> Path:
     """Per-layer membership-attack results as grouped bars, layers in model order; the dotted

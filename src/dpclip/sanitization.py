@@ -20,8 +20,10 @@ subsampling amplification is claimed).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
+from torch import nn
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from opacus.accountants.utils import get_noise_multiplier
 
@@ -78,3 +80,43 @@ def noise_for_record_epsilon(target_epsilon: float, delta: float, uses: int,
     if record_epsilon(sigma, uses, delta) > target_epsilon + 1e-9 or not math.isfinite(sigma):
         raise ValueError(f"no noise multiplier reaches epsilon {target_epsilon} in {uses} uses")
     return float(sigma)
+
+
+class SanitizationLayer(nn.Module):
+    """The mechanism as a layer, placed after the n-wide layer's ReLU (range [0, C]).
+
+    With ``noisy`` on (private training), each record's activations are clipped, masked and
+    noised (:func:`sanitize`) and the batch mean of each record's standard deviation of its
+    sanitized vector is kept in ``last_std`` (the early-stopping series). Otherwise (public
+    pre-training, evaluation) it only clips, so the head always sees activations in [0, C].
+    It has no parameters: the model's parameterised layers keep their names.
+    """
+
+    def __init__(self, clip: float, drop_p: float = 0.0, sigma: float = 0.0):
+        super().__init__()
+        self.clip, self.drop_p, self.sigma = float(clip), float(drop_p), float(sigma)
+        self.noisy = False
+        self.generator: torch.Generator | None = None
+        self.last_std = math.nan
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if not self.noisy:
+            return clip_activations(z, self.clip)
+        out, _ = sanitize(z, self.clip, self.drop_p, self.sigma, self.generator)
+        self.last_std = float(out.detach().std(dim=1).mean()) if out.shape[1] > 1 else 0.0
+        return out
+
+    def extra_repr(self) -> str:
+        return f"clip={self.clip:g}, drop_p={self.drop_p:g}, sigma={self.sigma:g}"
+
+
+def with_sanitizer(model: nn.Sequential, after: str, layer: SanitizationLayer) -> nn.Sequential:
+    """A copy of the Sequential ``model`` with ``layer`` (named "sanitizer") after ``after``."""
+    modules = OrderedDict()
+    for name, module in model.named_children():
+        modules[name] = module
+        if name == after:
+            modules["sanitizer"] = layer
+    if "sanitizer" not in modules:
+        raise ValueError(f"the model has no layer {after!r} to put the sanitization layer after")
+    return nn.Sequential(modules)

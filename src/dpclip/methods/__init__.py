@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dpclip.methods import (adaclip, adaclip_opacus,  # noqa: F401  (registration)
                             auto_s, dc_sgd, dp_psac, dp_sgd, lm_dp_sgd, non_private,
-                            ww_dp_sgd)
+                            sanitize, ww_dp_sgd)
 from dpclip.methods.base import REGISTRY, Method, StepRelease
 
 

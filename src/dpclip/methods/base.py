@@ -78,6 +78,16 @@ class Method:
         self.layer_names = list(context.layer_names)
         self.sigma_eff = self.sigma_train = None
 
+    @classmethod
+    def model_hidden(cls, options: dict, hidden) -> list[int]:
+        """The hidden widths of the model this method trains (``train.hidden`` by default)."""
+        return list(hidden)
+
+    @classmethod
+    def needs_public_data(cls, options: dict) -> bool:
+        """True: training needs the public shadow train split (``sanitize``'s frozen mode)."""
+        return False
+
     def bind_noise(self, sigma_eff: float, sigma_train: float) -> None:
         """Told once, after the sigma split: the step's overall and gradient multipliers."""
         self.sigma_eff, self.sigma_train = sigma_eff, sigma_train

@@ -22,7 +22,8 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.metrics import attack_metrics, calibration_metrics, dp_bound_check, reliability_bins
-from dpclip.plots import clip_figure, layer_attack_figure, reliability_figure, roc_figure
+from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
+                          reliability_figure, roc_figure)
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.train import load_model
@@ -142,3 +143,6 @@ def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> Non
     roc_figure(folder / "roc.png", {run: roc}, title=f"Loss-attack ROC: {title}")
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
+    if "sanitized_std" in trace:
+        early_stopping_figure(folder / "early_stopping.png", trace,
+                              title=f"Sanitized-output std by epoch: {run}")

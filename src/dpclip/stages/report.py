@@ -44,7 +44,7 @@ def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
 COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
            "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
            "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
-           "noise_multiplier", "c_final", "train_s"]
+           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s"]
 
 
 def table_row(m: dict) -> dict:
@@ -59,6 +59,8 @@ def table_row(m: dict) -> dict:
             "mia_tpr_at_fpr_0.1pct": a["tpr_at_fpr_0.1pct"],
             "peak_ir_mia": ir.get("peak_accuracy"), "peak_ir_layer": ir.get("peak_layer"),
             "noise_multiplier": p["noise_multiplier"], "c_final": m["clip"]["c_final"],
+            "stopped_epoch": m.get("training", {}).get("stopped_epoch"),
+            "epsilon_saved": p.get("epsilon_saved"),
             "train_s": m["time"]["train_s"]}
 
 

@@ -19,6 +19,7 @@ from dpclip.io import read_json, write_csv_frame, write_json, write_with
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model, layer_names
+from dpclip.sanitization import SanitizationLayer, with_sanitizer
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.shadow import load_risk
@@ -41,7 +42,8 @@ def train_config(params: Params, method: str, epsilon, seed: int,
                        momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
                        device=t.device, model=t.model, hidden=tuple(t.hidden),
                        epsilon_tolerance=p.epsilon_tolerance,
-                       method_options=params.method_options(method), shadow_risk=risk)
+                       method_options=params.method_options(method), shadow_risk=risk,
+                       early_stopping=dict(t.early_stopping))
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -52,13 +54,16 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     meta = read_json(layout.prepared_meta)
     members = part["positions"]
     cfg = train_config(params, method, epsilon, seed, layout)
+    public = load_split(layout, "shadow_train")[:2] \
+        if get_method(method).needs_public_data(cfg.method_options) else None
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
                          int(meta["n_classes"]), cfg, progress=progress, desc=run,
                          checkpoint_path=layout.checkpoint(run),
-                         checkpoint_every=params.train.checkpoint_every)
+                         checkpoint_every=params.train.checkpoint_every, public=public)
     checkpoint = {"state_dict": result.model.state_dict(),
                   "architecture": {"model": cfg.model, "feature_shape": meta["feature_shape"],
-                                   "n_classes": meta["n_classes"], "hidden": list(cfg.hidden)}}
+                                   "n_classes": meta["n_classes"], "hidden": list(cfg.hidden),
+                                   **result.architecture}}
     run_dir = layout.run_dir(run)
     write_with(run_dir / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
     record = {
@@ -89,5 +94,8 @@ def load_model(layout: Layout, run: str) -> torch.nn.Module:
     arch = checkpoint["architecture"]
     model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
                         list(arch["hidden"]))
+    if "sanitizer" in arch:  # sanitize: its clip-only layer at evaluation (no noise)
+        model = with_sanitizer(model, arch["sanitizer"]["after"],
+                               SanitizationLayer(arch["sanitizer"]["clip"]))
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval()

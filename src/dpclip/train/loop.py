@@ -51,6 +51,9 @@ class TrainConfig:
     epsilon_tolerance: float = 0.01
     method_options: dict = field(default_factory=dict)  # params.yaml methods.<key>
     shadow_risk: dict | None = None  # the shadow stage's risk record (lm_dp_sgd)
+    # rule none | slope | linear_trend, window (epochs), threshold (T_s or tau)
+    early_stopping: dict = field(default_factory=lambda: {"rule": "none", "window": 5,
+                                                          "threshold": 0.0})
 
 
 @dataclass
@@ -60,6 +63,7 @@ class TrainResult:
     privacy: dict
     time: dict
     training: dict = field(default_factory=dict)
+    architecture: dict = field(default_factory=dict)  # what load_model needs beyond train.*
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -93,20 +97,27 @@ def plan_steps(n_records: int, batch_size: int, epochs: int) -> tuple[float, int
 
 
 def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
-              cfg: TrainConfig) -> "_Run":
-    """Seed, build the model and method, plan the steps, and (private) find the noise."""
+              cfg: TrainConfig, public: tuple | None = None) -> "_Run":
+    """Seed, build the model and method, plan the steps, and (private) find the noise.
+    ``public``: the public (x, y) a method may need (``Method.needs_public_data``)."""
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    model = build_model(cfg.model, feature_shape, n_classes, list(cfg.hidden)).to(device)
+    hidden = method_cls.model_hidden(dict(cfg.method_options), cfg.hidden)
+    model = build_model(cfg.model, feature_shape, n_classes, hidden).to(device)
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.batch_size, cfg.epochs)
     groups = LayerGroups.of(model)
     method = method_cls(MethodContext(cfg.clip_norm, groups.names, count_parameters(model),
                                       q * n_records, dict(cfg.method_options), model,
                                       cfg.shadow_risk))
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    if method_cls.step_kind == "sanitize":  # noise on an activation layer: a run of its own
+        from dpclip.train.sanitize_run import SanitizeRun
+
+        return SanitizeRun(model, groups, method, cfg, n_records, device, loss_fn, hidden,
+                           public)
     runner = _PrivateRun if method_cls.private else _PlainRun
-    return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
-                  nn.CrossEntropyLoss(reduction="none"))
+    return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device, loss_fn)
 
 
 @dataclass
@@ -150,9 +161,10 @@ class Checkpoint:
 
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
                 cfg: TrainConfig, *, progress: bool = True, desc: str = "",
-                checkpoint_path: Path | None = None, checkpoint_every: int = 5) -> TrainResult:
+                checkpoint_path: Path | None = None, checkpoint_every: int = 5,
+                public: tuple | None = None) -> TrainResult:
     """Train one configuration and return the model, its trace and its privacy record."""
-    run = build_run(feature_shape, n_classes, len(x), cfg)
+    run = build_run(feature_shape, n_classes, len(x), cfg, public)
     checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \
         if checkpoint_path else None
     x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)
@@ -167,7 +179,8 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
               "device": str(run.device)},
         training={"epochs_planned": cfg.epochs, "steps_planned": run.total_steps,
                   "steps_per_epoch": run.steps_per_epoch, "n_train": int(len(x)),
-                  "stopped_by_budget": run.stopped_by_budget},
+                  "stopped_by_budget": run.stopped_by_budget, **run.training_extras()},
+        architecture=run.architecture(),
     )
 
 
@@ -190,6 +203,13 @@ class _Run:
     def plain_model(self) -> nn.Module:
         """The trained network without Opacus's per-sample-gradient wrapper."""
         return self.network
+
+    def training_extras(self) -> dict:
+        """Run facts beyond the common ones (early stopping's epoch, for instance)."""
+        return {}
+
+    def architecture(self) -> dict:
+        return {"hidden": list(self.cfg.hidden)}
 
     def fit(self, x, y, *, progress: bool, desc: str, checkpoint: "Checkpoint | None" = None):
         """Run the epochs; with ``checkpoint``, resume from it and save one every few epochs."""

@@ -1,0 +1,147 @@
+"""The training run of ``sanitize`` (see :mod:`dpclip.methods.sanitize` for the method and
+:mod:`dpclip.sanitization` for the mechanism and its accounting).
+
+Each epoch visits every record once in shuffled batches of ``train.batch_size``; the
+sanitization layer noises each record's activations; the optimizer updates the head only
+(``frozen``) or every layer (``joint``). After each epoch: epsilon for the epochs so far, the
+adaptive C, and the early-stopping rule (``train.early_stopping``) on the per-epoch mean of the
+records' sanitized-output standard deviations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from dpclip.errors import DpclipError
+from dpclip.sanitization import (SanitizationLayer, noise_for_record_epsilon, record_epsilon,
+                                 with_sanitizer)
+from dpclip.train.early_stopping import decide
+from dpclip.train.loop import _Run, make_optimizer
+from dpclip.train.step import LayerGroups, plain_step
+
+
+class SanitizeRun(_Run):
+    def __init__(self, model, groups, method, cfg, n_records, device, loss_fn, hidden, public):
+        steps_per_epoch = math.ceil(n_records / min(cfg.batch_size, n_records))
+        opts = method.options
+        self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.delta, cfg.epochs,
+                                              cfg.epsilon_tolerance)
+        self.sanitizer = SanitizationLayer(method.clip_threshold, opts["drop_p"], self.sigma)
+        self.after = f"act{len(hidden)}"  # the n-wide layer's ReLU
+        self.san_layer = f"fc{len(hidden)}"
+        model = with_sanitizer(model, self.after, self.sanitizer)
+        super().__init__(model, LayerGroups.of(model), method, cfg, 1.0, steps_per_epoch,
+                         cfg.epochs * steps_per_epoch, device, loss_fn)
+        self.hidden = list(hidden)
+        self.std_series: list[float] = []
+        self.stopped_epoch: int | None = None
+        if opts["encoder"] == "frozen":
+            self._pretrain_and_freeze(public)
+        self._adapt_clip()
+
+    # --- frozen encoder --------------------------------------------------------------------
+    def _pretrain_and_freeze(self, public) -> None:
+        """Train the whole funnel on public data (no noise), then freeze all but the head."""
+        if public is None or len(public[0]) == 0:
+            raise DpclipError("methods.sanitize.encoder: 'frozen' trains the encoder on the "
+                              "public shadow split, which is empty (data.split.shadow_train)")
+        x = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
+        y = torch.as_tensor(public[1], dtype=torch.int64, device=self.device)
+        batch = min(self.cfg.batch_size, len(x))
+        for _ in range(self.method.options["public_epochs"]):
+            order = torch.randperm(len(x), generator=self.sample_gen).to(self.device)
+            for k in range(math.ceil(len(x) / batch)):
+                idx = order[k * batch:(k + 1) * batch]
+                plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
+        for name, param in self.model.named_parameters():
+            param.requires_grad_(name.startswith("head."))
+        self.optimizer = make_optimizer(self.cfg, [p for p in self.model.parameters()
+                                                   if p.requires_grad])
+
+    # --- training --------------------------------------------------------------------------
+    def run_epoch(self, x, y, epoch: int, bar) -> bool:
+        n, b = len(x), min(self.cfg.batch_size, len(x))
+        order = torch.randperm(n, generator=self.sample_gen).to(self.device)
+        self.sanitizer.noisy, self.sanitizer.generator = True, self.noise_gen
+        stds = []
+        try:
+            for k in range(self.steps_per_epoch):
+                idx = order[k * b:(k + 1) * b]
+                tic = time.perf_counter()
+                loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
+                self.step_times.append(time.perf_counter() - tic)
+                stds.append(self.sanitizer.last_std)
+                step = len(self.trace) + 1
+                self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
+                                   "clip_threshold": self.sanitizer.clip, "train_loss": loss,
+                                   "epsilon_spent": math.nan})
+                self._show(bar, step, epoch=epoch, loss=f"{loss:.3f}",
+                           C=f"{self.sanitizer.clip:.3g}")
+        finally:
+            self.sanitizer.noisy, self.sanitizer.generator = False, None
+        return self._end_epoch(epoch, float(np.mean(stds)))
+
+    def _end_epoch(self, epoch: int, epoch_std: float) -> bool:
+        """Trace the epoch's signals; adapt C; False when early stopping fires."""
+        self.std_series.append(epoch_std)
+        es = self.cfg.early_stopping
+        decision = decide(es["rule"], self.std_series, es["window"], es["threshold"]) \
+            if es["rule"] != "none" else None
+        self.trace[-1].update({
+            "epsilon_spent": record_epsilon(self.sigma, epoch, self.cfg.delta),
+            "sanitized_std": epoch_std,
+            "early_stop_signal": decision.signal if decision else math.nan,
+            "early_stop_flag": bool(decision.stop) if decision else False})
+        self._adapt_clip()
+        if decision is not None and decision.stop and epoch < self.cfg.epochs:
+            self.stopped_epoch = epoch
+            return False
+        return True
+
+    def _adapt_clip(self) -> None:
+        if self.method.options["adaptive"]:
+            weight = dict(self.model.named_modules())[self.san_layer].weight.detach()
+            self.method.clip_threshold = self.method.options["t"] * float(weight.norm())
+        self.sanitizer.clip = self.method.clip_threshold
+
+    # --- records ---------------------------------------------------------------------------
+    def epochs_run(self) -> int:
+        return self.stopped_epoch or (len(self.trace) // self.steps_per_epoch)
+
+    def privacy_record(self) -> dict:
+        epochs, planned = self.epochs_run(), self.cfg.epochs
+        epsilon = record_epsilon(self.sigma, epochs, self.cfg.delta)
+        record = {"dp_guarantee": bool(self.method.dp_guarantee),
+                  "accountant": "rdp-per-record", "target_epsilon": self.cfg.target_epsilon,
+                  "epsilon": epsilon, "delta": self.cfg.delta, "sample_rate": 1.0,
+                  "noise_multiplier": self.sigma, "steps": len(self.trace),
+                  "releases_per_record": epochs,
+                  "epsilon_covers": "the model (frozen public encoder, head on sanitized "
+                                    "activations)" if self.method.dp_guarantee else
+                                    "the sanitized activations only (joint encoder)"}
+        if self.stopped_epoch is not None:
+            record["epsilon_saved"] = record_epsilon(self.sigma, planned, self.cfg.delta) - \
+                epsilon
+        return record
+
+    def training_extras(self) -> dict:
+        extras = {"encoder": self.method.options["encoder"]}
+        if self.stopped_epoch is not None:
+            extras.update(stopped_epoch=self.stopped_epoch, stopped_early=True)
+        return extras
+
+    def architecture(self) -> dict:
+        return {"hidden": self.hidden,
+                "sanitizer": {"after": self.after, "clip": self.sanitizer.clip}}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "std_series": list(self.std_series)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.std_series = list(state["std_series"])
+        self._adapt_clip()
