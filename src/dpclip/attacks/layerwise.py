@@ -69,3 +69,11 @@ def membership_attack(features_in: np.ndarray, features_out: np.ndarray, *,
     accuracy = float(np.mean((score >= 0.5) == (z == 1)))
     return {"accuracy": accuracy, "auc": float(roc_auc_score(z, score)),
             "error_rate": 1.0 - accuracy, "n_each": int(n), "evaluation": evaluation}
+
+
+def attack_every_layer(reps_in: dict[str, np.ndarray], reps_out: dict[str, np.ndarray],
+                       **options) -> dict[str, dict]:
+    """:func:`membership_attack` on each layer's representations, in model order, with the
+    layer's feature count."""
+    return {name: {**membership_attack(reps_in[name], reps_out[name], **options),
+                   "features": int(reps_in[name].shape[1])} for name in reps_in}

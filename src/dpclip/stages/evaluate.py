@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpclip.attacks import layer_representations, membership_attack
+from dpclip.attacks import attack_every_layer, layer_representations
 from dpclip.config import Params, run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
@@ -110,17 +110,14 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
     a = params.attack
     reps_in = layer_representations(model, x_members, a.max_features)
     reps_out = layer_representations(model, x_nonmembers, a.max_features)
-    layers = {}
-    for name in reps_in:
-        result = membership_attack(reps_in[name], reps_out[name], classifier=a.classifier,
-                                   evaluation="cv", folds=a.folds, max_records=a.max_records,
-                                   seed=params.data.seed)
-        layers[name] = {"accuracy": result["accuracy"], "auc": result["auc"],
-                        "features": int(reps_in[name].shape[1])}
+    results = attack_every_layer(reps_in, reps_out, classifier=a.classifier, evaluation="cv",
+                                 folds=a.folds, max_records=a.max_records, seed=params.data.seed)
+    layers = {name: {k: r[k] for k in ("accuracy", "auc", "features")}
+              for name, r in results.items()}
     peak = max(layers, key=lambda n: layers[n]["accuracy"])
     return {"layers": layers, "peak_accuracy": layers[peak]["accuracy"], "peak_layer": peak,
             "peak_auc": max(v["auc"] for v in layers.values()), "classifier": a.classifier,
-            "folds": a.folds, "n_each": result["n_each"]}
+            "folds": a.folds, "n_each": results[peak]["n_each"]}
 
 
 def _write_ir_plots(layout: Layout, run: str, ir: dict) -> None:

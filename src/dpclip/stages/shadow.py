@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.attacks import layer_representations, membership_attack
+from dpclip.attacks import attack_every_layer, layer_representations
 from dpclip.config import IID, Params, alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
@@ -75,14 +75,11 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> 
     a = params.attack
     reps_in = layer_representations(model, x_in, a.max_features)
     reps_out = layer_representations(model, x_out, a.max_features)
-    shares = _norm_shares(model, x_in, y_in)
-    layers = {}
-    for i, name in enumerate(parameterised_layers(model)):
-        attack = membership_attack(reps_in[name], reps_out[name], classifier=a.classifier,
-                                   evaluation=params.shadow.risk_eval, folds=a.folds,
-                                   max_records=a.max_records, seed=params.shadow.seed)
-        layers[name] = {**attack, "features": int(reps_in[name].shape[1]),
-                        "norm_share": float(shares[i])}
+    layers = attack_every_layer(reps_in, reps_out, classifier=a.classifier,
+                                evaluation=params.shadow.risk_eval, folds=a.folds,
+                                max_records=a.max_records, seed=params.shadow.seed)
+    for name, share in zip(parameterised_layers(model), _norm_shares(model, x_in, y_in)):
+        layers[name]["norm_share"] = float(share)
     record = {
         "architecture": architecture(params, meta), "layer_names": list(layers),
         "risk_eval": params.shadow.risk_eval, "classifier": a.classifier,
