@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from dpclip.train.early_stopping import (decide, endpoint_slope, fitted_slope,
                                          linear_trend_rule, slope_rule)
@@ -65,3 +66,137 @@ def test_rules_need_enough_epochs():
     assert linear_trend_rule([1.0] * 6, 5, 0.0).stop
     with pytest.raises(ValueError, match="unknown early-stopping rule"):
         decide("patience", np.ones(10), 3, 0.1)
+
+
+# --- the privacy of a data-dependent stopping time ------------------------------------------
+
+def test_stopped_epsilon_by_hand_for_the_gaussian_mechanism():
+    """q = 1: each release has RDP a / (2 sigma^2), so the odometer is a closed form."""
+    from dpclip.privacy import ODOMETER_ORDERS, stopped_epsilon
+
+    orders = np.asarray(ODOMETER_ORDERS)
+    for sigma, releases in ((2.0, 3), (3.5, 17)):
+        by_hand = min(releases * a / (2 * sigma ** 2) + math.log(len(orders) / 1e-5) / (a - 1)
+                      for a in orders)
+        assert stopped_epsilon([(sigma, 1.0, releases)], 1e-5) == pytest.approx(by_hand, 1e-12)
+
+
+def test_stopping_at_a_data_dependent_time_costs_more_than_a_fixed_horizon():
+    """The odometer pays for the random horizon (above the fixed-horizon epsilon of the same
+    steps) and grows with every step."""
+    from dpclip.privacy import epsilon_of, stopped_epsilon
+
+    for sigma, q, steps in ((1.3, 0.09, 200), (3.5, 1.0, 15), (0.8, 0.01, 1000)):
+        odometer = stopped_epsilon([(sigma, q, steps)], 1e-5)
+        assert epsilon_of("rdp", [(sigma, q, steps)], 1e-5) < odometer
+        assert odometer < stopped_epsilon([(sigma, q, steps + 1)], 1e-5)
+
+
+def test_early_stop_privacy_never_reports_more_than_the_planned_run():
+    from dpclip.privacy import early_stop_privacy
+
+    assert early_stop_privacy(8.0, 5.0) == {"epsilon": 5.0, "epsilon_planned": 8.0,
+                                            "epsilon_saved": 3.0, "epsilon_bound": "odometer"}
+    late = early_stop_privacy(8.0, 9.5)  # stopped near the end: the planned bound is tighter
+    assert late["epsilon"] == 8.0 and late["epsilon_saved"] == 0.0
+    assert late["epsilon_bound"] == "planned"
+
+
+# --- early stopping for the gradient methods --------------------------------------------------
+
+def _cfg(method, rule="slope", threshold=1e9, epochs=4):
+    from dpclip.train import TrainConfig
+
+    return TrainConfig(method=method, target_epsilon=4.0 if method != "non_private" else None,
+                       delta=1e-5, accountant="rdp", epochs=epochs, batch_size=16, lr=0.1,
+                       optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0, device="cpu",
+                       model="mlp", hidden=(8, 5),
+                       early_stopping={"rule": rule, "window": 2, "threshold": threshold})
+
+
+def _data(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+
+
+def test_dp_sgd_stops_early_on_the_public_series_and_reports_the_odometer_epsilon():
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
+    from dpclip.privacy import ODOMETER_ORDERS, epsilon_of
+    from dpclip.train import train_model
+
+    x, y = _data()
+    public = _data(seed=1)
+    result = train_model(x, y, (6,), 3, _cfg("dp_sgd"), progress=False, public=public)
+    # a threshold no slope can miss: the first full window (epoch 2) stops
+    assert result.training["stopped_epoch"] == 2 and result.training["stopped_early"]
+    privacy = result.privacy
+    steps_done = 2 * result.training["steps_per_epoch"]
+    assert privacy["steps"] == steps_done
+    sigma, q = privacy["noise_multiplier"], privacy["sample_rate"]
+    orders = np.asarray(ODOMETER_ORDERS)
+    rdp = np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps_done,
+                                              orders=orders))
+    odometer = float(np.min(rdp + np.log(len(orders) / 1e-5) / (orders - 1)))
+    planned = epsilon_of("rdp", [(sigma, q, result.training["steps_planned"])], 1e-5)
+    assert privacy["epsilon"] == pytest.approx(min(planned, odometer), rel=1e-9)
+    assert privacy["epsilon_saved"] == pytest.approx(planned - privacy["epsilon"])
+    # the watched value is the head's input on the public data under the released weights
+    rows = [row for row in result.trace if "monitored_std" in row]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    with torch.no_grad():
+        head_input = result.model[:-1](torch.as_tensor(public[0]))
+    assert rows[-1]["monitored_std"] == pytest.approx(float(head_input.std(dim=1).mean()))
+    assert [row["early_stop_flag"] for row in rows] == [False, True]
+
+
+def test_a_silent_rule_trains_every_epoch_and_reports_the_planned_epsilon():
+    from dpclip.train import train_model
+
+    x, y = _data()
+    result = train_model(x, y, (6,), 3, _cfg("auto_s", threshold=-1e9), progress=False,
+                         public=_data(seed=1))
+    assert "stopped_epoch" not in result.training and "epsilon_saved" not in result.privacy
+    assert sum("monitored_std" in row for row in result.trace) == 4
+
+
+def test_non_private_runs_stop_early_too():
+    from dpclip.train import train_model
+
+    x, y = _data()
+    result = train_model(x, y, (6,), 3, _cfg("non_private"), progress=False,
+                         public=_data(seed=1))
+    assert result.training["stopped_epoch"] == 2 and result.privacy["epsilon"] is None
+
+
+def test_early_stopping_without_public_data_names_the_keys():
+    from dpclip.errors import DpclipError
+    from dpclip.train import build_run
+
+    with pytest.raises(DpclipError, match=r"train.early_stopping.rule.*data.split.shadow_train"):
+        build_run((6,), 3, 96, _cfg("dp_sgd"), None)
+
+
+def test_dp_sgd_early_stopping_through_the_cli_and_the_report(tmp_path, tiny_raw, write_params):
+    import json
+
+    from conftest import prepared_project
+    from dpclip.cli import main
+
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 3,
+                          "early_stopping": {"rule": "slope", "window": 2, "threshold": 1e9}})
+    base = prepared_project(tmp_path, raw, write_params)
+    run = ["--method", "dp_sgd", "--epsilon", "8", "--alpha", "iid", "--seed", "0"]
+    assert main([*base, "train", *run]) == 0
+    assert main([*base, "evaluate", *run]) == 0
+    assert main([*base, "report"]) == 0
+    metrics = json.loads((tmp_path / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
+    assert metrics["training"]["stopped_epoch"] == 2
+    assert metrics["training"]["epochs_planned"] == 3
+    privacy = metrics["privacy"]
+    assert privacy["epsilon"] + privacy["epsilon_saved"] == pytest.approx(
+        privacy["epsilon_planned"])
+    assert (tmp_path / "figures" / "dp_sgd-eps8-iid-seed0" / "early_stopping.png").exists()
+    table = (tmp_path / "reports" / "comparison.csv").read_text().splitlines()
+    header, row = table[0].split(","), table[1].split(",")
+    assert row[header.index("stopped_epoch")] == "2"

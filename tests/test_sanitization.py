@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
+from dpclip.privacy import ODOMETER_ORDERS
 from dpclip.sanitization import (RDP_ORDERS, clip_activations, funnel_widths,
                                  noise_for_record_epsilon, record_epsilon, sanitize, sensitivity)
 
@@ -90,7 +91,8 @@ def _sanitize_cfg(**options):
 
     early = options.pop("early_stopping", {"rule": "none", "window": 5, "threshold": 0.0})
     opts = {"n": 2, "drop_p": 0.2, "clip": 1.0, "adaptive": False, "t": 0.05,
-            "encoder": "frozen", "public_epochs": 2, **options}
+            "encoder": "frozen", "public_epochs": 2, "public_lr": 0.01, "epochs": 4,
+            "head_lr": 0.1, **options}
     return TrainConfig(method="sanitize", target_epsilon=4.0, delta=1e-5, accountant="rdp",
                        epochs=4, batch_size=16, lr=0.1, optimizer="sgd", momentum=0.0,
                        clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
@@ -151,12 +153,18 @@ def test_early_stopping_reports_the_epoch_and_the_budget_saved():
     cfg = _sanitize_cfg(early_stopping={"rule": "slope", "window": 2, "threshold": 1e9})
     result = train_model(x, y, (6,), 3, cfg, progress=False, public=_sanitize_data(seed=1))
     assert result.training["stopped_epoch"] == 2
-    full = record_epsilon(result.privacy["noise_multiplier"], 4, 1e-5)
-    assert result.privacy["epsilon"] == pytest.approx(
-        record_epsilon(result.privacy["noise_multiplier"], 2, 1e-5))
+    sigma = result.privacy["noise_multiplier"]
+    full = record_epsilon(sigma, 4, 1e-5)
+    # the stopping epoch depends on released (private-data-dependent) values: the odometer
+    # bound of 2 releases, by hand with the Gaussian RDP a / (2 sigma^2) per release
+    orders = np.asarray(ODOMETER_ORDERS)
+    odometer = np.min(2 * orders / (2 * sigma ** 2) + np.log(len(orders) / 1e-5) / (orders - 1))
+    assert result.privacy["epsilon"] == pytest.approx(min(full, odometer), rel=1e-9)
+    assert result.privacy["epsilon_planned"] == pytest.approx(full)
     assert result.privacy["epsilon_saved"] == pytest.approx(full - result.privacy["epsilon"])
+    assert result.privacy["epsilon_saved"] > 0
     flags = [row["early_stop_flag"] for row in result.trace if "early_stop_flag" in row]
-    assert flags == [False, True] and "sanitized_std" in result.trace[-1]
+    assert flags == [False, True] and "monitored_std" in result.trace[-1]
 
 
 def test_adaptive_clip_follows_the_sanitization_layer_weights():
@@ -220,7 +228,7 @@ def test_sanitize_through_the_cli_with_early_stopping(tmp_path, tiny_raw, write_
 
     raw = tiny_raw(train={"methods": ["sanitize"], "epochs": 4,
                           "early_stopping": {"rule": "slope", "window": 2, "threshold": 1e9}},
-                   methods={"sanitize": {"n": 2, "public_epochs": 1}})
+                   methods={"sanitize": {"n": 2, "public_epochs": 1, "epochs": 4}})
     base = prepared_project(tmp_path, raw, write_params)
     run = ["--method", "sanitize", "--epsilon", "8", "--alpha", "iid", "--seed", "0"]
     assert main([*base, "train", *run]) == 0

@@ -90,11 +90,12 @@ def partition_histogram_figure(path: Path, record: dict) -> Path:
     return write_figure(path, fig)
 
 
-def early_stopping_figure(path: Path, trace: pd.DataFrame, title: str) -> Path:
-    """The per-epoch std of the sanitized outputs, with the epochs where the rule fired."""
-    epochs = trace.dropna(subset=["sanitized_std"])
+def early_stopping_figure(path: Path, trace: pd.DataFrame, title: str, series: str) -> Path:
+    """The watched per-epoch std (described by ``series``), with the epochs where the rule
+    fired."""
+    epochs = trace.dropna(subset=["monitored_std"])
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(epochs["epoch"], epochs["sanitized_std"], marker="o", label="sanitized-output std")
+    ax.plot(epochs["epoch"], epochs["monitored_std"], marker="o", label=series)
     fired = epochs[epochs["early_stop_flag"].astype(bool)]
     for epoch in fired["epoch"]:
         ax.axvline(epoch, color="red", linestyle="--", label="stop flag")

@@ -82,6 +82,13 @@ def noise_for_record_epsilon(target_epsilon: float, delta: float, uses: int,
     return float(sigma)
 
 
+def per_record_std(z: torch.Tensor) -> float:
+    """Mean over records (rows) of each record's standard deviation over its units."""
+    if z.shape[1] < 2:
+        return 0.0
+    return float(z.detach().std(dim=1).mean())
+
+
 class SanitizationLayer(nn.Module):
     """The mechanism as a layer, placed after the n-wide layer's ReLU (range [0, C]).
 
@@ -103,7 +110,7 @@ class SanitizationLayer(nn.Module):
         if not self.noisy:
             return clip_activations(z, self.clip)
         out, _ = sanitize(z, self.clip, self.drop_p, self.sigma, self.generator)
-        self.last_std = float(out.detach().std(dim=1).mean()) if out.shape[1] > 1 else 0.0
+        self.last_std = per_record_std(out)
         return out
 
     def extra_repr(self) -> str:

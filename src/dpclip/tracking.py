@@ -41,11 +41,13 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "ir_mia_peak_accuracy": ("mia", "ir", "peak_accuracy"),
     "ir_mia_peak_auc": ("mia", "ir", "peak_auc"),
     "train_s": ("time", "train_s"),
+    "epsilon_saved": ("privacy", "epsilon_saved"),  # only when early stopping ended the run
+    "stopped_epoch": ("training", "stopped_epoch"),
 }
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
 METHOD_STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
-                       "ww_clamp_hits_max", "sanitized_std", "early_stop_signal")
+                       "ww_clamp_hits_max", "monitored_std", "early_stop_signal")
 METHOD_STEP_PREFIXES = ("lm_w_",)  # LM-DP-SGD's per-layer weights, one column per layer
 
 

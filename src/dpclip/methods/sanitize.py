@@ -13,7 +13,9 @@ mechanism of :mod:`dpclip.sanitization` after the n-wide layer's ReLU. Encoder m
 
 Accounting: each epoch releases every record once (shuffled batches, no subsampling claimed),
 so epsilon is that of ``epochs`` Gaussian releases at sigma (:func:`record_epsilon`); the target
-epsilon sets sigma like every other method's. With ``adaptive: true``, C = t ||W||_F of the
+epsilon sets sigma like every other method's. The method has its own ``epochs`` (not
+``train.epochs``): by Gaussian composition, E releases at sigma sqrt(E) carry what one release
+at sigma does, so more epochs buy no signal, only more steps on noisier inputs. With ``adaptive: true``, C = t ||W||_F of the
 sanitization layer's weights after each epoch (paper Alg. 3; post-processing). In ``frozen``
 mode W is fixed, so C stays t ||W||_F.
 """
@@ -40,8 +42,14 @@ class Sanitize(Method):
         "t": Option(0.05, low=0.0, low_open=True, help="the constant t of the adaptive C"),
         "encoder": Option("frozen", choices=ENCODER_MODES,
                           help="frozen (trained on public data; sound) | joint (literal)"),
-        "public_epochs": Option(20, low=1, integer=True,
+        "public_epochs": Option(100, low=1, integer=True,
                                 help="frozen: epochs of public pre-training of the encoder"),
+        "public_lr": Option(0.003, low=0.0, low_open=True,
+                            help="frozen: Adam learning rate of the public pre-training"),
+        "epochs": Option(10, low=1, integer=True,
+                         help="private epochs: each one releases every record once"),
+        "head_lr": Option(0.002, low=0.0, low_open=True,
+                          help="learning rate (train.optimizer) on the sanitized activations"),
     }
 
     def __init__(self, context):

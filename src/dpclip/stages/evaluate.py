@@ -140,6 +140,8 @@ def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> Non
     roc_figure(folder / "roc.png", {run: roc}, title=f"Loss-attack ROC: {title}")
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
-    if "sanitized_std" in trace:
+    if "monitored_std" in trace:
+        series = "sanitized-output std" if metrics["method"] == "sanitize" else \
+            "public head-input std"
         early_stopping_figure(folder / "early_stopping.png", trace,
-                              title=f"Sanitized-output std by epoch: {run}")
+                              title=f"Early-stopping series by epoch: {run}", series=series)

@@ -54,8 +54,10 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     meta = read_json(layout.prepared_meta)
     members = part["positions"]
     cfg = train_config(params, method, epsilon, seed, layout)
-    public = load_split(layout, "shadow_train")[:2] \
-        if get_method(method).needs_public_data(cfg.method_options) else None
+    # public data: a method's own use (sanitize's encoder) or early stopping's watched series
+    needs_public = get_method(method).needs_public_data(cfg.method_options) or \
+        cfg.early_stopping["rule"] != "none"
+    public = load_split(layout, "shadow_train")[:2] if needs_public else None
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
                          int(meta["n_classes"]), cfg, progress=progress, desc=run,
                          checkpoint_path=layout.checkpoint(run),

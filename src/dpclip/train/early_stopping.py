@@ -1,9 +1,11 @@
 """Early-stopping rules on a per-epoch series s_1, s_2, ... (the sanitization-layer paper,
 papers/sanitization-layer_private-features-public-labels.txt, Algorithms 2 and 4).
 
-The series is the mean, over an epoch's batches, of each record's standard deviation of a
-released representation (for ``sanitize``: the sanitized, noisy outputs). Both rules look at a
-window of the last ``window`` epochs:
+The series is the mean, over records, of each record's standard deviation of a released
+representation: for ``sanitize`` the sanitized (noisy) outputs of the epoch's batches; for the
+gradient methods the head's input on the public shadow split under the released weights
+(:func:`public_representation_std`), so no rule ever reads private data directly. Both rules
+look at a window of the last ``window`` epochs:
 
 * ``slope`` (fixed C, Algorithm 2): gamma = (s_e - s_{e-window+1}) / (window - 1), the slope of
   the line through the window's first and last epoch; stop when gamma <= T_s. The sign is kept,
@@ -24,8 +26,27 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+from torch import nn
+
+from dpclip.sanitization import per_record_std
 
 RULES = ("slope", "linear_trend")
+
+
+@torch.no_grad()
+def public_representation_std(model: nn.Module, x: torch.Tensor) -> float:
+    """:func:`per_record_std` of the input of the model's ``head`` layer on public ``x``."""
+    captured = []
+    hook = model.head.register_forward_hook(lambda _m, inputs, _o: captured.append(inputs[0]))
+    was_training = model.training
+    try:
+        model.eval()
+        model(x)
+    finally:
+        hook.remove()
+        model.train(was_training)
+    return per_record_std(captured[0].flatten(1))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ from dpclip.io import write_with
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext
 from dpclip.models import build_model, count_parameters
-from dpclip.privacy import BudgetGuard, epsilon_of, noise_for_epsilon, split_sigma
+from dpclip.privacy import (BudgetGuard, early_stop_privacy, epsilon_of, noise_for_epsilon,
+                            split_sigma, stopped_epsilon)
+from dpclip.train.early_stopping import decide, public_representation_std
 from dpclip.train.step import LayerGroups, dp_step, plain_step, wrap_for_dp
 
 # PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
@@ -117,7 +119,10 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
         return SanitizeRun(model, groups, method, cfg, n_records, device, loss_fn, hidden,
                            public)
     runner = _PrivateRun if method_cls.private else _PlainRun
-    return runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device, loss_fn)
+    run = runner(model, groups, method, cfg, q, steps_per_epoch, total_steps, device, loss_fn)
+    if cfg.early_stopping["rule"] != "none":
+        run.monitor_on(public)
+    return run
 
 
 @dataclass
@@ -177,7 +182,7 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
         model=run.plain_model().cpu(), trace=run.trace, privacy=run.privacy_record(),
         time={"train_s": round(train_s, 4), "step_s_median": float(np.median(step_times)),
               "device": str(run.device)},
-        training={"epochs_planned": cfg.epochs, "steps_planned": run.total_steps,
+        training={"epochs_planned": run.cfg.epochs, "steps_planned": run.total_steps,
                   "steps_per_epoch": run.steps_per_epoch, "n_train": int(len(x)),
                   "stopped_by_budget": run.stopped_by_budget, **run.training_extras()},
         architecture=run.architecture(),
@@ -185,7 +190,13 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
 
 
 class _Run:
-    """State shared by private and plain runs: optimizer, generators, trace."""
+    """State shared by private and plain runs: optimizer, generators, trace, early stopping.
+
+    Early stopping (``train.early_stopping``) watches one number per epoch (:meth:`epoch_std`).
+    For gradient methods it is the mean per-record standard deviation of the head's input on
+    the public shadow split under the weights just released: post-processing of the DP
+    output, so watching it costs no privacy.
+    """
 
     def __init__(self, model, groups, method, cfg, q, steps_per_epoch, total_steps, device,
                  loss_fn):
@@ -199,6 +210,17 @@ class _Run:
         self.trace: list[dict] = []
         self.step_times: list[float] = []
         self.stopped_by_budget = False
+        self.monitor: torch.Tensor | None = None  # public features watched by early stopping
+        self.std_series: list[float] = []
+        self.stopped_epoch: int | None = None
+
+    def monitor_on(self, public) -> None:
+        """Watch the public split's representations for early stopping."""
+        if public is None or len(public[0]) == 0:
+            raise DpclipError("train.early_stopping.rule: "
+                              f"{self.cfg.early_stopping['rule']!r} watches the model on the "
+                              "public shadow split, which is empty (data.split.shadow_train)")
+        self.monitor = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
 
     def plain_model(self) -> nn.Module:
         """The trained network without Opacus's per-sample-gradient wrapper."""
@@ -206,7 +228,9 @@ class _Run:
 
     def training_extras(self) -> dict:
         """Run facts beyond the common ones (early stopping's epoch, for instance)."""
-        return {}
+        if self.stopped_epoch is None:
+            return {}
+        return {"stopped_epoch": self.stopped_epoch, "stopped_early": True}
 
     def architecture(self) -> dict:
         return {"hidden": list(self.cfg.hidden)}
@@ -219,16 +243,44 @@ class _Run:
             for epoch in range(first, self.cfg.epochs + 1):
                 if not self.run_epoch(x, y, epoch, bar):
                     break  # the budget guard stopped training
+                if self.end_epoch(epoch):
+                    break  # early stopping
                 if checkpoint and epoch < self.cfg.epochs:
                     checkpoint.maybe_save(self, epoch)
         if checkpoint:
             checkpoint.discard()
+
+    # --- early stopping ----------------------------------------------------------------------
+    def epoch_std(self) -> float | None:
+        """The epoch's value of the watched series; None when nothing is watched."""
+        if self.monitor is None:
+            return None
+        return public_representation_std(self.plain_model(), self.monitor)
+
+    def end_epoch(self, epoch: int) -> bool:
+        """Trace the watched series and the rule's signal; True when training should stop."""
+        std = self.epoch_std()
+        if std is None or not self.trace:
+            return False
+        self.std_series.append(std)
+        es = self.cfg.early_stopping
+        decision = decide(es["rule"], self.std_series, es["window"], es["threshold"]) \
+            if es["rule"] != "none" else None
+        self.trace[-1].update({
+            "monitored_std": std,
+            "early_stop_signal": decision.signal if decision else math.nan,
+            "early_stop_flag": bool(decision.stop) if decision else False})
+        if decision is not None and decision.stop and epoch < self.cfg.epochs:
+            self.stopped_epoch = epoch
+            return True
+        return False
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly where training stopped."""
         return {"model": self.plain_model().state_dict(),
                 "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                 "trace": self.trace, "step_times": self.step_times,
+                "std_series": list(self.std_series),
                 "sample_gen": self.sample_gen.get_state(),
                 "noise_gen": self.noise_gen.get_state()}
 
@@ -241,6 +293,7 @@ class _Run:
             self.optimizer.max_grad_norm = torch.tensor(self.method.clip_threshold,
                                                         dtype=torch.float32)
         self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
+        self.std_series = list(state.get("std_series", []))
         self.sample_gen.set_state(state["sample_gen"])
         self.noise_gen.set_state(state["noise_gen"])
 
@@ -356,11 +409,17 @@ class _PrivateRun(_Run):
         return float("nan")
 
     def privacy_record(self) -> dict:
-        steps = self.guard.steps
-        return {"dp_guarantee": bool(self.method.dp_guarantee), "accountant": self.cfg.accountant,
-                "target_epsilon": self.cfg.target_epsilon,
-                "epsilon": epsilon_of(self.cfg.accountant, self.guard.history, self.cfg.delta),
-                "delta": self.cfg.delta, "sample_rate": self.q,
-                "noise_multiplier": self.sigma_eff, "sigma_train": self.sigma_train,
-                "steps": steps,
-                **{f"sigma_{e.name}": e.noise_std for e in self.extras}}
+        cfg = self.cfg
+        record = {"dp_guarantee": bool(self.method.dp_guarantee), "accountant": cfg.accountant,
+                  "target_epsilon": cfg.target_epsilon,
+                  "epsilon": epsilon_of(cfg.accountant, self.guard.history, cfg.delta),
+                  "delta": cfg.delta, "sample_rate": self.q,
+                  "noise_multiplier": self.sigma_eff, "sigma_train": self.sigma_train,
+                  "steps": self.guard.steps,
+                  **{f"sigma_{e.name}": e.noise_std for e in self.extras}}
+        if self.stopped_epoch is not None:
+            planned = epsilon_of(cfg.accountant, [(self.sigma_eff, self.q, self.total_steps)],
+                                 cfg.delta)
+            record.update(early_stop_privacy(planned, stopped_epsilon(self.guard.history,
+                                                                      cfg.delta)))
+        return record

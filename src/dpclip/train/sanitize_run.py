@@ -10,6 +10,7 @@ records' sanitized-output standard deviations.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -17,9 +18,9 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
+from dpclip.privacy import early_stop_privacy, stopped_epsilon
 from dpclip.sanitization import (SanitizationLayer, noise_for_record_epsilon, record_epsilon,
                                  with_sanitizer)
-from dpclip.train.early_stopping import decide
 from dpclip.train.loop import _Run, make_optimizer
 from dpclip.train.step import LayerGroups, plain_step
 
@@ -28,6 +29,7 @@ class SanitizeRun(_Run):
     def __init__(self, model, groups, method, cfg, n_records, device, loss_fn, hidden, public):
         steps_per_epoch = math.ceil(n_records / min(cfg.batch_size, n_records))
         opts = method.options
+        cfg = dataclasses.replace(cfg, epochs=opts["epochs"])  # the method's own epochs
         self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.delta, cfg.epochs,
                                               cfg.epsilon_tolerance)
         self.sanitizer = SanitizationLayer(method.clip_threshold, opts["drop_p"], self.sigma)
@@ -37,44 +39,53 @@ class SanitizeRun(_Run):
         super().__init__(model, LayerGroups.of(model), method, cfg, 1.0, steps_per_epoch,
                          cfg.epochs * steps_per_epoch, device, loss_fn)
         self.hidden = list(hidden)
-        self.std_series: list[float] = []
-        self.stopped_epoch: int | None = None
+        self.epoch_stds: list[float] = []  # this epoch's batch means of sanitized stds
         if opts["encoder"] == "frozen":
             self._pretrain_and_freeze(public)
+        else:
+            self.optimizer = make_optimizer(self._private_cfg(), self.model.parameters())
         self._adapt_clip()
+
+    def _private_cfg(self):
+        """train.* with the method's learning rate for the layers trained on private data."""
+        return dataclasses.replace(self.cfg, lr=self.method.options["head_lr"])
 
     # --- frozen encoder --------------------------------------------------------------------
     def _pretrain_and_freeze(self, public) -> None:
-        """Train the whole funnel on public data (no noise), then freeze all but the head."""
+        """Train the whole funnel on public data (no noise, clip-only sanitizer), then freeze
+        all but the head. Adam: plain SGD at a fixed rate often kills the narrow funnel's
+        ReLUs (digits, lr 0.1 to 0.5: holdout accuracy 0.41 to 0.93 by the clip range)."""
         if public is None or len(public[0]) == 0:
             raise DpclipError("methods.sanitize.encoder: 'frozen' trains the encoder on the "
                               "public shadow split, which is empty (data.split.shadow_train)")
         x = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
         y = torch.as_tensor(public[1], dtype=torch.int64, device=self.device)
         batch = min(self.cfg.batch_size, len(x))
+        public_optimizer = torch.optim.Adam(self.model.parameters(),
+                                            lr=self.method.options["public_lr"])
         for _ in range(self.method.options["public_epochs"]):
             order = torch.randperm(len(x), generator=self.sample_gen).to(self.device)
             for k in range(math.ceil(len(x) / batch)):
                 idx = order[k * batch:(k + 1) * batch]
-                plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
+                plain_step(self.model, self.loss_fn, x[idx], y[idx], public_optimizer)
         for name, param in self.model.named_parameters():
             param.requires_grad_(name.startswith("head."))
-        self.optimizer = make_optimizer(self.cfg, [p for p in self.model.parameters()
-                                                   if p.requires_grad])
+        self.optimizer = make_optimizer(self._private_cfg(), [p for p in self.model.parameters()
+                                                              if p.requires_grad])
 
     # --- training --------------------------------------------------------------------------
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n, b = len(x), min(self.cfg.batch_size, len(x))
         order = torch.randperm(n, generator=self.sample_gen).to(self.device)
         self.sanitizer.noisy, self.sanitizer.generator = True, self.noise_gen
-        stds = []
+        self.epoch_stds = []
         try:
             for k in range(self.steps_per_epoch):
                 idx = order[k * b:(k + 1) * b]
                 tic = time.perf_counter()
                 loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
                 self.step_times.append(time.perf_counter() - tic)
-                stds.append(self.sanitizer.last_std)
+                self.epoch_stds.append(self.sanitizer.last_std)
                 step = len(self.trace) + 1
                 self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
                                    "clip_threshold": self.sanitizer.clip, "train_loss": loss,
@@ -83,24 +94,17 @@ class SanitizeRun(_Run):
                            C=f"{self.sanitizer.clip:.3g}")
         finally:
             self.sanitizer.noisy, self.sanitizer.generator = False, None
-        return self._end_epoch(epoch, float(np.mean(stds)))
-
-    def _end_epoch(self, epoch: int, epoch_std: float) -> bool:
-        """Trace the epoch's signals; adapt C; False when early stopping fires."""
-        self.std_series.append(epoch_std)
-        es = self.cfg.early_stopping
-        decision = decide(es["rule"], self.std_series, es["window"], es["threshold"]) \
-            if es["rule"] != "none" else None
-        self.trace[-1].update({
-            "epsilon_spent": record_epsilon(self.sigma, epoch, self.cfg.delta),
-            "sanitized_std": epoch_std,
-            "early_stop_signal": decision.signal if decision else math.nan,
-            "early_stop_flag": bool(decision.stop) if decision else False})
-        self._adapt_clip()
-        if decision is not None and decision.stop and epoch < self.cfg.epochs:
-            self.stopped_epoch = epoch
-            return False
         return True
+
+    def epoch_std(self) -> float:
+        """The watched series is the sanitized outputs' std (released; paper Alg. 2 and 4)."""
+        return float(np.mean(self.epoch_stds))
+
+    def end_epoch(self, epoch: int) -> bool:
+        """Epsilon so far, the adaptive C, then the early-stopping rule."""
+        self.trace[-1]["epsilon_spent"] = record_epsilon(self.sigma, epoch, self.cfg.delta)
+        self._adapt_clip()
+        return super().end_epoch(epoch)
 
     def _adapt_clip(self) -> None:
         if self.method.options["adaptive"]:
@@ -124,24 +128,18 @@ class SanitizeRun(_Run):
                                     "activations)" if self.method.dp_guarantee else
                                     "the sanitized activations only (joint encoder)"}
         if self.stopped_epoch is not None:
-            record["epsilon_saved"] = record_epsilon(self.sigma, planned, self.cfg.delta) - \
-                epsilon
+            record.update(early_stop_privacy(
+                record_epsilon(self.sigma, planned, self.cfg.delta),
+                stopped_epsilon([(self.sigma, 1.0, epochs)], self.cfg.delta)))
         return record
 
     def training_extras(self) -> dict:
-        extras = {"encoder": self.method.options["encoder"]}
-        if self.stopped_epoch is not None:
-            extras.update(stopped_epoch=self.stopped_epoch, stopped_early=True)
-        return extras
+        return {"encoder": self.method.options["encoder"], **super().training_extras()}
 
     def architecture(self) -> dict:
         return {"hidden": self.hidden,
                 "sanitizer": {"after": self.after, "clip": self.sanitizer.clip}}
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "std_series": list(self.std_series)}
-
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.std_series = list(state["std_series"])
         self._adapt_clip()
