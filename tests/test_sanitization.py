@@ -184,9 +184,11 @@ def test_sanitize_options_and_window_are_validated(tiny_raw):
 
     with pytest.raises(ConfigError) as err:
         parse_params(tiny_raw(methods={"sanitize": {"n": 0, "drop_p": 1.0, "t": 0,
-                                                    "encoder": "shared"}}))
+                                                    "encoder": "shared", "epochs": 0,
+                                                    "head_lr": -1}}))
     for key in ("methods.sanitize.n: 0", "methods.sanitize.drop_p: 1.0", "methods.sanitize.t: 0",
-                "methods.sanitize.encoder: 'shared'"):
+                "methods.sanitize.encoder: 'shared'", "methods.sanitize.epochs: 0",
+                "methods.sanitize.head_lr: -1"):
         assert key in str(err.value)
     with pytest.raises(ConfigError, match="train.early_stopping.window: 1"):
         parse_params(tiny_raw(train={"early_stopping": {"rule": "slope", "window": 1}}))

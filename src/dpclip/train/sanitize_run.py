@@ -40,8 +40,11 @@ class SanitizeRun(_Run):
                          cfg.epochs * steps_per_epoch, device, loss_fn)
         self.hidden = list(hidden)
         self.epoch_stds: list[float] = []  # this epoch's batch means of sanitized stds
+        self.public_pretrain_s = 0.0
         if opts["encoder"] == "frozen":
+            tic = time.perf_counter()
             self._pretrain_and_freeze(public)
+            self.public_pretrain_s = round(time.perf_counter() - tic, 4)
         else:
             self.optimizer = make_optimizer(self._private_cfg(), self.model.parameters())
         self._adapt_clip()
@@ -134,7 +137,8 @@ class SanitizeRun(_Run):
         return record
 
     def training_extras(self) -> dict:
-        return {"encoder": self.method.options["encoder"], **super().training_extras()}
+        return {"encoder": self.method.options["encoder"],
+                "public_pretrain_s": self.public_pretrain_s, **super().training_extras()}
 
     def architecture(self) -> dict:
         return {"hidden": self.hidden,
