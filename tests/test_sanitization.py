@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -240,3 +241,20 @@ def test_sanitize_through_the_cli_with_early_stopping(tmp_path, tiny_raw, write_
     assert metrics["privacy"]["epsilon_saved"] > 0 and metrics["privacy"]["epsilon"] < 8
     assert (tmp_path / "figures" / "sanitize-eps8-iid-seed0" / "early_stopping.png").exists()
     assert list(metrics["mia"]["ir"]["layers"]) == ["fc1", "fc2", "fc3", "fc4", "head"]
+
+
+def test_the_funnel_sits_on_the_cnn_trunk_for_images():
+    from dpclip.train import train_model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, size=48)
+    public = (rng.normal(size=(32, 1, 8, 8)).astype(np.float32), rng.integers(0, 3, size=32))
+    cfg = dataclasses.replace(_sanitize_cfg(epochs=1), model="cnn")
+    result = train_model(x, y, (1, 8, 8), 3, cfg, progress=False, public=public)
+    names = [name for name, _ in result.model.named_children()]
+    assert names[:2] == ["conv1", "cact1"]
+    assert names[names.index("act4") + 1] == "sanitizer"
+    assert [result.model.get_submodule(f"fc{i}").out_features for i in (1, 2, 3, 4)] == \
+        [16, 8, 4, 2]
+    assert result.privacy["releases_per_record"] == 1
