@@ -6,6 +6,7 @@ import copy
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -74,3 +75,10 @@ def shadow_risk_for(names: list[str], error_rates=None, shares=None) -> dict:
     return {"layers": {n: {"error_rate": float(e), "norm_share": float(s)}
                        for n, e, s in zip(names, error_rates, shares)},
             "layer_names": list(names)}
+
+
+def gaussian_records(n: int, seed: int = 0) -> tuple:
+    """n records of 6 standard-normal features and labels in {0, 1, 2} (signal-free data for
+    the training-loop tests)."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)

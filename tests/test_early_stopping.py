@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import gaussian_records
 
 from dpclip.train.early_stopping import (decide, endpoint_slope, fitted_slope,
                                          linear_trend_rule, slope_rule)
@@ -114,9 +115,8 @@ def _cfg(method, rule="slope", threshold=1e9, epochs=4):
                        early_stopping={"rule": rule, "window": 2, "threshold": threshold})
 
 
-def _data(n=96, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+def _data(seed=0):
+    return gaussian_records(96, seed)
 
 
 def test_dp_sgd_stops_early_on_the_public_series_and_reports_the_odometer_epsilon():

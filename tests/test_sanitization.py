@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import gaussian_records
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
@@ -100,9 +101,8 @@ def _sanitize_cfg(**options):
                        method_options=opts, early_stopping=early)
 
 
-def _sanitize_data(n=80, seed=0):
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+def _sanitize_data(seed=0):
+    return gaussian_records(80, seed)
 
 
 def test_frozen_mode_leaves_the_public_encoder_bit_identical():
