@@ -12,6 +12,7 @@ from torch import nn
 
 from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
+from dpclip.randomness import NoiseSources
 from dpclip.train import TrainConfig, build_run, train_model
 from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
 from conftest import shadow_risk_for
@@ -82,7 +83,7 @@ def _run_dp_step(sigma, clip=0.5, seed=0, expected_batch=8.0):
     wrapped = wrap_for_dp(model)
     optimizer = torch.optim.SGD(groups.flat(), lr=0.0)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y, method, sigma,
-            expected_batch, optimizer, torch.Generator().manual_seed(seed), step=1)
+            expected_batch, optimizer, NoiseSources.seeded(seed), step=1)
     return [p.grad.detach() for p in groups.flat()], reference
 
 
@@ -119,20 +120,30 @@ def _data(n=100, seed=0):
 
 
 @pytest.mark.parametrize("method", PRIVATE_METHODS)
-def test_empty_poisson_batch_counts_but_moves_nothing(method):
+def test_empty_poisson_batch_is_a_noise_only_step(method):
+    # METHODS.md step 1: skipping the update would reveal the empty batch; the accountant
+    # models a noise-only step, so the step applies the noise as Opacus does
     x, y = _data()
     options = {"count_noise_fraction": 0.2} if method.startswith("adaclip") else {}
     run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options))
     before = [p.detach().clone() for p in run.groups.flat()]
-    state_before = repr(run.method.state_dict())
     row = run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
     assert row["batch_size"] == 0 and np.isnan(row["train_loss"])
     assert run.guard.steps == 1 and row["epsilon_spent"] > 0
-    assert repr(run.method.state_dict()) == state_before  # controller state unchanged
+    assert all(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
+    if method == "adaclip":  # the controller reads the released noisy count as usual
+        assert run.method.clip_threshold != 1.0
+
+
+def test_empty_batch_update_is_the_gradient_noise_alone():
+    x, y = _data()
+    run = build_run((6,), 3, len(x), _cfg(lr=0.1))
+    before = [p.detach().clone() for p in run.groups.flat()]
+    run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
+    replay = NoiseSources.for_run(0)  # the run's streams, from the same seed
     for b, p in zip(before, run.groups.flat()):
-        assert torch.equal(b, p)
-    row = run.step(torch.as_tensor(x), torch.as_tensor(y), [0, 5, 7], epoch=1)
-    assert any(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
+        noise = torch.normal(0.0, run.sigma_train * 1.0, size=p.shape, generator=replay.noise)
+        torch.testing.assert_close(p.detach() - b, -0.1 * noise / (run.q * len(x)))
 
 
 def test_training_with_many_empty_batches_finishes_within_budget():
@@ -230,7 +241,7 @@ def test_per_layer_factors_scale_each_layer_separately():
     wrapped = wrap_for_dp(model)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y,
             PerLayer(MethodContext(1.0, groups.names)), 0.0, 1.0, torch.optim.SGD(groups.flat(), lr=0.0),
-            torch.Generator(), step=1)
+            NoiseSources.seeded(0), step=1)
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r, rtol=1e-5, atol=1e-7)
 
@@ -257,6 +268,6 @@ def test_noiseless_cnn_step_equals_independent_per_example_clipping():
     groups = LayerGroups.of(model)
     dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
             get_method("dp_sgd")(MethodContext(0.3, groups.names)), 0.0, 2.0,
-            torch.optim.SGD(groups.flat(), lr=0.0), torch.Generator(), step=1)
+            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1)
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r / 2.0, rtol=1e-4, atol=1e-6)

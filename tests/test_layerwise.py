@@ -20,6 +20,7 @@ from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext, StepRelease
 from dpclip.methods.lm_dp_sgd import layer_weights
 from dpclip.models import build_model
+from dpclip.randomness import NoiseSources
 
 MODES = ("private", "public", "batch")
 
@@ -92,7 +93,7 @@ def test_private_mode_declares_its_query_and_reads_only_the_noisy_release():
     method.update(StepRelease(step=1, noisy_grad=[], extras={"layer_shares": [6.0, -2.0]}))
     np.testing.assert_allclose(method.weights, np.array([0.6, 0.01]) / math.hypot(0.6, 0.01))
     released = method.release_extras(torch.tensor([[3.0, 4.0], [0.0, 2.0]]),
-                                      torch.Generator().manual_seed(0))["layer_shares"]
+                                      NoiseSources.seeded(0))["layer_shares"]
     noise = released - np.array([0.6, 0.8 + 1.0])  # units (0.6, 0.8) and (0, 1)
     assert np.all(np.abs(noise) < 5.0 * 6)  # N(0, 5^2) per layer
 

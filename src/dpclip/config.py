@@ -53,6 +53,9 @@ class DataParams:
     # separate public dataset for the shadow splits (e.g. fashion-mnist beside mnist)
     shadow_dataset: str | None = None
     shadow_path: str | None = None
+    # csv: the public schema, {column: [levels]}; the target column's entry is the class list.
+    # Columns not named take their levels from the public rows; unseen levels map to "other".
+    categories: dict[str, list[str]] | None = None
     split: SplitFractions = field(default_factory=SplitFractions)
 
 
@@ -67,6 +70,9 @@ class PrivacyParams:
     delta: float = 1e-5
     accountant: str = "rdp"
     epsilon_tolerance: float = 0.01
+    # true: privacy noise (sampling, gradient and query noise, masks) seeded from the operating
+    # system's entropy, never stored: the setting for a model that will be released
+    secure_noise: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,13 @@ class AttackParams:
 
 
 @dataclass(frozen=True)
+class TrackingParams:
+    # true: also log to MLflow the per-step values computed from the private batch without
+    # noise (train_loss, batch_size); they stay in the local trace either way
+    private_diagnostics: bool = False
+
+
+@dataclass(frozen=True)
 class ScheduleParams:
     cron: str = "0 3 * * *"
     timezone: str = "UTC"
@@ -132,6 +145,7 @@ class Params:
     shadow: ShadowParams = field(default_factory=ShadowParams)
     attack: AttackParams = field(default_factory=AttackParams)
     schedule: ScheduleParams = field(default_factory=ScheduleParams)
+    tracking: TrackingParams = field(default_factory=TrackingParams)
     methods: dict = field(default_factory=dict)  # options_key -> {option: value}
 
     def to_dict(self) -> dict:
@@ -288,6 +302,7 @@ def _read_data(r: _Reader) -> DataParams:
         missing_values=r.text_list("missing_values", d.missing_values, optional=False),
         shadow_dataset=r.choice("shadow_dataset", d.shadow_dataset, DATASETS, optional=True),
         shadow_path=r.text("shadow_path", d.shadow_path),
+        categories=_read_categories(r),
         split=_read_split(r.sub("split")),
     )
     if data.dataset == "csv" and data.path is None:
@@ -304,6 +319,27 @@ def _read_data(r: _Reader) -> DataParams:
                                     f"{data.shadow_dataset!r}"))
     r.finish()
     return data
+
+
+def _read_categories(r: _Reader) -> dict[str, list[str]] | None:
+    """``data.categories``: {column: [level, ...]}, levels written as text."""
+    value = r.get("categories", None)
+    if value is None:
+        return None
+    ok = isinstance(value, dict) and all(
+        isinstance(col, str) and isinstance(levels, list) and levels
+        and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in levels)
+        for col, levels in value.items())
+    if not ok:
+        r.problems.append(bad_value("data.categories", value,
+                                    "must map each column name to a non-empty list of levels"))
+        return None
+    out = {col: [str(v) for v in levels] for col, levels in value.items()}
+    for col, levels in out.items():
+        if len(set(levels)) != len(levels):
+            r.problems.append(bad_value(f"data.categories.{col}", value[col],
+                                        "has repeated levels"))
+    return out
 
 
 def _read_alphas(r: _Reader) -> list:
@@ -340,6 +376,7 @@ def _read_privacy(r: _Reader) -> PrivacyParams:
         accountant=r.choice("accountant", d.accountant, ACCOUNTANTS),
         epsilon_tolerance=r.number("epsilon_tolerance", d.epsilon_tolerance, low=0.0,
                                    low_open=True),
+        secure_noise=r.boolean("secure_noise", d.secure_noise),
     )
     r.finish()
     return p
@@ -426,6 +463,14 @@ def _read_attack(r: _Reader) -> AttackParams:
     return a
 
 
+def _read_tracking(r: _Reader) -> TrackingParams:
+    d = TrackingParams()
+    t = TrackingParams(private_diagnostics=r.boolean("private_diagnostics",
+                                                     d.private_diagnostics))
+    r.finish()
+    return t
+
+
 def _read_schedule(r: _Reader) -> ScheduleParams:
     d = ScheduleParams()
     cron = r.text("cron", d.cron, optional=False)
@@ -484,6 +529,7 @@ def parse_params(raw: dict | None) -> Params:
         shadow=_read_shadow(root.sub("shadow")),
         attack=_read_attack(root.sub("attack")),
         schedule=_read_schedule(root.sub("schedule")),
+        tracking=_read_tracking(root.sub("tracking")),
         methods={},
     )
     if not problems:  # layer names need a valid train section

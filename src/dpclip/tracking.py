@@ -10,6 +10,10 @@ Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
 ``<project>/mlflow/artifacts`` (with any SQLite URI, artifacts go beside the database). Inside a DVC temporary experiment folder
 (``<project>/.dvc/tmp/exps/...``) the project is the folder that holds ``.dvc``, so records
 survive the temporary copy. ``MLFLOW_TRACKING_URI`` overrides the backend.
+
+Private diagnostics: the trace's ``train_loss`` and ``batch_size`` are computed from the
+private batch without noise. They stay in the local trace; neither the per-step metrics nor
+the trace artifact carry them unless ``tracking.private_diagnostics: true``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import datetime as dt
 import logging
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +30,7 @@ import pandas as pd
 from dpclip.config import Params
 from dpclip.io import read_json
 from dpclip.layout import Layout
+from dpclip.train.loop import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +136,9 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         _log_shadow(mlflow, layout)
         reused = []
+        diagnostics = params.tracking.private_diagnostics
         for run in runs:
-            if not _log_configuration(mlflow, experiment_id, layout, run, commit):
+            if not _log_configuration(mlflow, experiment_id, layout, run, commit, diagnostics):
                 reused.append(run)
         mlflow.set_tag("dpclip.reused_runs", ",".join(reused)[:5000])
         summary = {"parent_run_id": parent.info.run_id, "experiment": f"dpclip-"
@@ -161,9 +168,10 @@ def describe(summary: dict) -> str:
             f"{len(summary['reused'])} already logged ({summary['tracking_uri']})")
 
 
-def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, commit: str
-                       ) -> bool:
-    """Log one configuration as a child run unless its model is already logged."""
+def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, commit: str,
+                       private_diagnostics: bool = False) -> bool:
+    """Log one configuration as a child run unless its model is already logged. The trace's
+    private diagnostics go along only when ``private_diagnostics`` asks for them."""
     record = read_json(layout.run_dir(run) / "record.json")
     fingerprint = record["weights_sha256"]
     existing = mlflow.search_runs(
@@ -178,16 +186,25 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
             "dataset": metrics["dataset"], "method": metrics["method"],
             "alpha": "iid" if metrics["alpha"] is None else str(metrics["alpha"]),
             "seed": str(metrics["seed"]), "git_commit": commit,
-            "dp_guarantee": str(privacy["dp_guarantee"]).lower()}
+            "dp_guarantee": str(privacy["dp_guarantee"]).lower(),
+            "adjacency": str(privacy.get("adjacency")),
+            "secure_noise": str(bool(privacy.get("secure_noise"))).lower(),
+            "dpclip.private_diagnostics": str(private_diagnostics).lower()}
     with mlflow.start_run(experiment_id=experiment_id, run_name=run, nested=True, tags=tags):
-        mlflow.log_params({k: v for k, v in privacy.items() if v is not None})
+        mlflow.log_params(_flatten("", {k: v for k, v in privacy.items() if v is not None}, {}))
         mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
                             SUMMARY_METRICS.items() if _get(metrics, path) is not None})
         for layer, values in (_get(metrics, ("mia", "ir", "layers")) or {}).items():
             mlflow.log_metrics({f"ir_mia_accuracy_{layer}": values["accuracy"],
                                 f"ir_mia_auc_{layer}": values["auc"]})
-        _log_trace(mlflow, pd.read_csv(layout.trace(run)))
-        mlflow.log_artifact(str(layout.trace(run)), artifact_path="trace")
+        trace = pd.read_csv(layout.trace(run))
+        if not private_diagnostics:
+            trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
+        _log_trace(mlflow, trace)
+        with tempfile.TemporaryDirectory() as folder:
+            released = Path(folder) / layout.trace(run).name
+            trace.to_csv(released, index=False)
+            mlflow.log_artifact(str(released), artifact_path="trace")
         mlflow.log_artifact(str(layout.metrics(run)), artifact_path="metrics")
         mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="model")
         figures = layout.figures(run)
@@ -197,7 +214,8 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
 
 
 def _log_trace(mlflow, trace: pd.DataFrame, chunk: int = 900) -> None:
-    """Per-step metrics (clip_threshold, train_loss, epsilon_spent) in batches."""
+    """Per-step metrics (clip_threshold, epsilon_spent, method signals, and train_loss when
+    the trace still has it) in batches."""
     from mlflow.entities import Metric
 
     client = mlflow.tracking.MlflowClient()

@@ -25,12 +25,14 @@ import torch
 
 from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
 from dpclip.privacy import ExtraQuery
+from dpclip.randomness import NoiseSources
 
 
 @register
 class AdaClip(Method):
     name = "adaclip"
     options_key = "adaclip"
+    controller_data = "the noisy centred count of members' unclipped gradients (accounted)"
     OPTIONS = {
         "target_quantile": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
                                   help="gamma: the fraction of records left unclipped"),
@@ -62,12 +64,12 @@ class AdaClip(Method):
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))
 
-    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+    def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
         """b~ = (sum_i (1[n_i <= C] - 1/2) + N(0, sigma_b^2)) / B + 1/2."""
         totals = self.total_norms(layer_norms)
         centred = int((totals <= self.clip_threshold).sum()) - 0.5 * len(totals)
         noise = float(torch.normal(0.0, self.count_std, size=(1,), dtype=torch.float64,
-                                   generator=self.cpu_generator(generator)))
+                                   generator=rng.extras))
         return {"unclipped_fraction": (centred + noise) / self.context.expected_batch + 0.5}
 
 

@@ -27,6 +27,8 @@ from dpclip.privacy import ExtraQuery
 class AdaClipOpacus(Method):
     name = "adaclip_opacus"
     dp_guarantee = False
+    controller_data = ("Opacus's noisy count of unclipped gradients over the actual batch size "
+                       "(under-accounted: no DP)")
     step_kind = "opacus_optimizer"
     options_key = "adaclip"  # the same knobs as the sound adaclip
     OPTIONS = {}  # read through adaclip's section (see _option)
@@ -63,8 +65,23 @@ class AdaClipOpacus(Method):
 
     def opacus_step(self, model, loss_fn, x, y, optimizer) -> float:
         optimizer.zero_grad(set_to_none=True)
+        if len(x) == 0:
+            return self._empty_step(model, optimizer)
         loss = loss_fn(model(x), y).mean()
         loss.backward()
         optimizer.step()
         self.clip_threshold = float(optimizer.max_grad_norm)
         return float(loss.detach())
+
+    def _empty_step(self, model, optimizer) -> float:
+        """An empty Poisson batch: the noise-only step Opacus's DPOptimizer takes, through the
+        same noise and scaling calls. (AdaClipDPOptimizer itself fails on an empty batch, and
+        its C update divides by the actual batch size, 0 here: C stays as it is.)"""
+        for p in optimizer.params:
+            p.grad_sample = torch.zeros((0, *p.shape), device=p.device)
+            p.summed_grad = torch.zeros_like(p)
+        optimizer.unclipped_num = torch.zeros(())
+        optimizer.add_noise()
+        optimizer.scale_grad()
+        optimizer.original_optimizer.step()
+        return float("nan")

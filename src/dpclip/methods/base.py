@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dpclip.privacy import ExtraQuery
+from dpclip.randomness import NoiseSources
 
 
 @dataclass
@@ -70,6 +71,11 @@ class Method:
     # Opacus DPOptimizer of its own through attach() and opacus_step().
     step_kind: ClassVar[str] = "shared"
     needs_shadow_risk: ClassVar[bool] = False  # True: trains only after the shadow stage
+    # The neighbouring notion of the epsilon reported (privacy.adjacency): add_remove (one
+    # record added or removed, Opacus's accountants under Poisson sampling) | replace_one_features
+    adjacency: ClassVar[str | None] = "add_remove"
+    # What the clip threshold's controller reads (privacy.data_use.clip_threshold)
+    controller_data: ClassVar[str] = "nothing: C is constant"
 
     def __init__(self, context: MethodContext):
         self.context = context
@@ -88,6 +94,13 @@ class Method:
         """True: training needs the public shadow train split (``sanitize``'s frozen mode)."""
         return False
 
+    def data_use(self) -> dict[str, str]:
+        """Which data each component of this method saw (the record's ``privacy.data_use``),
+        so a reviewer can check it without reading code."""
+        return {"weights": "members (the run's partition of target_train), only through the "
+                           "clipped and noised DP step",
+                "clip_threshold": self.controller_data}
+
     def bind_noise(self, sigma_eff: float, sigma_train: float) -> None:
         """Told once, after the sigma split: the step's overall and gradient multipliers."""
         self.sigma_eff, self.sigma_train = sigma_eff, sigma_train
@@ -104,8 +117,12 @@ class Method:
         """Gaussian queries released beside the gradient each step (for the sigma split)."""
         return []
 
-    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
-        """Answer the extra queries with their noise (the only place raw norms are used)."""
+    def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
+        """Answer the extra queries with their noise (the only place raw norms are used).
+
+        Draw CPU answers from ``rng.extras`` and on-device answers from ``rng.noise``: the
+        run's own checkpointed generators, never torch's global one. ``layer_norms`` has no
+        rows on an empty batch: the answer is then the noise alone."""
         return {}
 
     def total_norms(self, layer_norms: torch.Tensor) -> torch.Tensor:
@@ -115,14 +132,6 @@ class Method:
         if cached is None or cached[0] is not layer_norms:
             cached = self._totals = (layer_norms, total_norms(layer_norms))
         return cached[1]
-
-    def cpu_generator(self, generator: torch.Generator) -> torch.Generator | None:
-        """The generator for small extra answers drawn on the CPU: the step's noise generator
-        when it is a CPU one; on a GPU run, None (torch's global CPU generator, seeded by the
-        run). Decided once: a run's generator never changes device."""
-        if not hasattr(self, "_cpu_generator"):
-            self._cpu_generator = generator if generator.device.type == "cpu" else None
-        return self._cpu_generator
 
     def update(self, release: StepRelease) -> None:
         """Controller: compute C_{t+1} and other state from DP-released quantities only."""

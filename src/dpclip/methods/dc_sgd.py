@@ -26,6 +26,7 @@ import torch
 
 from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
 from dpclip.privacy import ExtraQuery
+from dpclip.randomness import NoiseSources
 
 
 def norm_histogram(norms: torch.Tensor, bins: int, b_max: float) -> np.ndarray:
@@ -74,6 +75,7 @@ def error_threshold(noisy_counts, b_max: float, sigma_train: float, n_params: in
 
 
 class _DCSGD(Method):
+    controller_data = "the noisy histogram of members' gradient norms (accounted)"
     options_key = "dc_sgd"
     OPTIONS = {
         "bins": Option(20, low=2, integer=True, help="H, histogram bins"),
@@ -97,12 +99,12 @@ class _DCSGD(Method):
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))
 
-    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+    def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
         """max(c_k + N(0, sigma_H^2), 0) for the counts c_k of ``norm_histogram``'s bins."""
         bins = self.options["bins"]
         std = self.options["sigma_h_ratio"] * self.sigma_eff
         noisy = torch.normal(0.0, std, size=(bins,), dtype=torch.float64,
-                             generator=self.cpu_generator(generator)).numpy()
+                             generator=rng.extras).numpy()
         noisy += norm_histogram(self.total_norms(layer_norms), bins, self.options["b_max"])
         return {"hist": np.maximum(noisy, 0.0, out=noisy)}
 

@@ -35,6 +35,7 @@ import torch
 from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
 from dpclip.privacy import ExtraQuery
+from dpclip.randomness import NoiseSources
 
 ER_FLOOR = 1e-3
 WEIGHT_SOURCES = ("private", "public", "batch")
@@ -100,6 +101,14 @@ class LMDPSGD(Method):
         self.dp_guarantee = self.source != "batch"
         self._set_weights(self.public_shares)
 
+    def data_use(self) -> dict[str, str]:
+        base = {"private": "the noisy sum of members' per-layer norm shares (accounted)",
+                "public": "the shadow model's per-layer norm shares on the public shadow split",
+                "batch": "members' per-layer norms of the current batch, without noise (no DP)"}
+        return {**super().data_use(),
+                "layer_risk": "the shadow model's per-layer attacks on the public shadow splits",
+                "layer_weights": base[self.source]}
+
     @property
     def weights(self) -> np.ndarray:
         return np.array(self._weights)
@@ -122,20 +131,20 @@ class LMDPSGD(Method):
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         totals = self.total_norms(layer_norms)
-        if self.source == "batch":  # the paper's rule: batch statistics, no noise
+        if self.source == "batch" and len(layer_norms):  # the paper's rule: batch statistics
             ratios = layer_norms / totals.clamp(max=self.clip_threshold).clamp_min(1e-30)[:, None]
             self._set_weights(ratios.mean(dim=0).tolist())
         return reweighted_factors(layer_norms, self.clip_threshold,
                                   self._weights_like(layer_norms), totals)
 
-    def release_extras(self, layer_norms: torch.Tensor, generator: torch.Generator) -> dict:
+    def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
         """sum_i u_i + N(0, sigma_W^2 I_L), u_i = (n_i^(l) / n_i)_l (0 for a zero gradient)."""
         if self.source != "private":
             return {}
         totals = self.total_norms(layer_norms)
         shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).sum(dim=0)
         shares += torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
-                               size=shares.shape, generator=generator, device=shares.device)
+                               size=shares.shape, generator=rng.noise, device=shares.device)
         return {"layer_shares": shares.tolist()}
 
     def update(self, release: StepRelease) -> None:

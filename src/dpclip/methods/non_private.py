@@ -12,6 +12,10 @@ class NonPrivate(Method):
     name = "non_private"
     private = False
     dp_guarantee = False
+    adjacency = None  # no DP claim
+
+    def data_use(self) -> dict[str, str]:
+        return {"weights": "members, without clipping or noise (no DP)"}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return torch.ones(layer_norms.shape[0], dtype=layer_norms.dtype,

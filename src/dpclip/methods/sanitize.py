@@ -33,6 +33,7 @@ class Sanitize(Method):
     name = "sanitize"
     options_key = "sanitize"
     step_kind = "sanitize"  # its own run (dpclip.train.sanitize_run), not the DP-SGD step
+    adjacency = "replace_one_features"  # labels public, one record's features replaced
     OPTIONS = {
         "n": Option(8, low=1, integer=True, help="width n of the sanitization layer"),
         "drop_p": Option(0.1, low=0.0, high=1.0, high_open=True,
@@ -56,6 +57,17 @@ class Sanitize(Method):
         super().__init__(context)
         self.clip_threshold = float(self.options["clip"])
         self.dp_guarantee = self.options["encoder"] == "frozen"
+
+    def data_use(self) -> dict[str, str]:
+        encoder = ("the public shadow_train split (pre-trained without noise, then frozen)"
+                   if self.options["encoder"] == "frozen" else
+                   "members' raw features without noise (joint mode: no DP for the encoder)")
+        clip = ("the sanitization layer's released weights (post-processing)"
+                if self.options["adaptive"] else "nothing: C is constant")
+        return {"encoder": encoder,
+                "head": "members' sanitized activations (clipped, masked, noised per record) "
+                        "and their labels in the clear (public by the threat model)",
+                "clip_threshold": clip}
 
     @classmethod
     def model_hidden(cls, options: dict, hidden) -> list[int]:

@@ -101,6 +101,7 @@ def spectrum(module: nn.Module) -> np.ndarray:
 @register
 class WWDPSGD(Method):
     name = "ww_dp_sgd"
+    controller_data = "the released weights of the probe layer (post-processing)"
     options_key = "ww_dp_sgd"
     OPTIONS = {
         "zeta_star": Option(4.0, low=1.0, low_open=True, help="zone centre zeta*"),

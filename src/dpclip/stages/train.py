@@ -3,8 +3,11 @@
 Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
 record, timing, training facts) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
 spent, method signals). The trace's loss and batch-size columns are diagnostics for the data
-owner, computed from the private batch: they are not part of the DP release (the weights and
-C_t are).
+owner, computed from the private batch without noise: they are not part of the DP release (the
+weights and C_t are) and reach MLflow only with ``tracking.private_diagnostics: true``.
+
+The record's ``privacy`` states the neighbouring notion (``adjacency``), how the noise was
+seeded (``secure_noise``) and which data each component saw (``data_use``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def train_config(params: Params, method: str, epsilon, seed: int,
                        batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer,
                        momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
                        device=t.device, model=t.model, hidden=tuple(t.hidden),
-                       epsilon_tolerance=p.epsilon_tolerance,
+                       epsilon_tolerance=p.epsilon_tolerance, secure_noise=p.secure_noise,
                        method_options=params.method_options(method), shadow_risk=risk,
                        early_stopping=dict(t.early_stopping))
 
@@ -75,9 +78,34 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
         "n_members": int(len(members)),
     }
+    result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
+                                          len(members), alpha)
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
     return record
+
+
+def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha) -> dict:
+    """``privacy.data_use``: which data each component of the run saw (METHODS.md, "Public
+    data"): the method's own components, then preprocessing, early stopping and evaluation."""
+    partition = "iid" if alpha == IID else f"Dirichlet alpha {alpha}"
+    preprocessing = (meta.get("preprocessing") or {}).get("fitted_on") or \
+        "not recorded (data prepared by an older version)"
+    rule = cfg.early_stopping["rule"]
+    if rule == "none":
+        stopping = "not used"
+    elif cfg.method == "sanitize":
+        stopping = f"{rule} rule on the released sanitized outputs' std (post-processing)"
+    else:
+        stopping = (f"{rule} rule on the public shadow_train split under the released weights "
+                    f"(post-processing)")
+    return {"members": f"{n_members} records of target_train ({partition} partition)",
+            **method_use,
+            "feature_preprocessing": preprocessing,
+            "early_stopping": stopping,
+            "initialisation": "random, from train.seed (no data)",
+            "evaluation": "members and the target holdout, after training (the metrics are "
+                          "measurements for the data owner, not DP releases)"}
 
 
 def weights_sha256(state_dict: dict) -> str:

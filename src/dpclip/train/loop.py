@@ -2,8 +2,13 @@
 
 Private methods: each step samples a Poisson batch (every record independently with
 probability q = B / N, Opacus's ``UniformWithReplacementSampler``), asks the budget guard, and
-runs the shared DP step. An empty batch skips the update and the controller but still counts as
-a step for the accountant. Non-private training uses shuffled minibatches of size B.
+runs the shared DP step. An empty batch is a full step (noise only; see ``dp_step``).
+Non-private training uses shuffled minibatches of size B. Every random draw comes from the
+run's :class:`~dpclip.randomness.NoiseSources`, checkpointed with the rest of the state.
+
+The trace's ``train_loss`` and ``batch_size`` columns are computed from the private batch
+without noise (:data:`PRIVATE_DIAGNOSTICS`): they stay in the local trace and reach MLflow only
+when ``tracking.private_diagnostics`` asks for it.
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from dpclip.methods.base import MethodContext
 from dpclip.models import build_model, count_parameters
 from dpclip.privacy import (BudgetGuard, early_stop_privacy, epsilon_of, noise_for_epsilon,
                             split_sigma, stopped_epsilon)
+from dpclip.randomness import NoiseSources
 from dpclip.train.early_stopping import decide, public_representation_std
 from dpclip.train.step import LayerGroups, dp_step, plain_step, wrap_for_dp
+
+# Trace columns computed from the private batch without noise: local diagnostics only.
+PRIVATE_DIAGNOSTICS = ("train_loss", "batch_size")
 
 # PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
 PRV_TRACE_POINTS = 50
@@ -51,6 +60,7 @@ class TrainConfig:
     model: str
     hidden: tuple[int, ...]
     epsilon_tolerance: float = 0.01
+    secure_noise: bool = False  # privacy.secure_noise: OS-entropy seeds, never stored
     method_options: dict = field(default_factory=dict)  # params.yaml methods.<key>
     shadow_risk: dict | None = None  # the shadow stage's risk record (lm_dp_sgd)
     # rule none | slope | linear_trend, window (epochs), threshold (T_s or tau)
@@ -178,8 +188,12 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
     run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method, checkpoint=checkpoint)
     train_s = time.perf_counter() - started
     step_times = np.array(run.step_times) if run.step_times else np.zeros(1)
+    privacy = run.privacy_record()
+    if privacy["epsilon"] is not None and run.trace:
+        # a stopped run reports a bound of its own (odometer or planned): the trace ends on it
+        run.trace[-1]["epsilon_spent"] = privacy["epsilon"]
     return TrainResult(
-        model=run.plain_model().cpu(), trace=run.trace, privacy=run.privacy_record(),
+        model=run.plain_model().cpu(), trace=run.trace, privacy=privacy,
         time={"train_s": round(train_s, 4), "step_s_median": float(np.median(step_times)),
               "device": str(run.device)},
         training={"epochs_planned": run.cfg.epochs, "steps_planned": run.total_steps,
@@ -204,8 +218,7 @@ class _Run:
         self.network = model  # the plain module; self.model may get Opacus's wrapper
         self.q, self.steps_per_epoch, self.total_steps = q, steps_per_epoch, total_steps
         self.device, self.loss_fn = device, loss_fn
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 7919 + 1)
-        self.noise_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + 2)
+        self.rng = NoiseSources.for_run(cfg.seed, device, cfg.secure_noise)
         self.optimizer = make_optimizer(cfg, groups.flat())
         self.trace: list[dict] = []
         self.step_times: list[float] = []
@@ -234,6 +247,11 @@ class _Run:
 
     def architecture(self) -> dict:
         return {"hidden": list(self.cfg.hidden)}
+
+    def randomness_record(self) -> dict:
+        """The neighbouring notion, how the noise was seeded, and which data each part saw."""
+        return {"adjacency": self.method.adjacency, "secure_noise": self.rng.secure,
+                "reproducible": not self.rng.secure, "data_use": self.method.data_use()}
 
     def fit(self, x, y, *, progress: bool, desc: str, checkpoint: "Checkpoint | None" = None):
         """Run the epochs; with ``checkpoint``, resume from it and save one every few epochs."""
@@ -281,8 +299,7 @@ class _Run:
                 "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                 "trace": self.trace, "step_times": self.step_times,
                 "std_series": list(self.std_series),
-                "sample_gen": self.sample_gen.get_state(),
-                "noise_gen": self.noise_gen.get_state()}
+                "rng": self.rng.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.plain_model().load_state_dict(state["model"])
@@ -294,8 +311,7 @@ class _Run:
                                                         dtype=torch.float32)
         self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
         self.std_series = list(state.get("std_series", []))
-        self.sample_gen.set_state(state["sample_gen"])
-        self.noise_gen.set_state(state["noise_gen"])
+        self.rng.load_state_dict(state["rng"])
 
     def _bar(self, progress: bool, desc: str):
         return tqdm(total=self.total_steps, desc=desc, disable=not progress, leave=False,
@@ -313,7 +329,7 @@ class _PlainRun(_Run):
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n, b = len(x), self.cfg.batch_size
-        order = torch.randperm(n, generator=self.sample_gen).to(self.device)
+        order = torch.randperm(n, generator=self.rng.sampling).to(self.device)
         for k in range(self.steps_per_epoch):
             idx = order[k * b:(k + 1) * b] if (k + 1) * b <= n else order[-b:]
             step = len(self.trace) + 1
@@ -329,7 +345,8 @@ class _PlainRun(_Run):
     def privacy_record(self) -> dict:
         return {"dp_guarantee": False, "accountant": None, "target_epsilon": None,
                 "epsilon": None, "delta": self.cfg.delta, "sample_rate": self.q,
-                "noise_multiplier": 0.0, "sigma_train": 0.0, "steps": len(self.trace)}
+                "noise_multiplier": 0.0, "sigma_train": 0.0, "steps": len(self.trace),
+                **self.randomness_record()}
 
 
 class _PrivateRun(_Run):
@@ -347,7 +364,7 @@ class _PrivateRun(_Run):
         self.guard = BudgetGuard(cfg.accountant, cfg.delta, cfg.target_epsilon)
         if self.method.step_kind == "opacus_optimizer":
             self.model, self.optimizer = self.method.attach(self.model, self.optimizer,
-                                                            self.noise_gen)
+                                                            self.rng.noise)
         else:
             self.model = wrap_for_dp(self.model)
         trace_every = 1 if cfg.accountant == "rdp" else max(1, self.total_steps // PRV_TRACE_POINTS)
@@ -355,7 +372,7 @@ class _PrivateRun(_Run):
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         sampler = UniformWithReplacementSampler(num_samples=len(x), sample_rate=self.q,
-                                                generator=self.sample_gen,
+                                                generator=self.rng.sampling,
                                                 steps=self.steps_per_epoch)
         for batch in sampler:
             if not self.guard.allows(self.sigma_eff, self.q,
@@ -378,25 +395,20 @@ class _PrivateRun(_Run):
 
     def step(self, x, y, batch, epoch: int) -> dict:
         """One accounted step on Poisson batch ``batch`` (record indices); returns its trace row.
-
-        An empty batch counts for the accountant but changes neither the weights nor the
-        method's state.
-        """
+        An empty batch is a full step: the update is the noise alone (``dp_step``)."""
         self.guard.record(self.sigma_eff, self.q)
         step = self.guard.steps
         clip = self.method.clip_threshold
-        loss = float("nan")
-        if len(batch) > 0:
-            idx = torch.as_tensor(batch, device=self.device)
-            tic = time.perf_counter()
-            if self.method.step_kind == "opacus_optimizer":
-                loss = self.method.opacus_step(self.model, self.loss_fn, x[idx], y[idx],
-                                               self.optimizer)
-            else:
-                loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
-                                  self.method, self.sigma_train, self.q * len(x),
-                                  self.optimizer, self.noise_gen, step)
-            self.step_times.append(time.perf_counter() - tic)
+        idx = torch.as_tensor(batch, dtype=torch.int64, device=self.device)
+        tic = time.perf_counter()
+        if self.method.step_kind == "opacus_optimizer":
+            loss = self.method.opacus_step(self.model, self.loss_fn, x[idx], y[idx],
+                                           self.optimizer)
+        else:
+            loss, _ = dp_step(self.model, self.groups, self.loss_fn, x[idx], y[idx],
+                              self.method, self.sigma_train, self.q * len(x), self.optimizer,
+                              self.rng, step)
+        self.step_times.append(time.perf_counter() - tic)
         row = {"step": step, "epoch": epoch, "batch_size": len(batch), "clip_threshold": clip,
                "train_loss": loss, "epsilon_spent": self._epsilon_for_trace(step),
                **self.method.trace_row()}
@@ -415,7 +427,8 @@ class _PrivateRun(_Run):
                   "epsilon": epsilon_of(cfg.accountant, self.guard.history, cfg.delta),
                   "delta": cfg.delta, "sample_rate": self.q,
                   "noise_multiplier": self.sigma_eff, "sigma_train": self.sigma_train,
-                  "steps": self.guard.steps,
+                  "steps": self.guard.steps, "epsilon_bound": "fixed_horizon",
+                  **self.randomness_record(),
                   **{f"sigma_{e.name}": e.noise_std for e in self.extras}}
         if self.stopped_epoch is not None:
             planned = epsilon_of(cfg.accountant, [(self.sigma_eff, self.q, self.total_steps)],

@@ -67,7 +67,7 @@ class SanitizeRun(_Run):
         public_optimizer = torch.optim.Adam(self.model.parameters(),
                                             lr=self.method.options["public_lr"])
         for _ in range(self.method.options["public_epochs"]):
-            order = torch.randperm(len(x), generator=self.sample_gen).to(self.device)
+            order = torch.randperm(len(x), generator=self.rng.sampling).to(self.device)
             for k in range(math.ceil(len(x) / batch)):
                 idx = order[k * batch:(k + 1) * batch]
                 plain_step(self.model, self.loss_fn, x[idx], y[idx], public_optimizer)
@@ -79,8 +79,8 @@ class SanitizeRun(_Run):
     # --- training --------------------------------------------------------------------------
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n, b = len(x), min(self.cfg.batch_size, len(x))
-        order = torch.randperm(n, generator=self.sample_gen).to(self.device)
-        self.sanitizer.noisy, self.sanitizer.generator = True, self.noise_gen
+        order = torch.randperm(n, generator=self.rng.sampling).to(self.device)
+        self.sanitizer.noisy, self.sanitizer.generator = True, self.rng.noise
         self.epoch_stds = []
         try:
             for k in range(self.steps_per_epoch):
@@ -126,7 +126,8 @@ class SanitizeRun(_Run):
                   "accountant": "rdp-per-record", "target_epsilon": self.cfg.target_epsilon,
                   "epsilon": epsilon, "delta": self.cfg.delta, "sample_rate": 1.0,
                   "noise_multiplier": self.sigma, "steps": len(self.trace),
-                  "releases_per_record": epochs,
+                  "releases_per_record": epochs, "epsilon_bound": "fixed_horizon",
+                  **self.randomness_record(),
                   "epsilon_covers": "the model (frozen public encoder, head on sanitized "
                                     "activations)" if self.method.dp_guarantee else
                                     "the sanitized activations only (joint encoder)"}

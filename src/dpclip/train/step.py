@@ -29,6 +29,7 @@ from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from torch import nn
 
 from dpclip.methods.base import Method, StepRelease
+from dpclip.randomness import NoiseSources
 
 # Opacus's backward hooks warn that the input needs no gradient: expected, and once per step
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -134,28 +135,41 @@ def _layer_sum(model: NormsAndSums, module: nn.Module, activations, backprops,
 
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
             method: Method, sigma_train: float, expected_batch: float,
-            optimizer: torch.optim.Optimizer, noise_gen: torch.Generator, step: int
+            optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int
             ) -> tuple[float, StepRelease]:
-    """One DP step on a non-empty Poisson batch; returns (mean batch loss, the release)."""
+    """One DP step on Poisson batch (x, y); returns (mean batch loss, the release).
+
+    An empty batch is a full step, as the accountant models it and as Opacus does: the clipped
+    sum is zero, so the update is the noise alone, the extra queries release their noise, and
+    the controller reads those releases as usual (skipping the step would reveal that the batch
+    was empty). Its loss is NaN. Noise comes from ``rng.noise``, extra answers from the method.
+    """
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
     for module in groups.modules:  # nothing captured by an earlier, interrupted step
         module.__dict__.pop("_dpclip_captured", None)
-    losses = loss_fn(model(x), y)  # per-sample losses, reduction="none"
-    losses.sum().backward()  # the hooks record per-sample norms, activations and gradients
-    layer_norms = per_layer_norms(groups)
-    factors = method.scale(layer_norms)
-    extras = method.release_extras(layer_norms, noise_gen)
+    if len(x) == 0:
+        loss = float("nan")
+        layer_norms = torch.zeros((0, len(groups.names)), device=x.device)
+        method.scale(layer_norms)  # a rule with state sees the (empty) batch as always
+        sums = [torch.zeros_like(p) for p in groups.flat()]
+    else:
+        losses = loss_fn(model(x), y)  # per-sample losses, reduction="none"
+        losses.sum().backward()  # the hooks record per-sample norms, activations, gradients
+        loss = float(losses.mean().detach())
+        layer_norms = per_layer_norms(groups)
+        sums = scaled_sum(model, groups, method.scale(layer_norms))
+    extras = method.release_extras(layer_norms, rng)
     noisy = []
-    for p, total in zip(groups.flat(), scaled_sum(model, groups, factors)):
-        noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=noise_gen,
+    for p, total in zip(groups.flat(), sums):
+        noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=rng.noise,
                              device=total.device)
         p.grad = (total + noise) / expected_batch
         noisy.append(p.grad.detach())
     optimizer.step()
     release = StepRelease(step=step, noisy_grad=noisy, extras=extras)
     method.update(release)
-    return float(losses.mean().detach()), release
+    return loss, release
 
 
 def plain_step(model: nn.Module, loss_fn, x, y, optimizer) -> float:

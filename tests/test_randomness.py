@@ -1,0 +1,135 @@
+"""Every random draw comes from generators the run owns and checkpoints (METHODS.md,
+"Randomness"); ``privacy.secure_noise`` seeds them from OS entropy and stores nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import gaussian_records
+from dpclip.config import parse_params
+from dpclip.errors import ConfigError
+from dpclip.randomness import NoiseSources
+from dpclip.train import TrainConfig, train_model
+from dpclip.train import loop
+
+EXTRA_QUERY_OPTIONS = {"dc_sgd_p": {}, "adaclip": {"count_noise_fraction": 0.2}}
+
+
+def _cfg(method="dp_sgd", **kw):
+    base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=4,
+                batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
+                device="cpu", model="mlp", hidden=(8,))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _record_normal_draws(monkeypatch) -> list[bytes]:
+    """Every torch.normal draw of the test, as bytes (gradient noise and extra answers)."""
+    draws, original = [], torch.normal
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        draws.append(out.detach().cpu().numpy().tobytes())
+        return out
+
+    monkeypatch.setattr(torch, "normal", recording)
+    return draws
+
+
+def _crash_in_epoch(monkeypatch, epoch_to_crash: int):
+    original = loop._PrivateRun.run_epoch
+
+    def crashing(self, x, y, epoch, bar):
+        if epoch == epoch_to_crash:
+            raise KeyboardInterrupt
+        return original(self, x, y, epoch, bar)
+
+    monkeypatch.setattr(loop._PrivateRun, "run_epoch", crashing)
+    return lambda: monkeypatch.setattr(loop._PrivateRun, "run_epoch", original)
+
+
+@pytest.mark.parametrize("method", sorted(EXTRA_QUERY_OPTIONS))
+def test_a_resumed_run_never_repeats_a_draw_on_the_gpu_code_path(tmp_path, monkeypatch,
+                                                                   method):
+    # A GPU run used to draw extra answers from torch's global CPU generator (the hook
+    # Method.cpu_generator returned None off the CPU), re-seeded from train.seed on resume:
+    # step k*S + j then repeated step j's noisy histogram or count. Force that path where it
+    # exists; the run's own extras stream makes it irrelevant.
+    from dpclip.methods import base
+
+    monkeypatch.setattr(base.Method, "cpu_generator", lambda self, g: None, raising=False)
+    x, y = gaussian_records(100)
+    cfg = _cfg(method, method_options=EXTRA_QUERY_OPTIONS[method])
+    reference = train_model(x, y, (6,), 3, cfg, progress=False)
+    draws = _record_normal_draws(monkeypatch)
+    restore = _crash_in_epoch(monkeypatch, 3)
+    path = tmp_path / "ckpt.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                    checkpoint_every=1)
+    before_resume = len(draws)
+    restore()
+    resumed = train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                          checkpoint_every=1)
+    # epochs 1-2 then 3-4: 40 steps, each with noise on 4 parameters and one extra answer
+    assert before_resume == 20 * 5 and len(draws) == 40 * 5
+    assert len(set(draws)) == len(draws), "a draw after the resume repeats an earlier one"
+    for a, b in zip(reference.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert [r["clip_threshold"] for r in resumed.trace] == \
+        [r["clip_threshold"] for r in reference.trace]
+
+
+def test_streams_are_separate_and_checkpointed():
+    rng = NoiseSources.for_run(3)
+    state = rng.state_dict()
+    first = [torch.rand(4, generator=getattr(rng, s)) for s in ("sampling", "noise", "extras")]
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    again = NoiseSources.for_run(99)
+    again.load_state_dict(state)
+    for name, drawn in zip(("sampling", "noise", "extras"), first):
+        assert torch.equal(torch.rand(4, generator=getattr(again, name)), drawn)
+
+
+def test_secure_noise_is_not_replayable_and_stores_no_state(tmp_path, monkeypatch):
+    # The audit replayed a run from train.seed and matched its weights bit for bit; with
+    # secure noise the same seed and data give other weights, and no checkpoint holds a state.
+    x, y = gaussian_records(100)
+    cfg = _cfg(secure_noise=True)
+    first = train_model(x, y, (6,), 3, cfg, progress=False)
+    second = train_model(x, y, (6,), 3, cfg, progress=False)
+    assert any(not torch.equal(a, b) for a, b in
+               zip(first.model.parameters(), second.model.parameters()))
+    assert first.privacy["secure_noise"] is True and first.privacy["reproducible"] is False
+    plain = train_model(x, y, (6,), 3, _cfg(), progress=False)
+    assert plain.privacy["secure_noise"] is False and plain.privacy["reproducible"] is True
+    restore = _crash_in_epoch(monkeypatch, 3)
+    path = tmp_path / "ckpt.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                    checkpoint_every=1)
+    saved = torch.load(path, weights_only=True)
+    assert saved["run"]["rng"] == {"secure": True}
+    restore()
+    resumed = train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
+                          checkpoint_every=1)
+    assert len(resumed.trace) == len(first.trace)
+    assert resumed.privacy["epsilon"] == pytest.approx(first.privacy["epsilon"])
+
+
+def test_secure_noise_parameter_is_validated(tiny_raw):
+    assert parse_params(tiny_raw(privacy={"secure_noise": True})).privacy.secure_noise is True
+    assert parse_params(tiny_raw()).privacy.secure_noise is False
+    with pytest.raises(ConfigError, match="privacy.secure_noise: 'yes'"):
+        parse_params(tiny_raw(privacy={"secure_noise": "yes"}))
+
+
+def test_every_record_states_adjacency_noise_and_data_use():
+    x, y = gaussian_records(100)
+    for method, adjacency in (("dp_sgd", "add_remove"), ("non_private", None)):
+        privacy = train_model(x, y, (6,), 3, _cfg(method, epochs=1), progress=False).privacy
+        assert privacy["adjacency"] == adjacency
+        assert "weights" in privacy["data_use"]
+    assert np.isfinite(privacy["steps"])
