@@ -141,6 +141,12 @@ def test_dp_sgd_stops_early_on_the_public_series_and_reports_the_odometer_epsilo
     planned = epsilon_of("rdp", [(sigma, q, result.training["steps_planned"])], 1e-5)
     assert privacy["epsilon"] == pytest.approx(min(planned, odometer), rel=1e-9)
     assert privacy["epsilon_saved"] == pytest.approx(planned - privacy["epsilon"])
+    assert privacy["epsilon_bound"] == ("odometer" if odometer < planned else "planned")
+    # the trace ends on the reported (ex-post) bound, not the fixed-horizon epsilon of the
+    # steps run, which is smaller and no guarantee at a data-dependent stopping time
+    fixed_horizon = epsilon_of("rdp", [(sigma, q, steps_done)], 1e-5)
+    assert fixed_horizon < privacy["epsilon"]
+    assert result.trace[-1]["epsilon_spent"] == privacy["epsilon"]
     # the watched value is the head's input on the public data under the released weights
     rows = [row for row in result.trace if "monitored_std" in row]
     assert [row["epoch"] for row in rows] == [1, 2]
@@ -157,6 +163,8 @@ def test_a_silent_rule_trains_every_epoch_and_reports_the_planned_epsilon():
     result = train_model(x, y, (6,), 3, _cfg("auto_s", threshold=-1e9), progress=False,
                          public=_data(seed=1))
     assert "stopped_epoch" not in result.training and "epsilon_saved" not in result.privacy
+    assert result.privacy["epsilon_bound"] == "fixed_horizon"
+    assert result.trace[-1]["epsilon_spent"] == result.privacy["epsilon"]
     assert sum("monitored_std" in row for row in result.trace) == 4
 
 

@@ -164,6 +164,11 @@ def test_early_stopping_reports_the_epoch_and_the_budget_saved():
     assert result.privacy["epsilon_planned"] == pytest.approx(full)
     assert result.privacy["epsilon_saved"] == pytest.approx(full - result.privacy["epsilon"])
     assert result.privacy["epsilon_saved"] > 0
+    # replace-one-features adjacency, and the trace ends on the reported bound (not the
+    # fixed-horizon epsilon of the epochs run)
+    assert result.privacy["adjacency"] == "replace_one_features"
+    assert result.trace[-1]["epsilon_spent"] == result.privacy["epsilon"]
+    assert result.trace[-1]["epsilon_spent"] > record_epsilon(sigma, 2, 1e-5)
     flags = [row["early_stop_flag"] for row in result.trace if "early_stop_flag" in row]
     assert flags == [False, True] and "monitored_std" in result.trace[-1]
 
