@@ -7,20 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import gaussian_records
+from conftest import gaussian_records, shadow_risk_for
 from dpclip.config import parse_params
 from dpclip.errors import ConfigError
 from dpclip.randomness import NoiseSources
 from dpclip.train import TrainConfig, train_model
 from dpclip.train import loop
 
-EXTRA_QUERY_OPTIONS = {"dc_sgd_p": {}, "adaclip": {"count_noise_fraction": 0.2}}
+EXTRA_QUERY_OPTIONS = {"dc_sgd_p": {}, "adaclip": {"count_noise_fraction": 0.2},
+                       "lm_dp_sgd": {}}
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _cfg(method="dp_sgd", **kw):
     base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=4,
                 batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
-                device="cpu", model="mlp", hidden=(8,))
+                device="cpu", model="mlp", hidden=(8,),
+                shadow_risk=shadow_risk_for(["fc1", "head"]))
     base.update(kw)
     return TrainConfig(**base)
 
@@ -50,9 +53,10 @@ def _crash_in_epoch(monkeypatch, epoch_to_crash: int):
     return lambda: monkeypatch.setattr(loop._PrivateRun, "run_epoch", original)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", sorted(EXTRA_QUERY_OPTIONS))
 def test_a_resumed_run_never_repeats_a_draw_on_the_gpu_code_path(tmp_path, monkeypatch,
-                                                                   method):
+                                                                   method, device):
     # A GPU run used to draw extra answers from torch's global CPU generator (the hook
     # Method.cpu_generator returned None off the CPU), re-seeded from train.seed on resume:
     # step k*S + j then repeated step j's noisy histogram or count. Force that path where it
@@ -61,7 +65,7 @@ def test_a_resumed_run_never_repeats_a_draw_on_the_gpu_code_path(tmp_path, monke
 
     monkeypatch.setattr(base.Method, "cpu_generator", lambda self, g: None, raising=False)
     x, y = gaussian_records(100)
-    cfg = _cfg(method, method_options=EXTRA_QUERY_OPTIONS[method])
+    cfg = _cfg(method, method_options=EXTRA_QUERY_OPTIONS[method], device=device)
     reference = train_model(x, y, (6,), 3, cfg, progress=False)
     draws = _record_normal_draws(monkeypatch)
     restore = _crash_in_epoch(monkeypatch, 3)
@@ -80,6 +84,7 @@ def test_a_resumed_run_never_repeats_a_draw_on_the_gpu_code_path(tmp_path, monke
         assert torch.equal(a, b)
     assert [r["clip_threshold"] for r in resumed.trace] == \
         [r["clip_threshold"] for r in reference.trace]
+    assert reference.time["device"].startswith(device)
 
 
 def test_streams_are_separate_and_checkpointed():

@@ -78,4 +78,5 @@ class NoiseSources:
             raise ValueError("the checkpoint holds no generator state (a secure-noise run); "
                              "it cannot resume a reproducible run")
         for name in STREAMS:
-            getattr(self, name).set_state(state[name])
+            # a checkpoint loaded onto a GPU brings the states there; torch wants CPU bytes
+            getattr(self, name).set_state(state[name].cpu())
