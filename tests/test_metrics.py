@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpclip.metrics import attack_metrics, calibration_metrics, dp_bound_check
+from dpclip.errors import DpclipError
+from dpclip.metrics import (attack_metrics, calibration_metrics, dp_bound_check,
+                            dp_bound_unchecked, membership_game_bound, roc_points)
 
 
 def test_ece_mce_on_a_crafted_example():
@@ -68,3 +70,93 @@ def test_dp_bound_flags_an_impossible_attack_and_not_a_weak_one():
     weak = dp_bound_check(np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.52, 1.0]), 1000, 1000,
                           epsilon=1.0, delta=1e-5)
     assert not weak["violated"]
+
+
+# --- the DP-bound check (items 8/9) ----------------------------------------------------------
+
+
+def test_game_bound_per_adjacency_hand_values():
+    # replace-one is the game's own neighbouring notion: the run's (eps, delta) as is
+    assert membership_game_bound("replace_one_features", 1.0, 1e-5) == (1.0, 1e-5)
+    # add/remove: two steps, group privacy (2 eps, (1 + e^eps) delta);
+    # e^1 = 2.718281828459045 -> delta' = 3.718281828459045e-5
+    eps, delta = membership_game_bound("add_remove", 1.0, 1e-5)
+    assert eps == 2.0 and delta == pytest.approx(3.718281828459045e-5, rel=1e-12)
+    # e^0.5 = 1.6487212707001282 -> delta' = 2.6487212707001282e-6
+    assert membership_game_bound("add_remove", 0.5, 1e-6) == \
+        pytest.approx((1.0, 2.6487212707001282e-6), rel=1e-12)
+    # a record without adjacency (written before it existed) is read as add_remove
+    assert membership_game_bound(None, 0.5, 1e-6) == membership_game_bound("add_remove", 0.5, 1e-6)
+    with pytest.raises(DpclipError, match="privacy.adjacency"):
+        membership_game_bound("replace_one", 1.0, 1e-5)
+
+
+@pytest.mark.parametrize("adjacency, eps_used", [("replace_one_features", 1.0),
+                                                 ("add_remove", 2.0)])
+def test_perfect_attack_margin_from_closed_form_limits(adjacency, eps_used):
+    # ROC (0,0), (0,1), (1,1) of a perfect attack on 100 members and 100 non-members.
+    # 3 points x 2 one-sided limits -> each at level a = 0.05 / 6. Exact limits for a count of
+    # n of n and 0 of n: TPR_lo = a^(1/n), FPR_hi = 1 - a^(1/n). At (0, 1) both directions
+    # give the same margin: lo - (e^eps' (1 - lo) + delta') (here lo = 0.953253...).
+    lo = (0.05 / 6) ** (1 / 100)
+    _, delta_used = membership_game_bound(adjacency, 1.0, 1e-5)
+    check = dp_bound_check(np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0]), 100, 100,
+                           epsilon=1.0, delta=1e-5, adjacency=adjacency)
+    assert lo == pytest.approx(0.953253, abs=1e-6)
+    assert check["worst_margin"] == pytest.approx(lo - (np.exp(eps_used) * (1 - lo) + delta_used),
+                                                  rel=1e-9)
+    assert check["violated"] and check["points"] == 3 and check["checked"]
+    assert (check["epsilon_used"], check["adjacency"]) == (eps_used, adjacency)
+    assert (check["worst_at"]["fpr"], check["worst_at"]["tpr"]) == (0.0, 1.0)
+
+
+def test_the_second_direction_catches_what_the_first_misses():
+    # At (FPR, TPR) = (0.5, 0.99), eps' = 1: direction 1 holds (0.99 <= e * 0.5 = 1.36), but
+    # 1 - FPR = 0.5 > e * (1 - TPR) = 0.027: an attack that almost never misses a member while
+    # clearing half the non-members is impossible under the bound.
+    check = dp_bound_check(np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.99, 1.0]), 1000, 1000,
+                           epsilon=1.0, delta=1e-5, adjacency="replace_one_features")
+    assert check["violated"]
+    assert check["worst_at"]["direction"].startswith("1 - fpr")
+    assert 0.3 < check["worst_margin"] < 0.5  # about 0.45 - e * 0.02 with sampling margins
+
+
+def _laplace_attack(rng, n, scale):
+    """Scores of n members ~ Laplace(1, scale) and n non-members ~ Laplace(0, scale). With
+    scale = 1/eps the ROC lies exactly on both eps-DP lines: for thresholds t >= 1,
+    TPR = e^(-(t-1) eps) / 2 = e^eps FPR; for t <= 0, 1 - FPR = e^eps (1 - TPR)."""
+    return roc_points(rng.laplace(1.0, scale, n), rng.laplace(0.0, scale, n))
+
+
+def test_an_attack_exactly_at_the_bound_rarely_cries_wolf_and_pointwise_would():
+    rng = np.random.default_rng(0)
+    n, trials, eps = 1000, 150, 1.0
+    alarms, pointwise = 0, 0
+    for _ in range(trials):
+        fpr, tpr = _laplace_attack(rng, n, 1.0 / eps)
+        alarms += dp_bound_check(fpr, tpr, n, n, eps, 0.0, "replace_one_features")["violated"]
+        # the same margins from per-point 95% intervals (no simultaneity)
+        single = dp_bound_check(fpr, tpr, n, n, eps, 0.0, "replace_one_features",
+                                confidence=1 - 0.05 * len(fpr))
+        pointwise += single["violated"]
+    assert alarms / trials <= 0.05
+    assert pointwise / trials > 0.05  # chance crossings of single points: why the band
+
+
+@pytest.mark.parametrize("true_eps", [2.0, 3.0])
+def test_a_real_violation_is_found(true_eps):
+    # a mechanism with true epsilon 2 or 3 claiming 1 (replace-one), 1000 records a side
+    fpr, tpr = _laplace_attack(np.random.default_rng(1), 1000, 1.0 / true_eps)
+    check = dp_bound_check(fpr, tpr, 1000, 1000, 1.0, 1e-5, "replace_one_features")
+    assert check["violated"] and check["worst_margin"] > 0.1
+    # the same ROC under add_remove (eps' = 2): true eps 3 still breaks it, true eps 2 does not
+    loose = dp_bound_check(fpr, tpr, 1000, 1000, 1.0, 1e-5, "add_remove")
+    assert loose["violated"] == (true_eps > 2.0)
+
+
+def test_unchecked_runs_say_why():
+    assert dp_bound_unchecked({"epsilon": None, "dp_guarantee": False})["reason"].startswith(
+        "non-private")
+    assert "dp_guarantee false" in dp_bound_unchecked({"epsilon": 3.0, "dp_guarantee": False})[
+        "reason"]
+    assert dp_bound_unchecked({"epsilon": 3.0, "dp_guarantee": True}) is None

@@ -14,6 +14,8 @@ import numpy as np
 from scipy.stats import beta as beta_dist
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from dpclip.errors import DpclipError
+
 
 def reliability_bins(confidence: np.ndarray, correct: np.ndarray, n_bins: int = 15) -> dict:
     """Per-bin count, mean confidence and accuracy (empty bins have NaN means)."""
@@ -69,27 +71,127 @@ def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> d
             "n_members": int(len(member_scores)), "n_nonmembers": int(len(nonmember_scores))}
 
 
-def clopper_pearson(successes, trials: int, confidence: float = 0.95):
-    """Exact two-sided binomial confidence limits (element-wise over ``successes``)."""
+def clopper_pearson_limits(successes, trials: int, alpha: float):
+    """One-sided exact (Clopper-Pearson) binomial limits at level ``alpha`` each, element-wise:
+    lower = Beta^-1(alpha; k, n - k + 1) (0 when k = 0), upper = Beta^-1(1 - alpha; k + 1, n - k)
+    (1 when k = n), so P(p < lower) <= alpha and P(p > upper) <= alpha."""
     k = np.asarray(successes, dtype=np.float64)
-    a = (1 - confidence) / 2
     with np.errstate(invalid="ignore"):
-        lo = np.where(k == 0, 0.0, beta_dist.ppf(a, k, trials - k + 1))
-        hi = np.where(k == trials, 1.0, beta_dist.ppf(1 - a, k + 1, trials - k))
+        lo = np.where(k <= 0, 0.0, beta_dist.ppf(alpha, np.maximum(k, 1), trials - k + 1))
+        hi = np.where(k >= trials, 1.0,
+                      beta_dist.ppf(1 - alpha, k + 1, np.maximum(trials - k, 1)))
     return lo, hi
 
 
-def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmembers: int,
-                   epsilon: float, delta: float, confidence: float = 0.95) -> dict:
-    """Check TPR <= e^eps * FPR + delta at every ROC point, allowing for sampling error.
+def clopper_pearson(successes, trials: int, confidence: float = 0.95):
+    """Exact two-sided binomial confidence limits (element-wise over ``successes``)."""
+    return clopper_pearson_limits(successes, trials, (1 - confidence) / 2)
 
-    A point violates the bound only when even the lower confidence limit of its TPR exceeds
-    e^eps times the upper limit of its FPR plus delta (Clopper-Pearson intervals), so a flagged
-    violation is evidence of a privacy bug, not noise.
+
+ADJACENCIES = ("add_remove", "replace_one_features")
+
+
+def membership_game_bound(adjacency: str | None, epsilon: float, delta: float
+                          ) -> tuple[float, float]:
+    """(eps', delta') that bound the membership game this project plays, for a run whose
+    (eps, delta) guarantee holds for the neighbouring notion ``adjacency``.
+
+    The game is fixed-size: members are the training set D, non-members are other records
+    (class-matched, so of the same labels) scored on the same model. By exchangeability, a
+    non-member x' sees the world "D with x replaced by x'", so the attack distinguishes D from
+    a replace-one neighbour D' = D - x + x'. Any test S (a threshold on a score) then obeys
+        TPR <= e^eps' FPR + delta'   and   1 - FPR <= e^eps' (1 - TPR) + delta'.
+
+    * ``replace_one_features`` (sanitize: one record's features replaced, labels public): D'
+      is a neighbour, and the matched non-member has a member's label, so (eps', delta') =
+      (eps, delta).
+    * ``add_remove`` (gradient methods, Opacus accounting under Poisson sampling): D -> D - x
+      -> D - x + x' is two add/remove steps; group privacy composes them:
+          P[M(D) in S] <= e^eps P[M(D - x) in S] + delta
+                       <= e^eps (e^eps P[M(D') in S] + delta) + delta
+                        = e^(2 eps) P[M(D') in S] + (1 + e^eps) delta,
+      so (eps', delta') = (2 eps, (1 + e^eps) delta).
+
+    A missing adjacency (records written before it was recorded) is treated as add_remove.
     """
-    tpr_lo, _ = clopper_pearson(np.round(np.asarray(tpr) * n_members), n_members, confidence)
-    _, fpr_hi = clopper_pearson(np.round(np.asarray(fpr) * n_nonmembers), n_nonmembers,
-                                confidence)
-    excess = tpr_lo - (math.exp(min(epsilon, 700.0)) * fpr_hi + delta)
-    return {"violated": bool((excess > 0).any()), "violating_points": int((excess > 0).sum()),
-            "max_excess": float(excess.max()), "confidence": confidence}
+    adjacency = adjacency or "add_remove"
+    if adjacency == "replace_one_features":
+        return float(epsilon), float(delta)
+    if adjacency == "add_remove":
+        return 2.0 * float(epsilon), (1.0 + math.exp(min(float(epsilon), 700.0))) * float(delta)
+    raise DpclipError(f"privacy.adjacency: {adjacency!r} is not one of {list(ADJACENCIES)}")
+
+
+def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmembers: int,
+                   epsilon: float, delta: float, adjacency: str | None = "add_remove",
+                   confidence: float = 0.95) -> dict:
+    """Certify violations of the DP bound by an attack's empirical ROC, both directions.
+
+    With (eps', delta') = :func:`membership_game_bound` (adjacency, eps, delta), every test
+    must satisfy, at each ROC point j with true rates (FPR_j, TPR_j),
+        (1)  TPR_j     <= e^eps' FPR_j       + delta'
+        (2)  1 - FPR_j <= e^eps' (1 - TPR_j) + delta'.
+    The empirical point counts k_T = TPR_j n_members and k_F = FPR_j n_nonmembers are treated
+    as binomial (records exchangeable given the model; at a threshold placed at the k-th
+    largest non-member score the true FPR is Beta(k, n - k + 1), which the exact upper limit for
+    k of n covers too, so thresholds read off the data are covered). A violation is certified
+    only when it survives the sampling error of every point simultaneously: with the one-sided
+    exact (Clopper-Pearson) limits TPR_lo_j and FPR_hi_j, the margins are
+        margin1_j = TPR_lo_j - (e^eps' FPR_hi_j + delta')
+        margin2_j = (1 - FPR_hi_j) - (e^eps' (1 - TPR_lo_j) + delta')
+    (lower-confidence LHS minus upper-confidence RHS), and worst_margin = max_j max(margin1_j,
+    margin2_j) > 0 certifies a violation.
+
+    Why the band is simultaneous, and why Bonferroni + Clopper-Pearson: both directions at all
+    m points use only the 2m one-sided limits {TPR_lo_j, FPR_hi_j}; each is taken at level
+    alpha / (2m), alpha = 1 - confidence, so by the union bound all 2m limits hold together
+    with probability >= 1 - alpha, and then a true rate pair inside the bound can never show a
+    positive margin (both margins increase with TPR and decrease with FPR). So the chance of
+    crying wolf on an attack that respects the bound is <= alpha however many points the ROC
+    has. The alternative, a DKW band over the whole curve, has the same additive width
+    sqrt(log(2/alpha') / 2n) at every FPR; violations live at the ends of the ROC (tiny FPR for
+    (1), tiny 1 - TPR for (2)), where exact binomial limits are far tighter (a count of 0 of n
+    has an upper limit of about log(2m/alpha)/n, not a constant), so Bonferroni-CP finds real
+    violations with fewer records. The ROC's corners (scikit-learn's ``drop_intermediate``)
+    keep m small.
+    """
+    fpr, tpr = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
+    eps_used, delta_used = membership_game_bound(adjacency, epsilon, delta)
+    points = int(len(fpr))
+    alpha_each = (1.0 - confidence) / (2 * max(points, 1))
+    tpr_lo, _ = clopper_pearson_limits(np.round(tpr * n_members), n_members, alpha_each)
+    _, fpr_hi = clopper_pearson_limits(np.round(fpr * n_nonmembers), n_nonmembers, alpha_each)
+    growth = math.exp(min(eps_used, 700.0))
+    margins = np.stack([tpr_lo - (growth * fpr_hi + delta_used),
+                        (1.0 - fpr_hi) - (growth * (1.0 - tpr_lo) + delta_used)])
+    direction, j = np.unravel_index(int(np.argmax(margins)), margins.shape)
+    worst = float(margins[direction, j])
+    return {"checked": True, "violated": bool(worst > 0), "worst_margin": worst,
+            "epsilon_used": eps_used, "delta_used": delta_used,
+            "adjacency": adjacency or "add_remove", "confidence": confidence, "points": points,
+            "band": "clopper_pearson_bonferroni",
+            "violating_points": int(np.sum(margins.max(axis=0) > 0)),
+            "worst_at": {"fpr": float(fpr[j]), "tpr": float(tpr[j]),
+                         "direction": ("tpr <= e^eps fpr + delta",
+                                       "1 - fpr <= e^eps (1 - tpr) + delta")[direction]}}
+
+
+def dp_bound_unchecked(privacy: dict) -> dict | None:
+    """``{"checked": false, "reason": ...}`` when the run's privacy record makes no DP claim to
+    check (non-private, or ``dp_guarantee`` false); None when it does."""
+    epsilon = privacy.get("epsilon")
+    if epsilon is None or not math.isfinite(float(epsilon)):
+        return {"checked": False, "reason": "non-private: no finite epsilon"}
+    if not privacy.get("dp_guarantee"):
+        return {"checked": False,
+                "reason": "dp_guarantee false: the reported epsilon is not a guarantee"}
+    return None
+
+
+def roc_points(member_scores: np.ndarray, nonmember_scores: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(FPR, TPR) of every threshold on scores where higher means 'member' (ROC corners)."""
+    scores = np.concatenate([member_scores, nonmember_scores])
+    truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
+    fpr, tpr, _ = roc_curve(truth, scores)
+    return fpr, tpr

@@ -14,11 +14,24 @@ import pandas as pd  # noqa: E402
 from dpclip.io import write_figure  # noqa: E402
 
 
-def roc_figure(path: Path, curves: dict[str, dict], title: str) -> Path:
-    """ROC curves on log-log axes (the low-FPR region is where attacks matter)."""
+def dp_bound_curve(fpr: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
+    """The largest TPR an (epsilon, delta) bound allows at each FPR:
+    min(1, e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))."""
+    fpr = np.asarray(fpr, dtype=np.float64)
+    growth = np.exp(min(epsilon, 700.0))
+    return np.clip(np.minimum(growth * fpr + delta, 1.0 - (1.0 - delta - fpr) / growth), 0, 1)
+
+
+def roc_figure(path: Path, curves: dict[str, dict], title: str,
+               bound: tuple[float, float] | None = None) -> Path:
+    """ROC curves on log-log axes (the low-FPR region is where attacks matter); with
+    ``bound`` = (eps', delta'), the largest TPR that bound allows (dashed)."""
     fig, ax = plt.subplots(figsize=(5, 4.5))
     grid = np.logspace(-4, 0, 200)
     ax.plot(grid, grid, color="grey", linestyle=":", label="chance")
+    if bound is not None:
+        ax.plot(grid, np.clip(dp_bound_curve(grid, *bound), 1e-4, 1), color="red",
+                linestyle="--", label=f"DP bound (eps' {bound[0]:.3g})")
     for name, roc in curves.items():
         fpr, tpr = np.asarray(roc["fpr"]), np.asarray(roc["tpr"])
         ax.plot(np.clip(fpr, 1e-4, 1), np.clip(tpr, 1e-4, 1), label=name)

@@ -46,6 +46,11 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "mia_tpr_at_fpr_1pct": ("mia", "loss", "tpr_at_fpr_1pct"),
     "ir_mia_peak_accuracy": ("mia", "ir", "peak_accuracy"),
     "ir_mia_peak_auc": ("mia", "ir", "peak_auc"),
+    "mia_label_only_auc": ("mia", "label_only", "auc"),
+    "mia_label_only_auc_unmatched": ("mia", "label_only", "auc_unmatched"),
+    "mia_n_members": ("mia", "matching", "n_members"),
+    "mia_dp_bound_margin": ("mia", "loss", "dp_bound", "worst_margin"),
+    "ir_mia_dp_bound_margin": ("mia", "ir", "dp_bound", "worst_margin"),
     "train_s": ("time", "train_s"),
     "epsilon_saved": ("privacy", "epsilon_saved"),  # only when early stopping ended the run
     "stopped_epoch": ("training", "stopped_epoch"),
@@ -131,7 +136,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
                                "dataset": params.data.dataset}) as parent:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
         for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
-                     "roc.png"):
+                     "roc.png", "data_use.md"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         _log_shadow(mlflow, layout)

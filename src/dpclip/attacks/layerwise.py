@@ -50,8 +50,13 @@ def balanced_sample(features_in: np.ndarray, features_out: np.ndarray, max_recor
 
 def membership_attack(features_in: np.ndarray, features_out: np.ndarray, *,
                       classifier: str = "logistic", evaluation: str = "cv", folds: int = 5,
-                      max_records: int = 2000, seed: int = 0) -> dict:
-    """Accuracy, AUC and error rate of a member / non-member classifier on one layer."""
+                      max_records: int = 2000, seed: int = 0,
+                      return_scores: bool = False) -> dict:
+    """Accuracy, AUC and error rate of a member / non-member classifier on one layer.
+
+    With ``return_scores``, also each record's score (the classifier's membership probability:
+    held out under ``cv``) as ``scores`` and its truth (1 = member) as ``membership``, so that
+    a caller can build the attack's ROC (the DP-bound check)."""
     if evaluation not in RISK_EVALS:
         raise DpclipError(f"shadow.risk_eval: {evaluation!r} is not one of {list(RISK_EVALS)}")
     x, z = balanced_sample(features_in, features_out, max_records, seed)
@@ -67,8 +72,11 @@ def membership_attack(features_in: np.ndarray, features_out: np.ndarray, *,
     else:
         score = model.fit(x, z).predict_proba(x)[:, 1]
     accuracy = float(np.mean((score >= 0.5) == (z == 1)))
-    return {"accuracy": accuracy, "auc": float(roc_auc_score(z, score)),
-            "error_rate": 1.0 - accuracy, "n_each": int(n), "evaluation": evaluation}
+    result = {"accuracy": accuracy, "auc": float(roc_auc_score(z, score)),
+              "error_rate": 1.0 - accuracy, "n_each": int(n), "evaluation": evaluation}
+    if return_scores:
+        result.update(scores=score, membership=z)
+    return result
 
 
 def attack_every_layer(reps_in: dict[str, np.ndarray], reps_out: dict[str, np.ndarray],

@@ -1,10 +1,19 @@
 """evaluate: utility, calibration and membership inference of one trained configuration.
 
-Members are the records the run actually trained on (its partition of target train);
-non-members are the target holdout, which is also the utility test set. Two attacks: the loss
-threshold on the output, and (``evaluate.ir_attack``) one classifier per layer on its
-intermediate representations. Writes ``metrics/<run>.json`` (the metrics contract), ROC,
-reliability and per-layer IR-attack CSVs for ``dvc plots``, and PNG figures.
+Utility and calibration are measured on the whole target holdout. Membership inference is
+measured on class-matched sets (METHODS.md, "Evaluation"; :mod:`dpclip.attacks.membership`):
+members are drawn from the records the run trained on (its partition of target train),
+non-members from the target holdout, with identical class counts, seeded from ``data.seed``, the
+partition and the training seed (every method of one partition and seed is scored on the same
+records). So a label-skewed partition does not pass for membership leakage; the label-only
+baseline (``mia.label_only``) shows what the label shift alone would have given. Two attacks on
+the same matched sets: the loss threshold on the output, and (``evaluate.ir_attack``) one
+classifier per layer on its intermediate representations. Every attack's ROC of a run with a DP
+claim is checked against the DP bound of the run's neighbouring notion
+(:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
+
+Writes ``metrics/<run>.json`` (the metrics contract), ROC, reliability and per-layer IR-attack
+CSVs for ``dvc plots``, and PNG figures.
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpclip.attacks import attack_every_layer, layer_representations
-from dpclip.config import Params, run_name
+from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
+                            label_only_auc, layer_representations)
+from dpclip.config import Params, alpha_tag, run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.metrics import attack_metrics, calibration_metrics, dp_bound_check, reliability_bins
+from dpclip.metrics import (attack_metrics, calibration_metrics, dp_bound_check,
+                            dp_bound_unchecked, reliability_bins, roc_points)
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
 from dpclip.stages.partition import load_partition
@@ -67,57 +78,113 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     model = load_model(layout, run)
     x_train, y_train, _ = load_split(layout, "target_train")
     members = load_partition(layout, alpha)["positions"]
+    x_in, y_in = x_train[members], y_train[members]
     x_out, y_out, _ = load_split(layout, "target_holdout")
 
     probs_out = predict(model, x_out)
-    probs_in = predict(model, x_train[members])
+    probs_in = predict(model, x_in)
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
+    # membership: class-matched members and non-members, the same sets for every attack
+    rng = np.random.default_rng(evaluation_seed(params.data.seed,
+                                                f"{alpha_tag(alpha)}-seed{int(seed)}"))
+    pick_in, pick_out = class_matched_indices(y_in, y_out, rng)
     # loss-threshold attack: a lower loss means "member", so the score is -loss
-    attack = attack_metrics(-per_sample_loss(probs_in, y_train[members]),
-                            -per_sample_loss(probs_out, y_out))
+    attack = attack_metrics(-per_sample_loss(probs_in[pick_in], y_in[pick_in]),
+                            -per_sample_loss(probs_out[pick_out], y_out[pick_out]))
     roc = attack.pop("roc")
     privacy = record["privacy"]
-    if privacy.get("epsilon") is not None and privacy.get("dp_guarantee"):
-        check = dp_bound_check(roc["fpr"], roc["tpr"], attack["n_members"],
-                               attack["n_nonmembers"], privacy["epsilon"], privacy["delta"])
-        attack["dp_bound"] = check
-        if check["violated"]:
-            log.error("PRIVACY BUG in %s: the loss attack beats the DP bound TPR <= e^eps FPR + "
-                      "delta at %d ROC points (max excess %.4f)", run,
-                      check["violating_points"], check["max_excess"])
+    attack["dp_bound"] = checked_bound(run, "loss", roc["fpr"], roc["tpr"],
+                                       attack["n_members"], attack["n_nonmembers"], privacy)
+    mia = {"loss": attack,
+           "label_only": {"auc": label_only_auc(y_in[pick_in], y_out[pick_out]),
+                          "auc_unmatched": label_only_auc(y_in, y_out)},
+           "matching": {"n_members": int(len(pick_in)), "n_nonmembers": int(len(pick_out)),
+                        "class_matched": True, "members_available": int(len(y_in)),
+                        "holdout_available": int(len(y_out))}}
     trace = pd.read_csv(layout.trace(run))
     metrics = {
         "run": run, "dataset": record["dataset"], "method": method,
         "alpha": record["alpha"], "seed": record["seed"],
         "privacy": {k: _finite_or_none(v) for k, v in privacy.items()},
-        "utility": utility, "mia": {"loss": attack}, "clip": clip_summary(trace),
+        "utility": utility, "mia": mia, "clip": clip_summary(trace),
         "time": {k: v for k, v in record["time"].items() if k != "device"},
         "training": record["training"], "device": record["time"].get("device"),
     }
     if params.evaluate.ir_attack:
-        metrics["mia"]["ir"] = ir_attack(params, model, x_train[members], x_out)
+        metrics["mia"]["ir"] = ir_attack(params, model, x_in[pick_in], y_in[pick_in],
+                                         x_out[pick_out], y_out[pick_out], rng, privacy, run)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
     return metrics
 
 
+def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,
+                  n_nonmembers: int, privacy: dict) -> dict:
+    """The DP-bound check of one attack's ROC under the run's privacy record (``adjacency``
+    missing = add_remove), or why it was not checked; logs a certified violation as an ERROR."""
+    skipped = dp_bound_unchecked(privacy)
+    if skipped is not None:
+        return skipped
+    check = dp_bound_check(fpr, tpr, n_members, n_nonmembers, float(privacy["epsilon"]),
+                           float(privacy["delta"]), adjacency=privacy.get("adjacency"))
+    if check["violated"]:
+        _log_violation(run, attack, check)
+    return check
+
+
+def _log_violation(run: str, attack: str, check: dict) -> None:
+    at = check["worst_at"]
+    log.error("PRIVACY BUG in %s: the %s attack beats the DP bound %s (adjacency %s: eps' = "
+              "%.4g, delta' = %.3g) beyond the %.0f%% simultaneous band at %d ROC points; worst "
+              "certified margin %.4f at FPR %.4f, TPR %.4f", run, attack, at["direction"],
+              check["adjacency"], check["epsilon_used"], check["delta_used"],
+              100 * check["confidence"], check["violating_points"], check["worst_margin"],
+              at["fpr"], at["tpr"])
+
+
 def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
-              x_nonmembers: np.ndarray) -> dict:
+              y_members: np.ndarray, x_nonmembers: np.ndarray, y_nonmembers: np.ndarray,
+              rng: np.random.Generator, privacy: dict | None = None, run: str = "") -> dict:
     """Layer-wise membership inference on intermediate representations (METHODS.md,
     evaluation): per layer, a classifier of members vs non-members scored on held-out folds;
-    accuracy and AUC per layer and the peak over layers."""
+    accuracy and AUC per layer and the peak over layers.
+
+    The inputs are the class-matched evaluation sets; when they exceed ``attack.max_records``
+    per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier
+    sees identical class counts on both sides. With a DP claim in ``privacy``, each layer's
+    held-out ROC is checked against the DP bound: ``layers.<l>.dp_bound_margin``, and the
+    worst layer's full check as ``dp_bound``. Each record's score comes from the fold
+    classifier that did not see it, a fixed test given the other folds; the pooled ROC point at
+    a threshold is the (stratified, equal-weight) average of the folds' points, and the region
+    the bound allows is convex, so the bound applies to the pooled ROC as well."""
     a = params.attack
-    reps_in = layer_representations(model, x_members, a.max_features)
-    reps_out = layer_representations(model, x_nonmembers, a.max_features)
+    keep_in, keep_out = class_matched_indices(y_members, y_nonmembers, rng,
+                                              max_per_side=a.max_records)
+    reps_in = layer_representations(model, x_members[keep_in], a.max_features)
+    reps_out = layer_representations(model, x_nonmembers[keep_out], a.max_features)
     results = attack_every_layer(reps_in, reps_out, classifier=a.classifier, evaluation="cv",
-                                 folds=a.folds, max_records=a.max_records, seed=params.data.seed)
-    layers = {name: {k: r[k] for k in ("accuracy", "auc", "features")}
-              for name, r in results.items()}
+                                 folds=a.folds, max_records=a.max_records, seed=params.data.seed,
+                                 return_scores=True)
+    skipped = dp_bound_unchecked(privacy or {})
+    layers, checks = {}, {}
+    for name, r in results.items():
+        layers[name] = {k: r[k] for k in ("accuracy", "auc", "features")}
+        if skipped is None:
+            z, score = r["membership"], r["scores"]
+            fpr, tpr = roc_points(score[z == 1], score[z == 0])
+            checks[name] = checked_bound(run, f"IR ({name})", fpr, tpr, int((z == 1).sum()),
+                                         int((z == 0).sum()), privacy)
+        layers[name]["dp_bound_margin"] = checks[name]["worst_margin"] if checks else None
     peak = max(layers, key=lambda n: layers[n]["accuracy"])
+    if checks:
+        worst = max(checks, key=lambda n: checks[n]["worst_margin"])
+        bound = {**checks[worst], "layer": worst}
+    else:
+        bound = skipped
     return {"layers": layers, "peak_accuracy": layers[peak]["accuracy"], "peak_layer": peak,
             "peak_auc": max(v["auc"] for v in layers.values()), "classifier": a.classifier,
-            "folds": a.folds, "n_each": results[peak]["n_each"]}
+            "folds": a.folds, "n_each": results[peak]["n_each"], "dp_bound": bound}
 
 
 def _write_ir_plots(layout: Layout, run: str, ir: dict) -> None:
@@ -137,7 +204,9 @@ def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> Non
     write_csv_frame(layout.reliability(run), frame)
     folder = layout.figures(run)
     title = f"{run} (acc {metrics['utility']['accuracy']:.3f})"
-    roc_figure(folder / "roc.png", {run: roc}, title=f"Loss-attack ROC: {title}")
+    check = metrics["mia"]["loss"]["dp_bound"]
+    bound = (check["epsilon_used"], check["delta_used"]) if check["checked"] else None
+    roc_figure(folder / "roc.png", {run: roc}, title=f"Loss-attack ROC: {title}", bound=bound)
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
     if "monitored_std" in trace:

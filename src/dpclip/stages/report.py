@@ -44,12 +44,31 @@ def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
 COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
            "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
            "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
-           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s"]
+           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s",
+           # added later, at the end (tools read the columns above by position too)
+           "adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
+           "label_only_auc", "label_only_auc_unmatched"]
+
+
+def _dp_bound_checks(mia: dict) -> list[dict]:
+    """The checked DP-bound results of every attack in a metrics file's ``mia`` (the current
+    format: ``worst_margin``; older files' checks are not comparable and are left out)."""
+    checks = [v.get("dp_bound") for v in mia.values() if isinstance(v, dict)]
+    return [c for c in checks if isinstance(c, dict) and c.get("checked")
+            and c.get("worst_margin") is not None]
+
+
+def worst_dp_bound_margin(mia: dict) -> float | None:
+    """The largest certified margin over every attack of the run (> 0: a privacy bug), None
+    when no attack was checked."""
+    checks = _dp_bound_checks(mia)
+    return max(c["worst_margin"] for c in checks) if checks else None
 
 
 def table_row(m: dict) -> dict:
     p, u, a = m["privacy"], m["utility"], m["mia"]["loss"]
     ir = m["mia"].get("ir") or {}
+    checks, label_only = _dp_bound_checks(m["mia"]), m["mia"].get("label_only") or {}
     return {"run": m["run"], "method": m["method"], "dp_guarantee": p["dp_guarantee"],
             "target_epsilon": p["target_epsilon"], "epsilon": p["epsilon"],
             "alpha": "iid" if m["alpha"] is None else m["alpha"], "seed": m["seed"],
@@ -61,7 +80,13 @@ def table_row(m: dict) -> dict:
             "noise_multiplier": p["noise_multiplier"], "c_final": m["clip"]["c_final"],
             "stopped_epoch": m.get("training", {}).get("stopped_epoch"),
             "epsilon_saved": p.get("epsilon_saved"),
-            "train_s": m["time"]["train_s"]}
+            "train_s": m["time"]["train_s"],
+            "adjacency": p.get("adjacency"), "secure_noise": p.get("secure_noise"),
+            "epsilon_bound": p.get("epsilon_bound"),
+            "dp_bound_margin": worst_dp_bound_margin(m["mia"]),
+            "dp_bound_violated": any(c["violated"] for c in checks) if checks else None,
+            "label_only_auc": label_only.get("auc"),
+            "label_only_auc_unmatched": label_only.get("auc_unmatched")}
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -88,6 +113,64 @@ def _shadow_notes(layout: Layout) -> list[str]:
             f"lower = leakier), used by lm_dp_sgd: {rates}."]
 
 
+DATA_USE = "data_use.md"
+
+ADDED_NOTES = [
+    "`adjacency`: the neighbouring notion of the row's epsilon. `add_remove` (gradient methods: "
+    "one record added or removed, Opacus accounting under Poisson sampling) and "
+    "`replace_one_features` (sanitize: one record's features replaced, labels public, no "
+    "subsampling) are different quantities: an epsilon of one kind is not comparable as the "
+    "same number with an epsilon of the other.",
+    "`epsilon_bound`: `fixed_horizon` = the accountant's epsilon of the steps run, planned in "
+    "advance; `odometer` = the run was stopped early at a data-dependent epoch and its epsilon "
+    "is an ex-post RDP privacy-odometer bound, valid at a stopping time; `planned` = stopped "
+    "early, but the planned run's bound is smaller and is the one reported.",
+    "`secure_noise: False`: the noise is a deterministic function of train.seed (a "
+    "reproducible research run, not for release); `True`: seeded from operating-system "
+    "entropy, never stored.",
+    "`dp_bound_margin`: the worst margin over every attack (loss and each IR layer) and every "
+    "ROC point of TPR <= e^eps' FPR + delta' and 1 - FPR <= e^eps' (1 - TPR) + delta' (eps', "
+    "delta' of the evaluation game for the row's adjacency: (eps, delta) for "
+    "replace_one_features, (2 eps, (1 + e^eps) delta) for add_remove), lower confidence limit "
+    "of the left side minus upper limit of the right, with a 95% band simultaneous over all "
+    "points; > 0 (`dp_bound_violated`) is a certified violation, a privacy bug; — = not checked "
+    "(no DP claim).",
+    "`label_only_auc`: the attacker who knows only the class frequencies of members and "
+    "non-members, on the class-matched sets the attacks use (0.5 when matching works); "
+    "`label_only_auc_unmatched`: the same attacker against the whole holdout, i.e. what the "
+    "label shift alone would have given an attack scored without matching.",
+    "— = not recorded (metrics written by an older version).",
+]
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def data_use_markdown(metrics: list[dict]) -> str:
+    """``privacy.data_use`` of every run: one section per distinct mapping (component -> the
+    data it saw), naming the runs it belongs to (a single table when all runs agree)."""
+    groups: dict[str, tuple[dict | None, list[str]]] = {}
+    for m in metrics:
+        use = (m.get("privacy") or {}).get("data_use") or None
+        key = repr(sorted(use.items())) if isinstance(use, dict) else repr(use)
+        groups.setdefault(key, (use, []))[1].append(m["run"])
+    lines = ["# Data use per run", "",
+             "Which data each component of a run saw (the run record's `privacy.data_use`). "
+             "Only the DP mechanism's releases are covered by the run's epsilon; components "
+             "marked public saw only public splits, disjoint from the members.", ""]
+    for use, runs in groups.values():
+        title = "All runs" if len(groups) == 1 else ", ".join(f"`{r}`" for r in runs)
+        lines += [f"## {title}", ""]
+        if not isinstance(use, dict):
+            lines += ["— (not recorded: metrics written by an older version)", ""]
+            continue
+        lines += ["| component | data it saw |", "|---|---|"]
+        lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in use.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
 @dataclass
 class ReportResult:
     table: pd.DataFrame
@@ -106,12 +189,17 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     notes = ["", "`dp_guarantee: false` rows are non-private or literal-paper variants: their "
                  "epsilon is not a guarantee.",
              "`mia_*`: loss-threshold membership attack, members = records trained on, "
-             "non-members = target holdout.",
+             "non-members = target holdout records drawn with the members' class counts "
+             "(class-matched, so label skew is not counted as membership).",
              "`peak_ir_mia`: the highest held-out accuracy of the per-layer attacks on "
-             "intermediate representations (0.5 is a guess), and the layer where it peaks."]
+             "intermediate representations (0.5 is a guess), and the layer where it peaks, on "
+             "the same class-matched sets.",
+             *ADDED_NOTES,
+             f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
+    write_text(out / DATA_USE, data_use_markdown(metrics))
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
     rocs = {k.name: pd.read_csv(layout.roc(k.name)) for k in runs}
     comparison_figure(out / "comparison.png", table)

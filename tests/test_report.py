@@ -1,0 +1,112 @@
+"""The comparison table and its notes: neighbouring notion, noise seeding, epsilon bound kind,
+DP-bound margins, the label-only baseline and the data-use page."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dpclip.config import parse_params
+from dpclip.io import write_csv_frame, write_json
+from dpclip.layout import Layout
+from dpclip.stages.report import COLUMNS, data_use_markdown, report
+
+# the columns other tools read, in their order, before this change
+LEGACY = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
+          "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
+          "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
+          "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s"]
+ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
+         "label_only_auc", "label_only_auc_unmatched"]
+NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
+
+
+def _metrics(run: str, method: str, privacy: dict, mia: dict) -> dict:
+    return {"run": run, "dataset": "digits", "method": method, "alpha": 0.1, "seed": 0,
+            "privacy": {"dp_guarantee": True, "target_epsilon": 8.0, "epsilon": 7.5,
+                        "delta": 1e-5, "noise_multiplier": 1.1, **privacy},
+            "utility": {"accuracy": 0.9, "ece": 0.05, "mce": 0.1, "brier": 0.2, "nll": 0.3},
+            "mia": mia, "clip": {"c_initial": 1.0, "c_final": 1.0, "c_median": 1.0},
+            "time": {"train_s": 1.0, "step_s_median": 0.01}, "training": {}}
+
+
+def _check(margin: float) -> dict:
+    return {"checked": True, "violated": margin > 0, "worst_margin": margin}
+
+
+@pytest.fixture
+def reported(tmp_path, tiny_raw):
+    params = parse_params(tiny_raw(partition={"alphas": [0.1]},
+                                   train={"methods": ["dp_sgd", "sanitize"]}))
+    layout = Layout(tmp_path)
+    new = _metrics(NEW_RUN, "sanitize",
+                   {"adjacency": "replace_one_features", "secure_noise": False,
+                    "epsilon_bound": "odometer",
+                    "data_use": {"dp_mechanism": "members (target_train partition)",
+                                 "encoder": "public shadow_train split | frozen"}},
+                   {"loss": {"auc": 0.51, "balanced_accuracy": 0.52, "tpr_at_fpr_1pct": 0.01,
+                             "tpr_at_fpr_0.1pct": 0.0, "dp_bound": _check(-0.3)},
+                    "ir": {"peak_accuracy": 0.55, "peak_layer": "fc1",
+                           "dp_bound": {**_check(-0.1), "layer": "fc1"}},
+                    "label_only": {"auc": 0.5, "auc_unmatched": 0.93}})
+    # written before this change: no adjacency, seeding, bound kind, data use, label-only;
+    # its dp_bound is the old point-wise check, not comparable
+    old = _metrics(OLD_RUN, "dp_sgd", {},
+                   {"loss": {"auc": 0.95, "balanced_accuracy": 0.94, "tpr_at_fpr_1pct": 0.07,
+                             "tpr_at_fpr_0.1pct": 0.0,
+                             "dp_bound": {"violated": True, "max_excess": 0.7}}})
+    for m in (new, old):
+        write_json(layout.metrics(m["run"]), m)
+        write_csv_frame(layout.trace(m["run"]), pd.DataFrame({"step": [1],
+                                                              "clip_threshold": [1.0]}))
+        write_csv_frame(layout.roc(m["run"]), pd.DataFrame({"fpr": [0.0, 1.0],
+                                                            "tpr": [0.0, 1.0]}))
+    return report(params, layout, track=False), layout
+
+
+def test_new_columns_come_after_the_old_ones(reported):
+    result, layout = reported
+    assert COLUMNS == LEGACY + ADDED
+    assert list(pd.read_csv(layout.reports / "comparison.csv").columns) == LEGACY + ADDED
+    row = result.table.set_index("run").loc[NEW_RUN]
+    assert (row["adjacency"], row["secure_noise"], row["epsilon_bound"]) == \
+        ("replace_one_features", False, "odometer")
+    assert row["dp_bound_margin"] == -0.1  # the worse of the loss (-0.3) and IR (-0.1) checks
+    assert row["dp_bound_violated"] is not None and not row["dp_bound_violated"]
+    assert (row["label_only_auc"], row["label_only_auc_unmatched"]) == (0.5, 0.93)
+
+
+def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
+    _, layout = reported
+    text = (layout.reports / "comparison.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| run |"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    old = next(line for line in text.splitlines() if line.startswith(f"| {OLD_RUN} |"))
+    cells = dict(zip(names, (c.strip() for c in old.strip("|").split("|"))))
+    assert all(cells[name] == "—" for name in ADDED), cells
+    new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
+    cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))
+    assert (cells["adjacency"], cells["epsilon_bound"], cells["dp_bound_margin"]) == \
+        ("replace_one_features", "odometer", "-0.1")
+    for phrase in ("not comparable as the same number", "`fixed_horizon`", "`odometer`",
+                   "`planned`", "deterministic function of train.seed",
+                   "(2 eps, (1 + e^eps) delta) for add_remove", "[data_use.md](data_use.md)"):
+        assert phrase in text, phrase
+
+
+def test_data_use_page_has_one_section_per_distinct_record(reported):
+    _, layout = reported
+    page = (layout.reports / "data_use.md").read_text()
+    assert f"## `{NEW_RUN}`" in page and f"## `{OLD_RUN}`" in page
+    assert "| dp_mechanism | members (target_train partition) |" in page
+    assert "| encoder | public shadow_train split \\| frozen |" in page  # pipe escaped
+    old_section = page.split(f"## `{OLD_RUN}`")[1]
+    assert "not recorded" in old_section
+
+
+def test_identical_data_use_is_one_table():
+    use = {"dp_mechanism": "members", "shadow_model": "public shadow_train split"}
+    page = data_use_markdown([{"run": "a", "privacy": {"data_use": use}},
+                              {"run": "b", "privacy": {"data_use": dict(use)}}])
+    assert page.count("## ") == 1 and "## All runs" in page
+    assert page.count("| shadow_model | public shadow_train split |") == 1
