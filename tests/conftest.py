@@ -77,6 +77,18 @@ def shadow_risk_for(names: list[str], error_rates=None, shares=None) -> dict:
             "layer_names": list(names)}
 
 
+def tiny_train_config(method: str = "dp_sgd", **overrides):
+    """The loop's configuration for the 6-feature, 3-class records of ``gaussian_records``:
+    an 8-wide MLP, epsilon 4, B = 10, 2 epochs, on the CPU (lm_dp_sgd gets a hand-made risk)."""
+    from dpclip.train import TrainConfig
+
+    base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=2,
+                batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
+                device="cpu", model="mlp", hidden=(8,),
+                shadow_risk=shadow_risk_for(["fc1", "head"]))
+    return TrainConfig(**{**base, **overrides})
+
+
 def gaussian_records(n: int, seed: int = 0) -> tuple:
     """n records of 6 standard-normal features and labels in {0, 1, 2} (signal-free data for
     the training-loop tests)."""

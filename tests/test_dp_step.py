@@ -13,9 +13,9 @@ from torch import nn
 from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
 from dpclip.randomness import NoiseSources
-from dpclip.train import TrainConfig, build_run, train_model
+from dpclip.train import build_run, train_model
 from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
-from conftest import shadow_risk_for
+from conftest import shadow_risk_for, tiny_train_config
 
 # methods on a per-sample gradient step (sanitize noises an activation layer instead: its
 # invariants are in test_sanitization.py)
@@ -106,12 +106,7 @@ def test_noise_has_std_sigma_times_clip_over_expected_batch():
 
 
 def _cfg(method="dp_sgd", **kw):
-    base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=2,
-                batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
-                device="cpu", model="mlp", hidden=(8,),
-                shadow_risk=shadow_risk_for(["fc1", "head"]))
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_train_config(method, **kw)
 
 
 def _data(n=100, seed=0):

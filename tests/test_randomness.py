@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import gaussian_records, shadow_risk_for
+from conftest import gaussian_records, tiny_train_config
 from dpclip.config import parse_params
 from dpclip.errors import ConfigError
 from dpclip.randomness import NoiseSources
-from dpclip.train import TrainConfig, train_model
+from dpclip.train import train_model
 from dpclip.train import loop
 
 EXTRA_QUERY_OPTIONS = {"dc_sgd_p": {}, "adaclip": {"count_noise_fraction": 0.2},
@@ -20,12 +20,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _cfg(method="dp_sgd", **kw):
-    base = dict(method=method, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=4,
-                batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
-                device="cpu", model="mlp", hidden=(8,),
-                shadow_risk=shadow_risk_for(["fc1", "head"]))
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_train_config(method, **{"epochs": 4, **kw})
 
 
 def _record_normal_draws(monkeypatch) -> list[bytes]:
