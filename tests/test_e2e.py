@@ -20,7 +20,8 @@ BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
 CONTRACT = {
     "privacy": {"dp_guarantee", "accountant", "target_epsilon", "epsilon", "delta",
-                "sample_rate", "noise_multiplier", "steps"},
+                "sample_rate", "noise_multiplier", "steps", "adjacency", "secure_noise",
+                "data_use"},
     "utility": {"accuracy", "ece", "mce", "brier", "nll"},
     "clip": {"c_initial", "c_final", "c_median"},
     "time": {"train_s", "step_s_median"},
@@ -69,13 +70,15 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
             assert keys <= set(metrics[section]), section
         assert {"auc", "balanced_accuracy", "tpr_at_fpr_1pct", "tpr_at_fpr_0.1pct"} <= \
             set(metrics["mia"]["loss"])
+        assert {"auc", "auc_unmatched"} <= set(metrics["mia"]["label_only"])
     dp = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
     assert dp["privacy"]["dp_guarantee"] is True and dp["privacy"]["epsilon"] <= 8
     base = json.loads((project / "metrics" / "non_private-eps8-iid-seed0.json").read_text())
     assert base["privacy"]["epsilon"] is None and base["privacy"]["dp_guarantee"] is False
     table = (project / "reports" / "comparison.md").read_text()
     assert all(run in table for run in RUNS)
-    for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png"):
+    for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png",
+                 "data_use.md"):
         assert (project / "reports" / name).exists()
 
 
