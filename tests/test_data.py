@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dpclip.config import parse_params
-from dpclip.data import read_source
+from dpclip.data import fit_encoder, read_source
 from dpclip.data.sources import IDX_FILES, read_idx
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
@@ -115,9 +115,10 @@ def test_csv_encoding_standardises_one_hot_encodes_and_counts_missing(tmp_path):
     path.write_text(CSV)
     table = read_source("csv", str(path), parse_params({"data": {
         "dataset": "csv", "path": str(path), "target": "label"}}).data)
-    assert table.numeric == ["age", "income"] and table.categorical == ["city"]
-    assert table.classes == ["no", "yes"] and table.y.tolist() == [1, 0, 1, 0, 1, 0]
-    ds = table.to_dataset(fit_rows=np.array([0, 1, 2]))
+    encoder = fit_encoder(table, np.array([0, 1, 2]), None, "rows 0-2")
+    assert list(encoder.numeric) == ["age", "income"] and list(encoder.levels) == ["city"]
+    ds = encoder.transform(table)
+    assert ds.classes == ["no", "yes"] and ds.y.tolist() == [1, 0, 1, 0, 1, 0]
     info = ds.info
     assert info["missing_values"] == {"age": 1, "income": 1, "city": 1}
     # age: fit rows 30, 40, 50 -> median 40, mean 40, std sqrt(200/3); row 3 (missing) -> 40
@@ -127,10 +128,14 @@ def test_csv_encoding_standardises_one_hot_encodes_and_counts_missing(tmp_path):
     # income: fit rows 1000, (missing -> median of 1000, 3000 = 2000), 3000
     income = ds.x[:, info["feature_names"].index("income")]
     assert income[1] == pytest.approx(0.0, abs=1e-6)
-    # one-hot: every row has exactly one city level set, missing is its own level
+    # one-hot: every row has exactly one city column set; missing and unseen levels have
+    # their own columns (oslo is not among the fit rows: it is "other")
     city_cols = [i for i, n in enumerate(info["feature_names"]) if n.startswith("city=")]
+    assert [info["feature_names"][i] for i in city_cols] == [
+        "city=paris", "city=rome", "city=<missing>", "city=other"]
     assert np.all(ds.x[:, city_cols].sum(axis=1) == 1)
-    assert "city=<missing>" in info["feature_names"]
+    assert ds.x[5, info["feature_names"].index("city=other")] == 1
+    assert ds.x[4, info["feature_names"].index("city=<missing>")] == 1
 
 
 def test_csv_without_target_column_names_the_key(tmp_path):
@@ -144,9 +149,12 @@ def test_csv_without_target_column_names_the_key(tmp_path):
 def test_csv_non_numeric_value_in_numeric_column(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text(CSV.replace("50,paris,3000", "fifty,paris,3000"))
+    table = read_source("csv", str(path), parse_params({"data": {
+        "dataset": "csv", "path": str(path), "target": "label"}}).data)
+    encoder = fit_encoder(table, np.array([0, 1, 3, 4, 5]), None, "rows without 'fifty'")
     with pytest.raises(DpclipError) as info:
-        read_source("csv", str(path), parse_params({"data": {
-            "dataset": "csv", "path": str(path), "target": "label"}}).data)
+        encoder.transform(table)
+    assert "data.path" in str(info.value)
     assert "'age'" in str(info.value) and "'fifty'" in str(info.value)
 
 
@@ -162,7 +170,8 @@ def test_csv_without_header_uses_given_columns(tmp_path):
     table = read_source("csv", str(path), parse_params({"data": {
         "dataset": "csv", "path": str(path), "target": "num",
         "columns": ["age", "sex", "num"]}}).data)
-    assert table.numeric == ["age", "sex"] and table.classes == ["0", "2"]
+    encoder = fit_encoder(table, np.arange(3), None, "all rows")
+    assert list(encoder.numeric) == ["age", "sex"] and encoder.classes == ["0", "2"]
 
 
 def test_prepare_and_partition_on_digits(tmp_path, tiny_raw):

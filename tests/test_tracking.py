@@ -1,7 +1,10 @@
 """What MLflow holds: nothing computed from a private batch without noise unless
-``tracking.private_diagnostics`` asks for it."""
+``tracking.private_diagnostics`` asks for it; and what the run's record says of the data each
+component saw."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import pytest
@@ -50,3 +53,25 @@ def test_private_batch_values_reach_mlflow_only_when_asked(tmp_path, tiny_raw, w
     tags = child.data.tags
     assert tags["dpclip.private_diagnostics"] == str(diagnostics).lower()
     assert tags["adjacency"] == "add_remove" and tags["secure_noise"] == "false"
+
+
+def test_data_use_says_what_each_component_saw(tmp_path, tiny_raw, write_params, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    raw = tiny_raw(train={"methods": ["adaclip"], "epochs": 1,
+                          "early_stopping": {"rule": "slope", "window": 2, "threshold": 0.0}},
+                   evaluate={"ir_attack": False})
+    base = prepared_project(tmp_path, raw, write_params)
+    spec = ["--method", "adaclip", "--epsilon", "8", "--alpha", "iid", "--seed", "0"]
+    assert main([*base, "train", *spec]) == 0
+    assert main([*base, "evaluate", *spec]) == 0
+    record = json.loads((tmp_path / "runs" / "adaclip-eps8-iid-seed0" / "record.json").read_text())
+    metrics = json.loads((tmp_path / "metrics" / "adaclip-eps8-iid-seed0.json").read_text())
+    use = metrics["privacy"]["data_use"]
+    assert use == record["privacy"]["data_use"]
+    assert use["members"] == f"{record['n_members']} records of target_train (iid partition)"
+    assert "noised DP step" in use["weights"]
+    assert "noisy centred count" in use["clip_threshold"]
+    assert use["feature_preprocessing"] == "nothing: fixed scaling, no statistics fitted"
+    assert "public shadow_train split" in use["early_stopping"]
+    assert metrics["privacy"]["adjacency"] == "add_remove"
+    assert metrics["privacy"]["secure_noise"] is False

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dpclip.data.sources import (Dataset, load_cifar10_dataset, load_digits_dataset,
                                  load_idx_dataset)
-from dpclip.data.tabular import CsvTable, read_csv_table
+from dpclip.data.tabular import CsvEncoder, CsvTable, fit_encoder, read_csv_table
 
 
-def read_source(name: str, path: str | None, data_params) -> Dataset | CsvTable:
-    """Open a dataset by name. CSV files come back unencoded (see :mod:`dpclip.data.tabular`)."""
+def read_source(name: str, path: str | None, data_params, key: str = "data.path"
+                ) -> Dataset | CsvTable:
+    """Open a dataset by name. CSV files come back unencoded (see :mod:`dpclip.data.tabular`);
+    ``key`` is the parameter that named ``path`` (``data.shadow_path`` for the public one)."""
     if name == "digits":
         return load_digits_dataset()
     if name in ("mnist", "fashion-mnist"):
@@ -19,8 +21,8 @@ def read_source(name: str, path: str | None, data_params) -> Dataset | CsvTable:
         return read_csv_table(path, data_params.target, columns=data_params.columns,
                               numeric_columns=data_params.numeric_columns,
                               categorical_columns=data_params.categorical_columns,
-                              missing_values=data_params.missing_values)
+                              missing_values=data_params.missing_values, key=key)
     raise ValueError(f"unknown dataset {name!r}")  # config validation makes this unreachable
 
 
-__all__ = ["Dataset", "CsvTable", "read_source"]
+__all__ = ["Dataset", "CsvEncoder", "CsvTable", "fit_encoder", "read_source"]

@@ -1,8 +1,9 @@
-"""Dataset sources: bundled digits, IDX files (MNIST, Fashion-MNIST), CIFAR-10 batches, CSV.
+"""Image dataset sources: bundled digits, IDX files (MNIST, Fashion-MNIST), CIFAR-10 batches.
 
 Every source returns a :class:`Dataset`: float32 features, int64 labels, and a description.
 Image pixels are scaled by a fixed constant (no statistic of the data is used), so no private
-information leaks through preprocessing.
+information leaks through preprocessing. CSV files are read by :mod:`dpclip.data.tabular`,
+whose encoding is fitted on public rows only.
 """
 
 from __future__ import annotations

@@ -1,15 +1,30 @@
 """Generic CSV source: a named target column, numeric columns standardised, categorical
 columns one-hot encoded, missing values imputed and counted.
 
-Privacy note: the standardisation statistics (mean, std) and the imputation values (medians)
-are fitted on the rows passed as ``fit_rows`` — the public shadow-train split when there is one
-— so they carry no information about the private members. The category vocabulary is read from
-the whole file: it is treated as the public schema of the data (a data dictionary).
+Reading and encoding are two steps. :func:`read_csv_table` reads the file as text and fits
+nothing. :func:`fit_encoder` fits a :class:`CsvEncoder` on *public rows only* (METHODS.md,
+"Public data"): the shadow_train split, of ``data.shadow_dataset`` when one is set, else of the
+main file. What it fits:
+
+* which columns are numeric (unless declared by ``data.numeric_columns`` /
+  ``data.categorical_columns`` / ``data.categories``);
+* per numeric column, the imputation median and the standardisation mean and std;
+* per categorical column, the vocabulary: the levels listed in ``data.categories.<column>``
+  (the public schema), else the levels seen in the public rows;
+* the class list: ``data.categories.<target>`` in the given order, else the labels seen in
+  the public rows (numbers in numeric order first, then text).
+
+The same encoder then encodes the main table and the public table, so both have the same
+feature columns. Every categorical column also gets a ``<col>=<missing>`` column (missing
+cells) and a ``<col>=other`` column (levels outside the vocabulary, e.g. a level held only by
+private records); both are always present, so the width of the encoding never depends on
+private rows. A record whose label is not in the class list gets label -1; the prepare stage
+refuses such private records rather than learn a class from a member.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,54 +33,200 @@ import pandas as pd
 from dpclip.data.sources import Dataset
 from dpclip.errors import DpclipError
 
-# A column whose non-missing cells are at least this fraction numeric is taken as a numeric
-# column with a bad cell (an error), not as a categorical column.
+# A column whose non-missing public cells are at least this fraction numeric is taken as a
+# numeric column with a bad cell (an error), not as a categorical column.
 NUMERIC_MAJORITY = 0.5
+MISSING = "<missing>"
+OTHER = "other"
 
 
 @dataclass
 class CsvTable:
-    """A CSV read as text, with each column classified as numeric or categorical."""
+    """A CSV read as text: feature columns and labels, nothing fitted yet."""
 
     path: Path
     frame: pd.DataFrame  # feature columns as text; missing cells are NaN
-    y: np.ndarray
-    classes: list[str]
-    numeric: list[str]
-    categorical: list[str]
+    labels: pd.Series  # the target column as text (never missing)
+    target: str
+    key: str = "data.path"  # the parameter that named the file, for error messages
+    numeric_columns: list[str] = field(default_factory=list)  # declared by the user
+    categorical_columns: list[str] = field(default_factory=list)
 
-    def to_dataset(self, fit_rows: np.ndarray) -> Dataset:
-        """Encode features using statistics of ``fit_rows`` only (see the module note)."""
-        parts, names, missing = [], [], {}
-        for col in self.numeric:
-            values = pd.to_numeric(self.frame[col], errors="coerce").to_numpy(dtype=np.float64)
-            missing[col] = int(np.isnan(values).sum())
-            fit = values[fit_rows]
-            fit = fit[~np.isnan(fit)]
-            median = float(np.median(fit)) if fit.size else 0.0
-            values = np.where(np.isnan(values), median, values)
-            fit_imputed = np.where(np.isnan(values[fit_rows]), median, values[fit_rows])
-            mean = float(fit_imputed.mean()) if fit_imputed.size else 0.0
-            std = float(fit_imputed.std()) if fit_imputed.size else 1.0
-            parts.append(((values - mean) / (std if std > 0 else 1.0))[:, None])
-            names.append(col)
-        for col in self.categorical:
-            column = self.frame[col]
-            missing[col] = int(column.isna().sum())
-            # missing is its own category, so a record with a missing cell is still encoded
-            filled = column.fillna("<missing>")
-            for level in sorted(filled.unique()):
-                parts.append((filled == level).to_numpy(dtype=np.float64)[:, None])
-                names.append(f"{col}={level}")
-        if not parts:
-            raise DpclipError(f"data.path: {str(self.path)!r} has no feature column besides "
-                              f"the target")
-        x = np.concatenate(parts, axis=1)
-        info = {"source": str(self.path), "feature_names": names,
-                "numeric_columns": self.numeric, "categorical_columns": self.categorical,
-                "missing_values": missing, "missing_total": int(sum(missing.values())),
-                "statistics_fitted_on_rows": int(len(fit_rows))}
-        return Dataset("csv", x, self.y, self.classes, (x.shape[1],), info)
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def strata(self) -> np.ndarray:
+        """Label codes over the whole file, used only to stratify the splits on this machine;
+        they never reach the model or meta.json (the class list comes from public rows)."""
+        order = {label: code for code, label in enumerate(_class_order(self.labels))}
+        return self.labels.map(order).to_numpy(dtype=np.int64)
+
+    def missing_counts(self) -> dict[str, int]:
+        return {col: int(n) for col, n in self.frame.isna().sum().items()}
+
+
+@dataclass(frozen=True)
+class CsvEncoder:
+    """Everything fitted to encode a CSV, all of it from public rows or the public schema."""
+
+    numeric: dict[str, dict[str, float]]  # column -> {"median", "mean", "std"}
+    levels: dict[str, list[str]]  # categorical column -> vocabulary (without missing/other)
+    classes: list[str]
+    fitted_on: str  # which rows, for meta.json and the privacy record
+    vocabulary: str  # "data.categories" | "public rows" | "data.categories and public rows"
+
+    @property
+    def feature_names(self) -> list[str]:
+        names = list(self.numeric)
+        for col, levels in self.levels.items():
+            names += [f"{col}={level}" for level in [*levels, MISSING, OTHER]]
+        return names
+
+    def transform(self, table: CsvTable, rows: np.ndarray | None = None) -> Dataset:
+        """Encode ``rows`` of ``table`` (all rows by default) with the fitted values; labels
+        outside the class list become -1 (see :meth:`unknown_labels`)."""
+        frame = table.frame if rows is None else table.frame.iloc[rows]
+        labels = table.labels if rows is None else table.labels.iloc[rows]
+        parts = [_standardised(_numbers(table, frame[col]), stats)
+                 for col, stats in self.numeric.items()]
+        parts += [_one_hot(frame[col], levels) for col, levels in self.levels.items()]
+        x = np.concatenate(parts, axis=1) if parts else np.zeros((len(frame), 0))
+        codes = {c: i for i, c in enumerate(self.classes)}
+        y = labels.map(codes).fillna(-1).to_numpy(dtype=np.int64)
+        return Dataset("csv", x, y, list(self.classes), (x.shape[1],), self.describe(table))
+
+    def describe(self, table: CsvTable) -> dict:
+        """The encoded columns, and the missing cells of ``table`` counted per column (a local
+        diagnostic of the whole file; the encoding does not depend on it)."""
+        missing = table.missing_counts()
+        return {"source": str(table.path), "feature_names": self.feature_names,
+                "numeric_columns": list(self.numeric), "categorical_columns": list(self.levels),
+                "missing_values": missing, "missing_total": int(sum(missing.values()))}
+
+    def unknown_labels(self, table: CsvTable, rows: np.ndarray) -> list[str]:
+        """The labels of ``rows`` that are not in the class list (sorted)."""
+        labels = table.labels.iloc[rows]
+        return sorted(set(labels[~labels.isin(self.classes)]))
+
+    def summary(self) -> dict:
+        """The ``preprocessing`` entry of meta.json."""
+        return {"fitted_on": self.fitted_on, "vocabulary": self.vocabulary,
+                "statistics": self.numeric, "levels": self.levels}
+
+
+# --------------------------------------------------------------------------------------------
+# fitting (public rows only)
+
+
+def fit_encoder(table: CsvTable, rows: np.ndarray, categories: dict[str, list[str]] | None,
+                description: str) -> CsvEncoder:
+    """Fit column kinds, medians, means, stds, vocabularies and the class list on ``rows`` of
+    ``table`` (public rows) and the schema ``categories`` (``data.categories``).
+
+    ``description`` says which rows these are, e.g. "public shadow_train split of adult.csv".
+    """
+    categories = categories or {}
+    _check_schema(table, categories)
+    if len(rows) == 0:
+        raise DpclipError(f"data.split.shadow_train: no public rows to fit the CSV encoding on "
+                          f"({description} is empty)")
+    public = table.frame.iloc[rows]
+    numeric, categorical = _column_kinds(table, public, categories)
+    if not numeric and not categorical:
+        raise DpclipError(f"{table.key}: {str(table.path)!r} has no feature column besides "
+                          f"the target")
+    stats = {col: _fit_numeric(_numbers(table, public[col])) for col in numeric}
+    levels = {col: _vocabulary(public[col], categories.get(col)) for col in categorical}
+    schema_cols = [col for col in categorical if col in categories]
+    vocabulary = ("data.categories" if len(schema_cols) == len(categorical) else
+                  "data.categories and public rows" if schema_cols else "public rows")
+    classes = list(categories.get(table.target) or _class_order(table.labels.iloc[rows]))
+    return CsvEncoder(stats, levels, classes, f"{description} ({len(rows)} rows)", vocabulary)
+
+
+def _check_schema(table: CsvTable, categories: dict[str, list[str]]) -> None:
+    columns = [*table.frame.columns, table.target]
+    for col in categories:
+        if col not in columns:
+            raise DpclipError(f"data.categories.{col}: {col!r} is not a column of "
+                              f"{str(table.path)!r} (columns: {columns})")
+        if col in table.numeric_columns:
+            raise DpclipError(f"data.categories.{col}: {col!r} is also listed in "
+                              f"data.numeric_columns; a column is either numeric or categorical")
+
+
+def _column_kinds(table: CsvTable, public: pd.DataFrame, categories: dict
+                  ) -> tuple[list[str], list[str]]:
+    """(numeric, categorical) feature columns: declared ones as declared, the rest numeric
+    when most of their non-missing public cells are numbers."""
+    numeric, categorical = [], []
+    for col in table.frame.columns:
+        cells = public[col].dropna()
+        numbers = pd.to_numeric(cells, errors="coerce").notna().sum()
+        if col in table.categorical_columns or col in categories:
+            categorical.append(col)
+        elif col in table.numeric_columns or (len(cells) and
+                                              len(cells) - numbers < NUMERIC_MAJORITY * len(cells)):
+            numeric.append(col)
+        else:
+            categorical.append(col)
+    return numeric, categorical
+
+
+def _fit_numeric(values: np.ndarray) -> dict[str, float]:
+    """Median of the present values; mean and (population) std after imputing the median."""
+    present = values[~np.isnan(values)]
+    median = float(np.median(present)) if present.size else 0.0
+    imputed = np.where(np.isnan(values), median, values)
+    mean = float(imputed.mean()) if imputed.size else 0.0
+    std = float(imputed.std()) if imputed.size else 1.0
+    return {"median": median, "mean": mean, "std": std if std > 0 else 1.0}
+
+
+def _vocabulary(public_cells: pd.Series, schema: list[str] | None) -> list[str]:
+    """The schema's levels in their order, else the sorted levels of the public cells; the
+    literal levels "other" and "<missing>" are the always-present columns, not extra ones."""
+    levels = schema if schema is not None else sorted(public_cells.dropna().unique())
+    return [str(v) for v in levels if v not in (OTHER, MISSING)]
+
+
+def _class_order(labels: pd.Series) -> list[str]:
+    """Distinct labels, numbers first in numeric order, then text in alphabetical order."""
+    return sorted(labels.unique(), key=lambda v: (not _is_number(v),
+                                                  float(v) if _is_number(v) else 0, v))
+
+
+# --------------------------------------------------------------------------------------------
+# encoding (no statistic computed here)
+
+
+def _numbers(table: CsvTable, cells: pd.Series) -> np.ndarray:
+    """A numeric column as floats (NaN where missing); a non-numeric cell is an error."""
+    values = pd.to_numeric(cells, errors="coerce")
+    bad = cells[values.isna() & cells.notna()]
+    if len(bad):
+        raise DpclipError(
+            f"{table.key}: column {cells.name!r} of {str(table.path)!r} is numeric but row "
+            f"{int(bad.index[0])} holds the non-numeric value {bad.iloc[0]!r} ({len(bad)} such "
+            f"cells); fix the file, add the value to data.missing_values, or list "
+            f"{cells.name!r} in data.categorical_columns")
+    return values.to_numpy(dtype=np.float64)
+
+
+def _standardised(values: np.ndarray, stats: dict[str, float]) -> np.ndarray:
+    imputed = np.where(np.isnan(values), stats["median"], values)
+    return ((imputed - stats["mean"]) / stats["std"])[:, None]
+
+
+def _one_hot(cells: pd.Series, levels: list[str]) -> np.ndarray:
+    """One column per level, then <missing>, then other (any level outside ``levels``)."""
+    mapped = cells.where(cells.isin(levels) | cells.isna(), OTHER).fillna(MISSING)
+    return np.stack([(mapped == level).to_numpy(dtype=np.float64)
+                     for level in [*levels, MISSING, OTHER]], axis=1)
+
+
+# --------------------------------------------------------------------------------------------
+# reading (nothing fitted)
 
 
 def _is_number(text: str) -> bool:
@@ -79,16 +240,18 @@ def _is_number(text: str) -> bool:
 def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
                    numeric_columns: list[str] | None = None,
                    categorical_columns: list[str] | None = None,
-                   missing_values: list[str] = ("", "?", "NA")) -> CsvTable:
-    """Read ``path`` as text and classify its columns; raise naming the key on bad input."""
+                   missing_values: list[str] = ("", "?", "NA"),
+                   key: str = "data.path") -> CsvTable:
+    """Read ``path`` as text; raise naming ``key`` (the parameter that named the file) or the
+    offending option on bad input. Rows without a label are dropped."""
     file = Path(path)
     if not file.is_file():
-        raise DpclipError(f"data.path: {path!r} does not exist or is not a file")
+        raise DpclipError(f"{key}: {path!r} does not exist or is not a file")
     try:
         frame = pd.read_csv(file, dtype=str, keep_default_na=False, skipinitialspace=True,
                             header=None if columns else "infer", names=columns)
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
-        raise DpclipError(f"data.path: {path!r} could not be read as CSV: {exc}") from exc
+        raise DpclipError(f"{key}: {path!r} could not be read as CSV: {exc}") from exc
     frame.columns = [str(c).strip() for c in frame.columns]
     frame = frame.apply(lambda s: s.str.strip())
     frame = frame.replace(list(missing_values), np.nan)
@@ -96,37 +259,14 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
     if target not in frame.columns:
         raise DpclipError(f"data.target: {target!r} is not a column of {path!r} "
                           f"(columns: {list(frame.columns)})")
-    labelled = frame[target].notna()
-    if not labelled.all():
-        frame = frame[labelled].reset_index(drop=True)
+    frame = frame[frame[target].notna()].reset_index(drop=True)
     if len(frame) == 0:
-        raise DpclipError(f"data.path: {path!r} has no row with a value in {target!r}")
-    classes = sorted(frame[target].unique(), key=lambda v: (not _is_number(v),
-                                                            float(v) if _is_number(v) else 0, v))
-    y = frame[target].map({c: i for i, c in enumerate(classes)}).to_numpy(dtype=np.int64)
+        raise DpclipError(f"{key}: {path!r} has no row with a value in {target!r}")
     features = frame.drop(columns=[target])
-    for key, names in (("data.numeric_columns", numeric_columns),
-                       ("data.categorical_columns", categorical_columns)):
+    for option, names in (("data.numeric_columns", numeric_columns),
+                          ("data.categorical_columns", categorical_columns)):
         for name in names or []:
             if name not in features.columns:
-                raise DpclipError(f"{key}: {name!r} is not a feature column of {path!r}")
-    numeric, categorical = [], []
-    for col in features.columns:
-        cells = features[col].dropna()
-        parsed = pd.to_numeric(cells, errors="coerce")
-        bad = cells[parsed.isna()]
-        declared_numeric = numeric_columns is not None and col in numeric_columns
-        declared_categorical = categorical_columns is not None and col in categorical_columns
-        if declared_categorical:
-            categorical.append(col)
-        elif declared_numeric or (len(cells) and len(bad) < NUMERIC_MAJORITY * len(cells)):
-            if len(bad):
-                row = int(bad.index[0])
-                raise DpclipError(
-                    f"data.path: column {col!r} is numeric but row {row} holds the non-numeric "
-                    f"value {bad.iloc[0]!r} ({len(bad)} such cells); fix the file, add the "
-                    f"value to data.missing_values, or list {col!r} in data.categorical_columns")
-            numeric.append(col)
-        else:
-            categorical.append(col)
-    return CsvTable(file, features, y, [str(c) for c in classes], numeric, categorical)
+                raise DpclipError(f"{option}: {name!r} is not a feature column of {path!r}")
+    return CsvTable(file, features, frame[target], target, key, list(numeric_columns or []),
+                    list(categorical_columns or []))

@@ -4,6 +4,16 @@ set), shadow train and shadow holdout (public data for shadow models).
 Splits are stratified and seeded. With ``data.shadow_dataset`` set, the shadow splits come from
 that separate public dataset (e.g. Fashion-MNIST beside MNIST) and the main dataset is split
 into target train / holdout only; otherwise the four splits are disjoint parts of one dataset.
+A shadow dataset that is the main dataset itself (same name and location, or the same records)
+is refused: public data must be disjoint from the private records.
+
+Preprocessing sees public data only. Image pixels are scaled by fixed constants (nothing is
+fitted). A CSV is encoded by a :class:`~dpclip.data.CsvEncoder` fitted on the public
+shadow_train split (of the shadow dataset when there is one) and ``data.categories``, then
+applied to every split; ``meta.json["preprocessing"]`` records what it was fitted on. The
+stratification of the splits uses the labels of the whole file, locally: only the split
+indices depend on it, and the class list written for the model comes from public rows or the
+schema.
 """
 
 from __future__ import annotations
@@ -11,11 +21,17 @@ from __future__ import annotations
 import numpy as np
 
 from dpclip.config import Params
-from dpclip.data import CsvTable, read_source
+from dpclip.data import CsvTable, Dataset, fit_encoder, read_source
+from dpclip.data.public import refuse_same_content, refuse_same_source
 from dpclip.data.splits import stratified_split
 from dpclip.errors import DpclipError
 from dpclip.io import atomic_dir, write_json, write_npz
 from dpclip.layout import SPLITS, Layout
+
+IMAGE_PREPROCESSING = {"fitted_on": "nothing: fixed scaling, no statistics fitted",
+                       "vocabulary": None}
+
+Split = tuple[np.ndarray, np.ndarray, np.ndarray]  # x, y, record index in its source
 
 
 def _fractions(params: Params, names: tuple[str, ...]) -> dict[str, float]:
@@ -25,55 +41,129 @@ def _fractions(params: Params, names: tuple[str, ...]) -> dict[str, float]:
     return {n: f / total for n, f in chosen.items()} if total > 0 else chosen
 
 
-def _encoded(source, parts: dict[str, np.ndarray]):
-    """Images are ready; CSV features are encoded with statistics of the public rows only."""
-    if not isinstance(source, CsvTable):
-        return source
-    public = parts.get("shadow_train")
-    fit_rows = public if public is not None and len(public) else parts["target_train"]
-    dataset = source.to_dataset(fit_rows)
-    dataset.info["statistics_source"] = ("shadow_train (public)" if fit_rows is public
-                                         else "target_train (no public split configured)")
-    return dataset
+def _strata(source: Dataset | CsvTable) -> np.ndarray:
+    return source.strata() if isinstance(source, CsvTable) else source.y
+
+
+def _split(params: Params, main, public) -> dict[str, tuple]:
+    """{split name: (source, record indices)}; the shadow splits come from ``public`` when
+    there is a separate public dataset."""
+    seed = params.data.seed
+    if public is None:
+        parts = stratified_split(_strata(main), _fractions(params, SPLITS), seed)
+        return {name: (main, parts[name]) for name in SPLITS}
+    parts = stratified_split(_strata(main), _fractions(params, SPLITS[:2]), seed)
+    public_parts = stratified_split(_strata(public), _fractions(params, SPLITS[2:]), seed + 1)
+    return {**{name: (main, parts[name]) for name in SPLITS[:2]},
+            **{name: (public, public_parts[name]) for name in SPLITS[2:]}}
+
+
+def _images(params: Params, sources: dict[str, tuple]) -> tuple[dict[str, Split], dict, dict]:
+    """Image splits as loaded: pixels scaled by fixed constants, nothing fitted (``params`` is
+    unused; the signature matches :func:`_csv`)."""
+    main = sources["target_train"][0]
+    public = sources["shadow_train"][0]
+    if public.feature_shape != main.feature_shape:
+        raise DpclipError(f"data.shadow_dataset: {public.name!r} has feature shape "
+                          f"{public.feature_shape}, the main dataset {main.feature_shape}")
+    splits = {name: (src.x[idx], src.y[idx], idx) for name, (src, idx) in sources.items()}
+    return splits, {"classes": main.classes, "feature_shape": list(main.feature_shape),
+                    "info": main.info}, dict(IMAGE_PREPROCESSING)
+
+
+def _check_columns(params: Params, main: CsvTable, public: CsvTable) -> None:
+    if set(public.frame.columns) != set(main.frame.columns):
+        raise DpclipError(f"data.shadow_path: {params.data.shadow_path!r} has the feature "
+                          f"columns {list(public.frame.columns)}, the main CSV (data.path "
+                          f"{params.data.path!r}) {list(main.frame.columns)}; the public CSV "
+                          f"must have the same columns")
+
+
+def _no_public_rows(params: Params) -> DpclipError:
+    return DpclipError(
+        f"data.split.shadow_train: {params.data.split.shadow_train!r} leaves the public "
+        f"shadow_train split empty, so there are no public rows to fit the CSV encoding "
+        f"(medians, means, stds, vocabularies, classes) on, and fitting it on the private rows "
+        f"would leak them; give data.split.shadow_train a larger fraction or name a public CSV "
+        f"in data.shadow_dataset / data.shadow_path")
+
+
+def _refuse_unknown_labels(params: Params, encoder, sources: dict[str, tuple]) -> None:
+    """A record whose label is outside the class list cannot be encoded; a private one would
+    otherwise teach the model a class that only members hold."""
+    target = params.data.target
+    origin = (f"data.categories.{target}" if target in (params.data.categories or {})
+              else "the public shadow_train rows")
+    for name, (table, idx) in sources.items():
+        unknown = encoder.unknown_labels(table, idx)
+        if unknown:
+            kind = "private" if name.startswith("target") else "public"
+            raise DpclipError(
+                f"data.categories: the {name} split ({kind}) holds labels {unknown} of "
+                f"{target!r} outside the class list {encoder.classes} (from {origin}); list "
+                f"every class under data.categories.{target}")
+
+
+def _csv(params: Params, sources: dict[str, tuple]) -> tuple[dict[str, Split], dict, dict]:
+    """CSV splits, all encoded by one :class:`~dpclip.data.CsvEncoder` fitted on the public
+    shadow_train rows (of the shadow dataset when there is one) and ``data.categories``: the
+    members and the holdout are encoded with public statistics and a public vocabulary, and
+    their labels must lie in the public class list."""
+    table, rows = sources["shadow_train"]
+    if len(rows) == 0:
+        raise _no_public_rows(params)
+    encoder = fit_encoder(table, rows, params.data.categories,
+                          f"public shadow_train split of {table.path.name}")
+    _refuse_unknown_labels(params, encoder, sources)
+    splits = {}
+    for name, (src, idx) in sources.items():
+        encoded = encoder.transform(src, idx)
+        splits[name] = (encoded.x, encoded.y, idx)
+    main = sources["target_train"][0]
+    return splits, {"classes": encoder.classes, "feature_shape": [len(encoder.feature_names)],
+                    "info": encoder.describe(main)}, encoder.summary()
+
+
+def _read(params: Params):
+    """The main dataset and the separate public one (None without data.shadow_dataset),
+    refused when they are the same source."""
+    data = params.data
+    refuse_same_source(data)
+    main = read_source(data.dataset, data.path, data)
+    if not data.shadow_dataset:
+        return main, None
+    public = read_source(data.shadow_dataset, data.shadow_path, data, key="data.shadow_path")
+    refuse_same_content(data, main, public)
+    if isinstance(main, CsvTable):
+        _check_columns(params, main, public)
+    return main, public
 
 
 def prepare(params: Params, layout: Layout = Layout()) -> dict:
-    """Build the four splits and write them, with ``meta.json``, as one atomic folder."""
+    """Build the four splits and write them, with ``meta.json``, as one atomic folder; every
+    check runs before anything is written."""
     data = params.data
-    main = read_source(data.dataset, data.path, data)
-    if data.shadow_dataset:
-        parts = stratified_split(main.y, _fractions(params, SPLITS[:2]), data.seed)
-        main = _encoded(main, parts)
-        public = read_source(data.shadow_dataset, data.shadow_path, data)
-        public_parts = stratified_split(public.y, _fractions(params, SPLITS[2:]), data.seed + 1)
-        public = _encoded(public, public_parts)
-        if public.feature_shape != main.feature_shape:
-            raise DpclipError(f"data.shadow_dataset: {data.shadow_dataset!r} has feature shape "
-                              f"{public.feature_shape}, the main dataset "
-                              f"{main.feature_shape}")
-        sources = {"target_train": (main, parts["target_train"]),
-                   "target_holdout": (main, parts["target_holdout"]),
-                   "shadow_train": (public, public_parts["shadow_train"]),
-                   "shadow_holdout": (public, public_parts["shadow_holdout"])}
-    else:
-        parts = stratified_split(main.y, _fractions(params, SPLITS), data.seed)
-        main = _encoded(main, parts)
-        sources = {name: (main, parts[name]) for name in SPLITS}
+    main, public = _read(params)
+    sources = _split(params, main, public)
     if len(sources["target_train"][1]) == 0 or len(sources["target_holdout"][1]) == 0:
-        raise DpclipError(f"data.split: the dataset ({len(main.y)} records) is too small for a "
-                          f"non-empty target train and holdout")
-    sizes = {name: int(len(idx)) for name, (_, idx) in sources.items()}
+        raise DpclipError(f"data.split: the dataset ({len(_strata(main))} records) is too "
+                          f"small for a non-empty target train and holdout")
+    encode = _csv if isinstance(main, CsvTable) else _images
+    splits, described, preprocessing = encode(params, sources)
+    classes = described["classes"]
     meta = {
         "dataset": data.dataset, "shadow_dataset": data.shadow_dataset,
-        "feature_shape": list(main.feature_shape), "n_classes": len(main.classes),
-        "classes": main.classes, "sizes": sizes, "seed": data.seed,
-        "class_counts": {name: np.bincount(src.y[idx], minlength=len(main.classes)).tolist()
-                         for name, (src, idx) in sources.items()},
-        "info": main.info,
+        "feature_shape": described["feature_shape"], "n_classes": len(classes),
+        "classes": classes, "sizes": {name: int(len(s[2])) for name, s in splits.items()},
+        "seed": data.seed,
+        "class_counts": {name: np.bincount(y, minlength=len(classes)).tolist()
+                         for name, (_, y, _) in splits.items()},
+        "preprocessing": preprocessing,
+        "info": described["info"],
     }
     with atomic_dir(layout.prepared) as folder:
-        for name, (src, idx) in sources.items():
-            write_npz(folder / f"{name}.npz", x=src.x[idx], y=src.y[idx], index=idx)
+        for name, (x, y, idx) in splits.items():
+            write_npz(folder / f"{name}.npz", x=x, y=y, index=idx)
         write_json(folder / "meta.json", meta)
     return meta
 

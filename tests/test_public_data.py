@@ -1,0 +1,257 @@
+"""Public data stays public (METHODS.md, "Public data"): a shadow dataset that is the main
+dataset is refused, and everything fitted to encode a CSV (medians, means, stds, vocabularies,
+the class list) comes from the public shadow_train rows or from data.categories only.
+
+Expected statistics are computed here by hand from the rows the prepare stage put in the
+public shadow_train split, straight from the Python lists the CSVs were written from."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from dpclip.config import parse_params
+from dpclip.data.sources import IDX_FILES
+from dpclip.errors import DpclipError
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.stages import prepare
+from dpclip.stages.prepare import load_split
+
+CITIES = ["paris", "rome", "oslo"]
+MEMBER = 8  # a record that the seeded split of rows(60, ...) puts in target_train
+
+
+def rows(n: int, seed: int, age_offset: float = 0.0) -> list[dict]:
+    """n records: a numeric age (some missing), a city (some missing), a yes/no label."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        age = "?" if i % 7 == 3 else str(int(rng.integers(20, 70) + age_offset))
+        city = "" if i % 9 == 4 else CITIES[int(rng.integers(0, 3))]
+        out.append({"age": age, "city": city, "label": ["no", "yes"][i % 2]})
+    return out
+
+
+def write_csv(path, records: list[dict]) -> str:
+    lines = ["age,city,label"] + [f"{r['age']},{r['city']},{r['label']}" for r in records]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def write_idx_folder(folder, n: int = 60) -> None:
+    """The four MNIST IDX files (gzip), random pixels, labels 0..9 in turn."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for key, filename in IDX_FILES.items():
+        array = (rng.integers(0, 256, (n, 28, 28)) if "images" in key else np.arange(n) % 10)
+        header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(
+            f">{array.ndim}I", *array.shape)
+        with gzip.open(folder / filename, "wb") as fh:
+            fh.write(header + array.astype(np.uint8).tobytes())
+
+
+def csv_params(tiny_raw, path: str, **data):
+    return parse_params(tiny_raw(data={"dataset": "csv", "path": path, "target": "label",
+                                       **data}))
+
+
+def hand_statistics(records: list[dict], rows_: np.ndarray) -> dict[str, float]:
+    """Median of the present ages of ``rows_``; mean and population std after imputing it."""
+    ages = [records[i]["age"] for i in rows_]
+    present = np.array([float(a) for a in ages if a != "?"])
+    median = float(np.median(present))
+    imputed = np.array([median if a == "?" else float(a) for a in ages])
+    return {"median": median, "mean": float(imputed.mean()), "std": float(imputed.std())}
+
+
+def column(layout: Layout, split: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values of the encoded feature ``name``, original record index) of one split."""
+    names = read_json(layout.prepared_meta)["info"]["feature_names"]
+    x, _, index = load_split(layout, split)
+    return x[:, names.index(name)], index
+
+
+def refused(params, layout: Layout, *fragments: str) -> str:
+    with pytest.raises(DpclipError) as info:
+        prepare(params, layout)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    assert not layout.prepared.exists()  # refused before anything was written
+    return message
+
+
+# --------------------------------------------------------------------------------------------
+# bug 2: the main dataset as its own "public" shadow dataset
+
+
+def test_main_dataset_named_as_shadow_dataset_is_refused(tmp_path, tiny_raw):
+    params = parse_params(tiny_raw(data={"dataset": "digits", "shadow_dataset": "digits"}))
+    refused(params, Layout(tmp_path), "data.shadow_dataset", "'digits'")
+
+
+def test_main_csv_as_shadow_dataset_is_refused_by_path_and_by_content(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    main = write_csv(tmp_path / "main.csv", records)
+    # the same name and path
+    same = csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=main)
+    refused(same, Layout(tmp_path / "a"), "data.shadow_dataset", "'csv'")
+    # a byte-identical copy under another path
+    copy = shutil.copy(main, tmp_path / "public.csv")
+    refused(csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=str(copy)),
+            Layout(tmp_path / "b"), "data.shadow_dataset", "same records")
+    # the same records in another order (and another spelling of the whitespace)
+    shuffled = write_csv(tmp_path / "shuffled.csv", records[::-1])
+    refused(csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=shuffled),
+            Layout(tmp_path / "c"), "data.shadow_dataset", "same records")
+
+
+def test_copy_of_the_main_idx_folder_as_shadow_dataset_is_refused(tmp_path, tiny_raw):
+    write_idx_folder(tmp_path / "mnist")
+    shutil.copytree(tmp_path / "mnist", tmp_path / "copy")
+    for shadow in ("mnist", "fashion-mnist"):  # the name does not matter, the content does
+        params = parse_params(tiny_raw(data={
+            "dataset": "mnist", "path": str(tmp_path / "mnist"), "shadow_dataset": shadow,
+            "shadow_path": str(tmp_path / "copy")}))
+        refused(params, Layout(tmp_path / shadow), "data.shadow_dataset", "same records")
+
+
+def test_csv_beside_an_image_dataset_is_refused(tmp_path, tiny_raw):
+    path = write_csv(tmp_path / "public.csv", rows(60, seed=1))
+    params = parse_params(tiny_raw(data={"dataset": "digits", "target": "label",
+                                         "shadow_dataset": "csv", "shadow_path": path}))
+    refused(params, Layout(tmp_path), "data.shadow_dataset", "cannot be paired")
+
+
+def test_images_record_that_nothing_is_fitted(tmp_path, tiny_raw):
+    meta = prepare(parse_params(tiny_raw()), Layout(tmp_path))
+    assert meta["preprocessing"] == {"fitted_on": "nothing: fixed scaling, no statistics fitted",
+                                     "vocabulary": None}
+
+
+# --------------------------------------------------------------------------------------------
+# bug 3: CSV preprocessing fitted on public rows only
+
+
+def test_csv_statistics_and_vocabulary_come_from_the_public_rows(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    records[MEMBER]["city"] = "zurich"  # a level held by one record only, a member
+    params = csv_params(tiny_raw, write_csv(tmp_path / "t.csv", records))
+    layout = Layout(tmp_path)
+    meta = prepare(params, layout)
+    public = load_split(layout, "shadow_train")[2]
+    members = load_split(layout, "target_train")[2]
+    assert MEMBER in members and MEMBER not in public
+
+    expected = hand_statistics(records, public)
+    # members are encoded with the public statistics (missing ages -> the public median)
+    age, index = column(layout, "target_train", "age")
+    raw = [expected["median"] if records[i]["age"] == "?" else float(records[i]["age"])
+           for i in index]
+    assert age == pytest.approx((np.array(raw) - expected["mean"]) / expected["std"], abs=1e-5)
+    # the member's own level is no column: it is "other"; missing and other always exist
+    names = meta["info"]["feature_names"]
+    assert [n for n in names if n.startswith("city=")] == [
+        "city=oslo", "city=paris", "city=rome", "city=<missing>", "city=other"]
+    other, index = column(layout, "target_train", "city=other")
+    assert other[list(index).index(MEMBER)] == 1 and other.sum() == 1
+    # and meta.json says so
+    assert meta["preprocessing"]["statistics"]["age"] == pytest.approx(expected)
+    assert meta["preprocessing"]["fitted_on"] == f"public shadow_train split of t.csv " \
+                                                 f"({len(public)} rows)"
+    assert meta["preprocessing"]["vocabulary"] == "public rows"
+
+
+def test_changing_a_private_record_changes_nothing_fitted(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    changed = [dict(r) for r in records]
+    changed[MEMBER].update(age="9999", city="atlantis")
+    metas, public_x = [], []
+    for name, recs in (("a", records), ("b", changed)):
+        layout = Layout(tmp_path / name)
+        (tmp_path / name).mkdir()
+        metas.append(prepare(csv_params(tiny_raw, write_csv(tmp_path / name / "t.csv", recs)),
+                             layout))
+        public_x.append(load_split(layout, "shadow_train")[0])
+        assert MEMBER in load_split(layout, "target_train")[2]
+    assert metas[0]["info"]["feature_names"] == metas[1]["info"]["feature_names"]
+    assert metas[0]["classes"] == metas[1]["classes"]
+    assert np.array_equal(public_x[0], public_x[1])
+    assert metas[0]["preprocessing"] == metas[1]["preprocessing"]
+
+
+def test_separate_csv_shadow_dataset_fits_the_encoding_for_both(tmp_path, tiny_raw):
+    main_records = rows(60, seed=0)
+    public_records = rows(80, seed=1, age_offset=100.0)  # a clearly different population
+    params = csv_params(tiny_raw, write_csv(tmp_path / "main.csv", main_records),
+                        shadow_dataset="csv",
+                        shadow_path=write_csv(tmp_path / "public.csv", public_records))
+    layout = Layout(tmp_path)
+    meta = prepare(params, layout)
+    public = load_split(layout, "shadow_train")[2]
+    expected = hand_statistics(public_records, public)
+    # the main table is encoded with the public statistics, to the same width
+    age, index = column(layout, "target_train", "age")
+    raw = [expected["median"] if main_records[i]["age"] == "?" else float(main_records[i]["age"])
+           for i in index]
+    assert age == pytest.approx((np.array(raw) - expected["mean"]) / expected["std"], abs=1e-5)
+    widths = {load_split(layout, s)[0].shape[1] for s in meta["sizes"]}
+    assert widths == {meta["feature_shape"][0]}
+    assert meta["preprocessing"]["statistics"]["age"] == pytest.approx(expected)
+    assert meta["preprocessing"]["fitted_on"] == f"public shadow_train split of public.csv " \
+                                                 f"({len(public)} rows)"
+
+
+def test_public_csv_with_other_columns_is_refused(tmp_path, tiny_raw):
+    main = write_csv(tmp_path / "main.csv", rows(60, seed=0))
+    other = tmp_path / "public.csv"
+    other.write_text("age,town,label\n" + "".join(f"{20 + i},x{i % 3},{['no', 'yes'][i % 2]}\n"
+                                                  for i in range(40)))
+    params = csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=str(other))
+    refused(params, Layout(tmp_path), "data.shadow_path", "same columns")
+
+
+def test_no_public_rows_is_refused(tmp_path, tiny_raw):
+    split = {"target_train": 0.6, "target_holdout": 0.4, "shadow_train": 0.0,
+             "shadow_holdout": 0.0}
+    params = csv_params(tiny_raw, write_csv(tmp_path / "t.csv", rows(60, seed=0)), split=split)
+    refused(params, Layout(tmp_path), "data.split.shadow_train", "data.shadow_dataset")
+
+
+def test_a_class_held_only_by_members_is_refused_unless_listed(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    records[5]["label"] = "maybe"  # a class of one record: stratification puts it in target_train
+    path = write_csv(tmp_path / "t.csv", records)
+    message = refused(csv_params(tiny_raw, path), Layout(tmp_path / "a"), "data.categories",
+                      "'maybe'", "target_train", "data.categories.label")
+    assert "private" in message
+    # listed in the schema, the class is public knowledge and the run goes ahead
+    layout = Layout(tmp_path / "b")
+    meta = prepare(csv_params(tiny_raw, path, categories={"label": ["no", "yes", "maybe"]}),
+                   layout)
+    assert meta["classes"] == ["no", "yes", "maybe"] and meta["n_classes"] == 3
+    _, y, index = load_split(layout, "target_train")
+    assert y[list(index).index(5)] == 2
+
+
+def test_data_categories_order_is_the_encoding_order(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    params = csv_params(tiny_raw, write_csv(tmp_path / "t.csv", records),
+                        categories={"label": ["yes", "no"], "city": ["rome", "paris"]})
+    layout = Layout(tmp_path)
+    meta = prepare(params, layout)
+    assert meta["classes"] == ["yes", "no"]
+    assert meta["preprocessing"]["vocabulary"] == "data.categories"
+    names = meta["info"]["feature_names"]
+    # oslo is not in the schema: it is "other", even though public rows hold it
+    assert [n for n in names if n.startswith("city=")] == [
+        "city=rome", "city=paris", "city=<missing>", "city=other"]
+    x, y, index = load_split(layout, "target_train")
+    assert y.tolist() == [0 if records[i]["label"] == "yes" else 1 for i in index]
+    oslo = [records[i]["city"] == "oslo" for i in index]
+    assert x[oslo, names.index("city=other")].tolist() == [1.0] * sum(oslo)
