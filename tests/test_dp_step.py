@@ -114,15 +114,22 @@ def _data(n=100, seed=0):
     return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", PRIVATE_METHODS)
-def test_empty_poisson_batch_is_a_noise_only_step(method):
+def test_empty_poisson_batch_is_a_noise_only_step(method, device):
     # METHODS.md step 1: skipping the update would reveal the empty batch; the accountant
-    # models a noise-only step, so the step applies the noise as Opacus does
+    # models a noise-only step, so the step applies the noise as Opacus does (on the run's
+    # device: adaclip_opacus's empty-batch state once lived on the CPU and failed on CUDA)
     x, y = _data()
     options = {"count_noise_fraction": 0.2} if method.startswith("adaclip") else {}
-    run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options))
+    run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options,
+                                          device=device))
     before = [p.detach().clone() for p in run.groups.flat()]
-    row = run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
+    row = run.step(torch.as_tensor(x, device=device), torch.as_tensor(y, device=device), [],
+                   epoch=1)
     assert row["batch_size"] == 0 and np.isnan(row["train_loss"])
     assert run.guard.steps == 1 and row["epsilon_spent"] > 0
     assert all(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))

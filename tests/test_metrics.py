@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from dpclip.errors import DpclipError
-from dpclip.metrics import (attack_metrics, calibration_metrics, dp_bound_check,
-                            dp_bound_unchecked, membership_game_bound, roc_points)
+from dpclip.metrics import (attack_metrics, calibration_metrics, clopper_pearson_limits,
+                            dp_bound_check,
+                            dp_bound_unchecked, family_confidence, membership_game_bound,
+                            roc_points)
 
 
 def test_ece_mce_on_a_crafted_example():
@@ -95,14 +99,15 @@ def test_game_bound_per_adjacency_hand_values():
                                                  ("add_remove", 2.0)])
 def test_perfect_attack_margin_from_closed_form_limits(adjacency, eps_used):
     # ROC (0,0), (0,1), (1,1) of a perfect attack on 100 members and 100 non-members.
-    # 3 points x 2 one-sided limits -> each at level a = 0.05 / 6. Exact limits for a count of
-    # n of n and 0 of n: TPR_lo = a^(1/n), FPR_hi = 1 - a^(1/n). At (0, 1) both directions
-    # give the same margin: lo - (e^eps' (1 - lo) + delta') (here lo = 0.953253...).
-    lo = (0.05 / 6) ** (1 / 100)
+    # 100 + 100 + 1 possible thresholds x 2 one-sided limits -> each at level a = 0.05 / 402.
+    # Exact limits for a count of n of n and 0 of n: TPR_lo = a^(1/n), FPR_hi = 1 - a^(1/n).
+    # At (0, 1) both directions give the same margin: lo - (e^eps' (1 - lo) + delta') (here
+    # lo = 0.914003...).
+    lo = (0.05 / 402) ** (1 / 100)
     _, delta_used = membership_game_bound(adjacency, 1.0, 1e-5)
     check = dp_bound_check(np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0]), 100, 100,
                            epsilon=1.0, delta=1e-5, adjacency=adjacency)
-    assert lo == pytest.approx(0.953253, abs=1e-6)
+    assert lo == pytest.approx(0.914003, abs=1e-6)
     assert check["worst_margin"] == pytest.approx(lo - (np.exp(eps_used) * (1 - lo) + delta_used),
                                                   rel=1e-9)
     assert check["violated"] and check["points"] == 3 and check["checked"]
@@ -136,9 +141,11 @@ def test_an_attack_exactly_at_the_bound_rarely_cries_wolf_and_pointwise_would():
         fpr, tpr = _laplace_attack(rng, n, 1.0 / eps)
         alarms += dp_bound_check(fpr, tpr, n, n, eps, 0.0, "replace_one_features")["violated"]
         # the same margins from per-point 95% intervals (no simultaneity)
-        single = dp_bound_check(fpr, tpr, n, n, eps, 0.0, "replace_one_features",
-                                confidence=1 - 0.05 * len(fpr))
-        pointwise += single["violated"]
+        tpr_lo, _ = clopper_pearson_limits(np.round(tpr * n), n, 0.025)
+        _, fpr_hi = clopper_pearson_limits(np.round(fpr * n), n, 0.025)
+        margins = np.maximum(tpr_lo - np.exp(eps) * fpr_hi,
+                             (1 - fpr_hi) - np.exp(eps) * (1 - tpr_lo))
+        pointwise += bool(margins.max() > 0)
     assert alarms / trials <= 0.05
     assert pointwise / trials > 0.05  # chance crossings of single points: why the band
 
@@ -160,3 +167,37 @@ def test_unchecked_runs_say_why():
     assert "dp_guarantee false" in dp_bound_unchecked({"epsilon": 3.0, "dp_guarantee": False})[
         "reason"]
     assert dp_bound_unchecked({"epsilon": 3.0, "dp_guarantee": True}) is None
+
+
+def test_dp_bound_band_does_not_depend_on_how_many_points_the_roc_shows():
+    """The Bonferroni count is fixed by the set sizes (n_in + n_out + 1 thresholds), so adding
+    collinear points to the same ROC leaves every limit, and the worst margin, unchanged."""
+    corners = dp_bound_check(np.array([0.0, 0.01, 1.0]), np.array([0.0, 0.3, 1.0]), 500, 400,
+                             epsilon=1.0, delta=1e-5)
+    dense = dp_bound_check(np.array([0.0, 0.01, 0.5, 0.75, 1.0]),
+                           np.array([0.0, 0.3, 0.65, 0.825, 1.0]), 500, 400,
+                           epsilon=1.0, delta=1e-5)
+    assert dense["worst_margin"] == corners["worst_margin"]
+    assert corners["bonferroni_limits"] == dense["bonferroni_limits"] == 2 * (500 + 400 + 1)
+
+
+def test_dp_bound_limits_at_the_corners_by_hand():
+    """The ROC (0, 0) - (1, 1) of a useless attack, 500 members and 400 non-members, alpha
+    0.05 split over 2 (500 + 400 + 1) = 1802 one-sided limits. At (0, 0): 0 of 400 non-members
+    gives the upper FPR limit 1 - (alpha / 1802)^(1/400). At (1, 1): 500 of 500 members gives
+    the lower TPR limit (alpha / 1802)^(1/500), so direction (2) has the margin
+    0 - (e^2 (1 - (alpha / 1802)^(1/500)) + (1 + e) 1e-5) at eps' = 2 (add_remove, eps 1),
+    the larger of the two corners' margins (500 > 400)."""
+    check = dp_bound_check(np.array([0.0, 1.0]), np.array([0.0, 1.0]), 500, 400,
+                           epsilon=1.0, delta=1e-5)
+    delta_used = (1 + math.e) * 1e-5
+    at_origin = -(math.exp(2.0) * (1 - (0.05 / 1802) ** (1 / 400)) + delta_used)
+    at_top = -(math.exp(2.0) * (1 - (0.05 / 1802) ** (1 / 500)) + delta_used)
+    assert at_top > at_origin
+    assert check["worst_margin"] == pytest.approx(at_top, rel=1e-9)
+    assert check["worst_at"]["fpr"] == 1.0 and check["worst_at"]["direction"].startswith("1 -")
+
+
+def test_family_confidence_splits_the_run_level_error():
+    assert family_confidence(1) == pytest.approx(0.95)
+    assert family_confidence(5) == pytest.approx(0.99)

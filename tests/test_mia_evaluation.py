@@ -189,6 +189,11 @@ def test_a_class_prior_model_shows_no_membership_on_a_skewed_partition(skewed_pr
     assert ir["dp_bound"]["layer"] in ir["layers"]
     assert all(v["dp_bound_margin"] <= ir["dp_bound"]["worst_margin"]
                for v in ir["layers"].values())
+    # the run's flag ORs 1 + layers checks: each at 1 - 0.05 / checks, 95% for the run
+    family = mia["dp_bound_family"]
+    assert family["checks"] == 1 + len(ir["layers"]) and family["confidence"] == 0.95
+    assert bound["confidence"] == ir["dp_bound"]["confidence"] == pytest.approx(
+        1 - 0.05 / family["checks"])
     # utility stays on the whole holdout: the prior's top class is right on its share of it
     assert metrics["utility"]["accuracy"] == pytest.approx(np.mean(y_out == prior.argmax()))
     written = json.loads(layout.metrics(RUN).read_text())

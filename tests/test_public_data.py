@@ -23,16 +23,19 @@ from dpclip.stages import prepare
 from dpclip.stages.prepare import load_split
 
 CITIES = ["paris", "rome", "oslo"]
+ELSEWHERE = ["lima", "kyiv", "baku"]  # a public population no main record can equal
 MEMBER = 8  # a record that the seeded split of rows(60, ...) puts in target_train
 
 
-def rows(n: int, seed: int, age_offset: float = 0.0) -> list[dict]:
+def rows(n: int, seed: int, age_offset: float = 0.0, cities=CITIES) -> list[dict]:
     """n records: a numeric age (some missing), a city (some missing), a yes/no label."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         age = "?" if i % 7 == 3 else str(int(rng.integers(20, 70) + age_offset))
-        city = "" if i % 9 == 4 else CITIES[int(rng.integers(0, 3))]
+        # outside the main population no record misses both (that would equal a main record)
+        both_missing_allowed = cities is CITIES or age != "?"
+        city = "" if i % 9 == 4 and both_missing_allowed else cities[int(rng.integers(0, 3))]
         out.append({"age": age, "city": city, "label": ["no", "yes"][i % 2]})
     return out
 
@@ -104,11 +107,11 @@ def test_main_csv_as_shadow_dataset_is_refused_by_path_and_by_content(tmp_path, 
     # a byte-identical copy under another path
     copy = shutil.copy(main, tmp_path / "public.csv")
     refused(csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=str(copy)),
-            Layout(tmp_path / "b"), "data.shadow_dataset", "same records")
+            Layout(tmp_path / "b"), "data.shadow_dataset", "equal a record")
     # the same records in another order (and another spelling of the whitespace)
     shuffled = write_csv(tmp_path / "shuffled.csv", records[::-1])
     refused(csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=shuffled),
-            Layout(tmp_path / "c"), "data.shadow_dataset", "same records")
+            Layout(tmp_path / "c"), "data.shadow_dataset", "equal a record")
 
 
 def test_copy_of_the_main_idx_folder_as_shadow_dataset_is_refused(tmp_path, tiny_raw):
@@ -118,7 +121,7 @@ def test_copy_of_the_main_idx_folder_as_shadow_dataset_is_refused(tmp_path, tiny
         params = parse_params(tiny_raw(data={
             "dataset": "mnist", "path": str(tmp_path / "mnist"), "shadow_dataset": shadow,
             "shadow_path": str(tmp_path / "copy")}))
-        refused(params, Layout(tmp_path / shadow), "data.shadow_dataset", "same records")
+        refused(params, Layout(tmp_path / shadow), "data.shadow_dataset", "equal a record")
 
 
 def test_csv_beside_an_image_dataset_is_refused(tmp_path, tiny_raw):
@@ -187,7 +190,7 @@ def test_changing_a_private_record_changes_nothing_fitted(tmp_path, tiny_raw):
 
 def test_separate_csv_shadow_dataset_fits_the_encoding_for_both(tmp_path, tiny_raw):
     main_records = rows(60, seed=0)
-    public_records = rows(80, seed=1, age_offset=100.0)  # a clearly different population
+    public_records = rows(80, seed=1, age_offset=100.0, cities=ELSEWHERE)  # another population
     params = csv_params(tiny_raw, write_csv(tmp_path / "main.csv", main_records),
                         shadow_dataset="csv",
                         shadow_path=write_csv(tmp_path / "public.csv", public_records))
@@ -228,8 +231,8 @@ def test_a_class_held_only_by_members_is_refused_unless_listed(tmp_path, tiny_ra
     records[5]["label"] = "maybe"  # a class of one record: stratification puts it in target_train
     path = write_csv(tmp_path / "t.csv", records)
     message = refused(csv_params(tiny_raw, path), Layout(tmp_path / "a"), "data.categories",
-                      "'maybe'", "target_train", "data.categories.label")
-    assert "private" in message
+                      "1 label(s)", "target_train", "data.categories.label")
+    assert "private" in message and "maybe" not in message  # a member's label stays private
     # listed in the schema, the class is public knowledge and the run goes ahead
     layout = Layout(tmp_path / "b")
     meta = prepare(csv_params(tiny_raw, path, categories={"label": ["no", "yes", "maybe"]}),
@@ -255,3 +258,48 @@ def test_data_categories_order_is_the_encoding_order(tmp_path, tiny_raw):
     assert y.tolist() == [0 if records[i]["label"] == "yes" else 1 for i in index]
     oslo = [records[i]["city"] == "oslo" for i in index]
     assert x[oslo, names.index("city=other")].tolist() == [1.0] * sum(oslo)
+
+
+def test_a_public_dataset_partly_made_of_main_records_is_refused(tmp_path, tiny_raw):
+    """A subset of the main records mixed with new ones is not public data; the count of shared
+    records is what the message gives, never the records."""
+    main_records = rows(60, seed=0)
+    fresh = rows(40, seed=1, age_offset=100.0, cities=ELSEWHERE)  # equal to no main record
+    mixed = write_csv(tmp_path / "mixed.csv", main_records[:20] + fresh)
+    params = csv_params(tiny_raw, write_csv(tmp_path / "main.csv", main_records),
+                        shadow_dataset="csv", shadow_path=mixed)
+    message = refused(params, Layout(tmp_path / "a"), "data.shadow_max_shared",
+                      "20 of its 60 records equal a record")
+    assert "paris" not in message and "rome" not in message and "oslo" not in message
+
+
+def test_a_few_shared_records_are_allowed_up_to_data_shadow_max_shared(tmp_path, tiny_raw):
+    """Two people can hold the same record: one shared record in 41 passes the default 1%
+    only when allowed (1/41 > 0.01), and 0 refuses any."""
+    main_records = rows(60, seed=0)
+    public = write_csv(tmp_path / "public.csv",
+                       main_records[:1] + rows(40, seed=1, age_offset=100.0, cities=ELSEWHERE))
+    main = write_csv(tmp_path / "main.csv", main_records)
+    for allowed, accepted in ((0.0, False), (0.01, False), (0.025, True)):
+        params = csv_params(tiny_raw, main, shadow_dataset="csv", shadow_path=public,
+                            shadow_max_shared=allowed)
+        layout = Layout(tmp_path / str(allowed))
+        if accepted:
+            assert prepare(params, layout)["sizes"]["shadow_train"] > 0
+        else:
+            refused(params, layout, "1 of its 41 records", f"data.shadow_max_shared {allowed!r}")
+
+
+def test_data_shadow_max_shared_must_be_a_fraction(tiny_raw):
+    with pytest.raises(DpclipError, match=r"data\.shadow_max_shared.*1\.5"):
+        parse_params(tiny_raw(data={"shadow_max_shared": 1.5}))
+
+
+def test_a_bad_private_cell_is_located_but_not_shown(tmp_path, tiny_raw):
+    records = rows(60, seed=0)
+    records[MEMBER]["age"] = "secret-41"
+    params = csv_params(tiny_raw, write_csv(tmp_path / "t.csv", records),
+                        numeric_columns=["age"])
+    message = refused(params, Layout(tmp_path), "column 'age'", f"data row {MEMBER}",
+                      "data.missing_values")
+    assert "secret" not in message

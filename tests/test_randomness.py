@@ -54,8 +54,9 @@ def test_a_resumed_run_never_repeats_a_draw_on_the_gpu_code_path(tmp_path, monke
                                                                    method, device):
     # A GPU run used to draw extra answers from torch's global CPU generator (the hook
     # Method.cpu_generator returned None off the CPU), re-seeded from train.seed on resume:
-    # step k*S + j then repeated step j's noisy histogram or count. Force that path where it
-    # exists; the run's own extras stream makes it irrelevant.
+    # step k*S + j then repeated step j's noisy histogram or count. The patch forces that path
+    # on code that still has the hook (it fails there); today the hook is gone and every draw
+    # comes from the run's own streams on every device, so the patch changes nothing.
     from dpclip.methods import base
 
     monkeypatch.setattr(base.Method, "cpu_generator", lambda self, g: None, raising=False)

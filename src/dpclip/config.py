@@ -53,6 +53,8 @@ class DataParams:
     # separate public dataset for the shadow splits (e.g. fashion-mnist beside mnist)
     shadow_dataset: str | None = None
     shadow_path: str | None = None
+    # the largest fraction of the shadow dataset's records that may equal a main record
+    shadow_max_shared: float = 0.01
     # csv: the public schema, {column: [levels]}; the target column's entry is the class list.
     # Columns not named take their levels from the public rows; unseen levels map to "other".
     categories: dict[str, list[str]] | None = None
@@ -302,6 +304,7 @@ def _read_data(r: _Reader) -> DataParams:
         missing_values=r.text_list("missing_values", d.missing_values, optional=False),
         shadow_dataset=r.choice("shadow_dataset", d.shadow_dataset, DATASETS, optional=True),
         shadow_path=r.text("shadow_path", d.shadow_path),
+        shadow_max_shared=r.number("shadow_max_shared", d.shadow_max_shared, low=0, high=1),
         categories=_read_categories(r),
         split=_read_split(r.sub("split")),
     )

@@ -62,7 +62,7 @@ def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> d
     """
     scores = np.concatenate([member_scores, nonmember_scores])
     truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
-    fpr, tpr, _ = roc_curve(truth, scores)
+    fpr, tpr = roc_points(member_scores, nonmember_scores)
     return {"auc": float(roc_auc_score(truth, scores)),
             "balanced_accuracy": float(np.max((tpr + 1.0 - fpr) / 2.0)),
             "tpr_at_fpr_1pct": tpr_at_fpr(fpr, tpr, 0.01),
@@ -81,11 +81,6 @@ def clopper_pearson_limits(successes, trials: int, alpha: float):
         hi = np.where(k >= trials, 1.0,
                       beta_dist.ppf(1 - alpha, k + 1, np.maximum(trials - k, 1)))
     return lo, hi
-
-
-def clopper_pearson(successes, trials: int, confidence: float = 0.95):
-    """Exact two-sided binomial confidence limits (element-wise over ``successes``)."""
-    return clopper_pearson_limits(successes, trials, (1 - confidence) / 2)
 
 
 ADJACENCIES = ("add_remove", "replace_one_features")
@@ -143,22 +138,29 @@ def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmember
     margin2_j) > 0 certifies a violation.
 
     Why the band is simultaneous, and why Bonferroni + Clopper-Pearson: both directions at all
-    m points use only the 2m one-sided limits {TPR_lo_j, FPR_hi_j}; each is taken at level
-    alpha / (2m), alpha = 1 - confidence, so by the union bound all 2m limits hold together
-    with probability >= 1 - alpha, and then a true rate pair inside the bound can never show a
-    positive margin (both margins increase with TPR and decrease with FPR). So the chance of
-    crying wolf on an attack that respects the bound is <= alpha however many points the ROC
-    has. The alternative, a DKW band over the whole curve, has the same additive width
+    ROC points use only one-sided limits {TPR_lo_j, FPR_hi_j}. A score ROC has at most
+    m = n_members + n_nonmembers + 1 distinct thresholds, so there are at most 2m such limits
+    whatever points the curve shows; each is taken at level alpha / (2m), alpha = 1 -
+    confidence, so by the union bound all of them hold together with probability >= 1 - alpha,
+    and then a true rate pair inside the bound can never show a positive margin (both margins
+    increase with TPR and decrease with FPR). The count m is fixed by the set sizes, not read
+    off the data (how many corners the empirical ROC happens to have), so the level holds
+    however the curve comes out: the chance of crying wolf on an attack that respects the bound
+    is <= alpha. The alternative, a DKW band over the whole curve, has the same additive width
     sqrt(log(2/alpha') / 2n) at every FPR; violations live at the ends of the ROC (tiny FPR for
     (1), tiny 1 - TPR for (2)), where exact binomial limits are far tighter (a count of 0 of n
     has an upper limit of about log(2m/alpha)/n, not a constant), so Bonferroni-CP finds real
-    violations with fewer records. The ROC's corners (scikit-learn's ``drop_intermediate``)
-    keep m small.
+    violations with fewer records.
+
+    Several checks of one run (the loss attack and each IR layer) each get ``confidence`` =
+    1 - alpha_run / checks (:func:`family_confidence`), so the run's flag, the OR of its
+    checks, cries wolf with probability <= alpha_run.
     """
     fpr, tpr = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
     eps_used, delta_used = membership_game_bound(adjacency, epsilon, delta)
     points = int(len(fpr))
-    alpha_each = (1.0 - confidence) / (2 * max(points, 1))
+    thresholds = int(n_members) + int(n_nonmembers) + 1  # data-independent Bonferroni count
+    alpha_each = (1.0 - confidence) / (2 * thresholds)
     tpr_lo, _ = clopper_pearson_limits(np.round(tpr * n_members), n_members, alpha_each)
     _, fpr_hi = clopper_pearson_limits(np.round(fpr * n_nonmembers), n_nonmembers, alpha_each)
     growth = math.exp(min(eps_used, 700.0))
@@ -169,11 +171,20 @@ def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmember
     return {"checked": True, "violated": bool(worst > 0), "worst_margin": worst,
             "epsilon_used": eps_used, "delta_used": delta_used,
             "adjacency": adjacency or "add_remove", "confidence": confidence, "points": points,
-            "band": "clopper_pearson_bonferroni",
+            "band": "clopper_pearson_bonferroni", "bonferroni_limits": 2 * thresholds,
             "violating_points": int(np.sum(margins.max(axis=0) > 0)),
             "worst_at": {"fpr": float(fpr[j]), "tpr": float(tpr[j]),
                          "direction": ("tpr <= e^eps fpr + delta",
                                        "1 - fpr <= e^eps (1 - tpr) + delta")[direction]}}
+
+
+RUN_CONFIDENCE = 0.95  # of a run's dp_bound_violated flag, over all its attacks' checks
+
+
+def family_confidence(checks: int, confidence: float = RUN_CONFIDENCE) -> float:
+    """The confidence of each of ``checks`` DP-bound checks so that all hold together with
+    ``confidence`` (Bonferroni): 1 - (1 - confidence) / checks."""
+    return 1.0 - (1.0 - confidence) / max(int(checks), 1)
 
 
 def dp_bound_unchecked(privacy: dict) -> dict | None:

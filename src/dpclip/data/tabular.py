@@ -206,10 +206,11 @@ def _numbers(table: CsvTable, cells: pd.Series) -> np.ndarray:
     bad = cells[values.isna() & cells.notna()]
     if len(bad):
         raise DpclipError(
-            f"{table.key}: column {cells.name!r} of {str(table.path)!r} is numeric but row "
-            f"{int(bad.index[0])} holds the non-numeric value {bad.iloc[0]!r} ({len(bad)} such "
-            f"cells); fix the file, add the value to data.missing_values, or list "
-            f"{cells.name!r} in data.categorical_columns")
+            f"{table.key}: column {cells.name!r} of {str(table.path)!r} is numeric but "
+            f"{len(bad)} cell(s) are not numbers, the first in data row {int(bad.index[0])} "
+            f"(counted from 0; the value is not shown, it may be private); fix the file, add "
+            f"the value to data.missing_values, or list {cells.name!r} in "
+            f"data.categorical_columns")
     return values.to_numpy(dtype=np.float64)
 
 

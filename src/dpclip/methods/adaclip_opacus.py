@@ -80,7 +80,7 @@ class AdaClipOpacus(Method):
         for p in optimizer.params:
             p.grad_sample = torch.zeros((0, *p.shape), device=p.device)
             p.summed_grad = torch.zeros_like(p)
-        optimizer.unclipped_num = torch.zeros(())
+        optimizer.unclipped_num = torch.zeros((), device=optimizer.params[0].device)
         optimizer.add_noise()
         optimizer.scale_grad()
         optimizer.original_optimizer.step()

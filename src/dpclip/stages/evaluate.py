@@ -31,8 +31,10 @@ from dpclip.config import Params, alpha_tag, run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.metrics import (attack_metrics, calibration_metrics, dp_bound_check,
-                            dp_bound_unchecked, reliability_bins, roc_points)
+from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
+                            dp_bound_check, dp_bound_unchecked, family_confidence,
+                            reliability_bins, roc_points)
+from dpclip.models import parameterised_layers
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
 from dpclip.stages.partition import load_partition
@@ -93,14 +95,20 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                             -per_sample_loss(probs_out[pick_out], y_out[pick_out]))
     roc = attack.pop("roc")
     privacy = record["privacy"]
+    # the run's flag ORs its checks (loss, each IR layer): each gets its share of the 5%
+    checks = 1 + (len(parameterised_layers(model)) if params.evaluate.ir_attack else 0)
+    confidence = family_confidence(checks)
     attack["dp_bound"] = checked_bound(run, "loss", roc["fpr"], roc["tpr"],
-                                       attack["n_members"], attack["n_nonmembers"], privacy)
+                                       attack["n_members"], attack["n_nonmembers"], privacy,
+                                       confidence)
     mia = {"loss": attack,
            "label_only": {"auc": label_only_auc(y_in[pick_in], y_out[pick_out]),
                           "auc_unmatched": label_only_auc(y_in, y_out)},
            "matching": {"n_members": int(len(pick_in)), "n_nonmembers": int(len(pick_out)),
                         "class_matched": True, "members_available": int(len(y_in)),
-                        "holdout_available": int(len(y_out))}}
+                        "holdout_available": int(len(y_out))},
+           "dp_bound_family": {"checks": checks, "confidence": RUN_CONFIDENCE,
+                               "confidence_each": confidence}}
     trace = pd.read_csv(layout.trace(run))
     metrics = {
         "run": run, "dataset": record["dataset"], "method": method,
@@ -112,7 +120,8 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     }
     if params.evaluate.ir_attack:
         metrics["mia"]["ir"] = ir_attack(params, model, x_in[pick_in], y_in[pick_in],
-                                         x_out[pick_out], y_out[pick_out], rng, privacy, run)
+                                         x_out[pick_out], y_out[pick_out], rng, privacy, run,
+                                         confidence)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
@@ -120,14 +129,16 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
 
 
 def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,
-                  n_nonmembers: int, privacy: dict) -> dict:
+                  n_nonmembers: int, privacy: dict, confidence: float = RUN_CONFIDENCE) -> dict:
     """The DP-bound check of one attack's ROC under the run's privacy record (``adjacency``
-    missing = add_remove), or why it was not checked; logs a certified violation as an ERROR."""
+    missing = add_remove) at ``confidence``, or why it was not checked; logs a certified
+    violation as an ERROR."""
     skipped = dp_bound_unchecked(privacy)
     if skipped is not None:
         return skipped
     check = dp_bound_check(fpr, tpr, n_members, n_nonmembers, float(privacy["epsilon"]),
-                           float(privacy["delta"]), adjacency=privacy.get("adjacency"))
+                           float(privacy["delta"]), adjacency=privacy.get("adjacency"),
+                           confidence=confidence)
     if check["violated"]:
         _log_violation(run, attack, check)
     return check
@@ -145,7 +156,8 @@ def _log_violation(run: str, attack: str, check: dict) -> None:
 
 def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
               y_members: np.ndarray, x_nonmembers: np.ndarray, y_nonmembers: np.ndarray,
-              rng: np.random.Generator, privacy: dict | None = None, run: str = "") -> dict:
+              rng: np.random.Generator, privacy: dict | None = None, run: str = "",
+              confidence: float = RUN_CONFIDENCE) -> dict:
     """Layer-wise membership inference on intermediate representations (METHODS.md,
     evaluation): per layer, a classifier of members vs non-members scored on held-out folds;
     accuracy and AUC per layer and the peak over layers.
@@ -153,8 +165,8 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
     The inputs are the class-matched evaluation sets; when they exceed ``attack.max_records``
     per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier
     sees identical class counts on both sides. With a DP claim in ``privacy``, each layer's
-    held-out ROC is checked against the DP bound: ``layers.<l>.dp_bound_margin``, and the
-    worst layer's full check as ``dp_bound``. Each record's score comes from the fold
+    held-out ROC is checked against the DP bound at ``confidence`` each:
+    ``layers.<l>.dp_bound_margin``, and the worst layer's full check as ``dp_bound``. Each record's score comes from the fold
     classifier that did not see it, a fixed test given the other folds; the pooled ROC point at
     a threshold is the (stratified, equal-weight) average of the folds' points, and the region
     the bound allows is convex, so the bound applies to the pooled ROC as well."""
@@ -174,7 +186,7 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
             z, score = r["membership"], r["scores"]
             fpr, tpr = roc_points(score[z == 1], score[z == 0])
             checks[name] = checked_bound(run, f"IR ({name})", fpr, tpr, int((z == 1).sum()),
-                                         int((z == 0).sum()), privacy)
+                                         int((z == 0).sum()), privacy, confidence)
         layers[name]["dp_bound_margin"] = checks[name]["worst_margin"] if checks else None
     peak = max(layers, key=lambda n: layers[n]["accuracy"])
     if checks:

@@ -4,8 +4,9 @@ set), shadow train and shadow holdout (public data for shadow models).
 Splits are stratified and seeded. With ``data.shadow_dataset`` set, the shadow splits come from
 that separate public dataset (e.g. Fashion-MNIST beside MNIST) and the main dataset is split
 into target train / holdout only; otherwise the four splits are disjoint parts of one dataset.
-A shadow dataset that is the main dataset itself (same name and location, or the same records)
-is refused: public data must be disjoint from the private records.
+A shadow dataset that is the main dataset itself (same name and location), or a copy or subset
+of it (more than ``data.shadow_max_shared`` of its records equal main records), is refused:
+public data must be disjoint from the private records.
 
 Preprocessing sees public data only. Image pixels are scaled by fixed constants (nothing is
 fitted). A CSV is encoded by a :class:`~dpclip.data.CsvEncoder` fitted on the public
@@ -18,6 +19,8 @@ schema.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from dpclip.config import Params
@@ -27,6 +30,8 @@ from dpclip.data.splits import stratified_split
 from dpclip.errors import DpclipError
 from dpclip.io import atomic_dir, write_json, write_npz
 from dpclip.layout import SPLITS, Layout
+
+log = logging.getLogger(__name__)
 
 IMAGE_PREPROCESSING = {"fitted_on": "nothing: fixed scaling, no statistics fitted",
                        "vocabulary": None}
@@ -90,17 +95,20 @@ def _no_public_rows(params: Params) -> DpclipError:
 
 def _refuse_unknown_labels(params: Params, encoder, sources: dict[str, tuple]) -> None:
     """A record whose label is outside the class list cannot be encoded; a private one would
-    otherwise teach the model a class that only members hold."""
+    otherwise teach the model a class that only members hold. The message names the labels of
+    public splits only: for a private split it gives the count, never the members' labels."""
     target = params.data.target
     origin = (f"data.categories.{target}" if target in (params.data.categories or {})
               else "the public shadow_train rows")
     for name, (table, idx) in sources.items():
         unknown = encoder.unknown_labels(table, idx)
         if unknown:
-            kind = "private" if name.startswith("target") else "public"
+            private = name.startswith("target")
+            held = (f"{len(unknown)} label(s) of {target!r} (not shown: private)" if private
+                    else f"the labels {unknown} of {target!r}")
             raise DpclipError(
-                f"data.categories: the {name} split ({kind}) holds labels {unknown} of "
-                f"{target!r} outside the class list {encoder.classes} (from {origin}); list "
+                f"data.categories: the {name} split ({'private' if private else 'public'}) "
+                f"holds {held} outside the class list {encoder.classes} (from {origin}); list "
                 f"every class under data.categories.{target}")
 
 
@@ -133,7 +141,11 @@ def _read(params: Params):
     if not data.shadow_dataset:
         return main, None
     public = read_source(data.shadow_dataset, data.shadow_path, data, key="data.shadow_path")
-    refuse_same_content(data, main, public)
+    shared = refuse_same_content(data, main, public)
+    if shared:
+        log.warning("data.shadow_dataset: %d of the public records equal a record of the main "
+                    "dataset (allowed by data.shadow_max_shared %s)", shared,
+                    data.shadow_max_shared)
     if isinstance(main, CsvTable):
         _check_columns(params, main, public)
     return main, public

@@ -132,8 +132,8 @@ ADDED_NOTES = [
     "ROC point of TPR <= e^eps' FPR + delta' and 1 - FPR <= e^eps' (1 - TPR) + delta' (eps', "
     "delta' of the evaluation game for the row's adjacency: (eps, delta) for "
     "replace_one_features, (2 eps, (1 + e^eps) delta) for add_remove), lower confidence limit "
-    "of the left side minus upper limit of the right, with a 95% band simultaneous over all "
-    "points; > 0 (`dp_bound_violated`) is a certified violation, a privacy bug; — = not checked "
+    "of the left side minus upper limit of the right, with a band simultaneous over every "
+    "threshold, both directions and all the row's attacks (95% for the row as a whole); > 0 (`dp_bound_violated`) is a certified violation, a privacy bug; — = not checked "
     "(no DP claim).",
     "`label_only_auc`: the attacker who knows only the class frequencies of members and "
     "non-members, on the class-matched sets the attacks use (0.5 when matching works); "
