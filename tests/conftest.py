@@ -86,7 +86,7 @@ def tiny_train_config(method: str = "dp_sgd", **overrides):
                 batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0,
                 device="cpu", model="mlp", hidden=(8,),
                 shadow_risk=shadow_risk_for(["fc1", "head"]))
-    return TrainConfig(**{**base, **overrides})
+    return TrainConfig.of(**{**base, **overrides})
 
 
 def gaussian_records(n: int, seed: int = 0) -> tuple:

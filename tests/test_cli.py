@@ -92,5 +92,5 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
     result = json.loads((tmp_path / "reports" / "bench.json").read_text())
     rows = {row["method"]: row for row in result["table"]}
     assert rows["dp_sgd"]["ratio_to_dp_sgd"] == 1.0 and rows["ww_dp_sgd"]["step_ms_median"] > 0
-    assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["ww_probe"]["share"] < 1
+    assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["ww_dp_sgd"]["share"] < 1
     assert (tmp_path / "reports" / "bench.md").exists()

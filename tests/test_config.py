@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpclip.config import parse_params, run_name
+from dpclip.config import parse_params
+from dpclip.naming import run_name
 from dpclip.errors import ConfigError
 
 
@@ -61,3 +62,31 @@ def test_defaults_parse_and_name_runs_like_the_contract(tiny_raw):
     assert run_name("dp_sgd", params.privacy.target_epsilons[0], "iid", 0) == \
         "dp_sgd-eps8-iid-seed0"
     assert run_name("dp_sgd", 2.5, 0.1, 3) == "dp_sgd-eps2.5-0.1-seed3"
+
+
+def test_dpclip_schema_describes_params_yaml_for_an_editor(tmp_path, tiny_raw):
+    """``dpclip schema`` writes a JSON schema that accepts the project's params.yaml and
+    refuses what the validator refuses (checked with the jsonschema package)."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    from conftest import PROJECT
+    from dpclip.cli import main
+
+    out = tmp_path / "params.schema.json"
+    assert main(["schema", "--out", str(out)]) == 0
+    schema = json.loads(out.read_text())
+    assert schema["properties"]["privacy"]["$ref"].endswith("PrivacyParams")
+    delta = schema["$defs"]["PrivacyParams"]["properties"]["delta"]
+    assert (delta["exclusiveMinimum"], delta["exclusiveMaximum"]) == (0, 1)
+    p_rule = schema["properties"]["methods"]["properties"]["dc_sgd_p"]["properties"]["p"]
+    assert (p_rule["exclusiveMinimum"], p_rule["exclusiveMaximum"]) == (0, 1)
+    jsonschema.validate(yaml.safe_load((PROJECT / "params.yaml").read_text()), schema)
+    for bad in ({"privacy": {"delta": 0}}, {"train": {"batchsize": 3}},
+                {"methods": {"dc_sgd_p": {"p": 1.5}}}, {"methods": {"magic": {}}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(tiny_raw(**bad), schema)
+        with pytest.raises(ConfigError):
+            parse_params(tiny_raw(**bad))

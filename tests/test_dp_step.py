@@ -20,7 +20,7 @@ from conftest import shadow_risk_for, tiny_train_config
 # methods on a per-sample gradient step (sanitize noises an activation layer instead: its
 # invariants are in test_sanitization.py)
 PRIVATE_METHODS = [m for m in available_methods()
-                   if get_method(m).private and get_method(m).step_kind != "sanitize"]
+                   if get_method(m).run_kind in ("private", "opacus_optimizer")]
 
 
 def as_layer_factors(factors: torch.Tensor, n_layers: int) -> torch.Tensor:
@@ -114,29 +114,6 @@ def _data(n=100, seed=0):
     return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
 
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("method", PRIVATE_METHODS)
-def test_empty_poisson_batch_is_a_noise_only_step(method, device):
-    # METHODS.md step 1: skipping the update would reveal the empty batch; the accountant
-    # models a noise-only step, so the step applies the noise as Opacus does (on the run's
-    # device: adaclip_opacus's empty-batch state once lived on the CPU and failed on CUDA)
-    x, y = _data()
-    options = {"count_noise_fraction": 0.2} if method.startswith("adaclip") else {}
-    run = build_run((6,), 3, len(x), _cfg(method=method, method_options=options,
-                                          device=device))
-    before = [p.detach().clone() for p in run.groups.flat()]
-    row = run.step(torch.as_tensor(x, device=device), torch.as_tensor(y, device=device), [],
-                   epoch=1)
-    assert row["batch_size"] == 0 and np.isnan(row["train_loss"])
-    assert run.guard.steps == 1 and row["epsilon_spent"] > 0
-    assert all(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
-    if method == "adaclip":  # the controller reads the released noisy count as usual
-        assert run.method.clip_threshold != 1.0
-
-
 def test_empty_batch_update_is_the_gradient_noise_alone():
     x, y = _data()
     run = build_run((6,), 3, len(x), _cfg(lr=0.1))
@@ -182,42 +159,6 @@ def test_non_private_run_reports_no_epsilon():
     x, y = _data()
     result = train_model(x, y, (6,), 3, _cfg(method="non_private"), progress=False)
     assert result.privacy["epsilon"] is None and result.privacy["dp_guarantee"] is False
-
-
-@pytest.mark.parametrize("method", ["dp_sgd", "non_private", "dc_sgd_p", "ww_dp_sgd",
-                                    "adaclip", "adaclip_opacus"])
-def test_a_crashed_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch,
-                                                                     method):
-    from dpclip.train import loop
-
-    x, y = _data()
-    options = {"ww_dp_sgd": {"probe_every": 3, "min_tail": 4, "kappa": 0.5},
-               "adaclip": {"count_noise_fraction": 0.2},
-               "adaclip_opacus": {"count_noise_fraction": 0.2}}.get(method, {})
-    cfg = _cfg(method=method, epochs=4, method_options=options)
-    reference = train_model(x, y, (6,), 3, cfg, progress=False)
-    path = tmp_path / "ckpt.pt"
-    runner = loop._PrivateRun if get_method(method).private else loop._PlainRun
-    original = runner.run_epoch
-
-    def crash_in_epoch_4(self, x, y, epoch, bar):
-        if epoch == 4:
-            raise KeyboardInterrupt
-        return original(self, x, y, epoch, bar)
-
-    monkeypatch.setattr(runner, "run_epoch", crash_in_epoch_4)
-    with pytest.raises(KeyboardInterrupt):
-        train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
-                    checkpoint_every=1)
-    assert path.exists()
-    monkeypatch.setattr(runner, "run_epoch", original)
-    resumed = train_model(x, y, (6,), 3, cfg, progress=False, checkpoint_path=path,
-                          checkpoint_every=1)
-    assert not path.exists()  # discarded once training completed
-    for a, b in zip(reference.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
-    assert len(resumed.trace) == len(reference.trace)
-    assert resumed.privacy == reference.privacy
 
 
 def test_per_layer_factors_scale_each_layer_separately():

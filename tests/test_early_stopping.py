@@ -108,11 +108,11 @@ def test_early_stop_privacy_never_reports_more_than_the_planned_run():
 def _cfg(method, rule="slope", threshold=1e9, epochs=4):
     from dpclip.train import TrainConfig
 
-    return TrainConfig(method=method, target_epsilon=4.0 if method != "non_private" else None,
-                       delta=1e-5, accountant="rdp", epochs=epochs, batch_size=16, lr=0.1,
-                       optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0, device="cpu",
-                       model="mlp", hidden=(8, 5),
-                       early_stopping={"rule": rule, "window": 2, "threshold": threshold})
+    return TrainConfig.of(method=method, target_epsilon=4.0 if method != "non_private" else None,
+                          delta=1e-5, accountant="rdp", epochs=epochs, batch_size=16, lr=0.1,
+                          optimizer="sgd", momentum=0.0, clip_norm=1.0, seed=0, device="cpu",
+                          model="mlp", hidden=(8, 5),
+                          early_stopping={"rule": rule, "window": 2, "threshold": threshold})
 
 
 def _data(seed=0):

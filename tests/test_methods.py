@@ -11,7 +11,7 @@ from dpclip.config import parse_params
 from dpclip.errors import ConfigError
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext, StepRelease
-from dpclip.methods.dc_sgd import error_threshold, norm_histogram, percentile_threshold
+from dpclip.methods.common.dc_sgd import error_threshold, norm_histogram, percentile_threshold
 from dpclip.privacy import combined_sigma, epsilon_of, split_sigma
 from dpclip.randomness import NoiseSources
 from dpclip.train import TrainConfig, train_model
@@ -76,12 +76,12 @@ def test_dc_sgd_controller_reads_only_the_noisy_histogram():
 
 
 def test_sigma_h_ratio_must_exceed_one(tiny_raw):
-    with pytest.raises(ConfigError, match="methods.dc_sgd.sigma_h_ratio"):
-        parse_params(tiny_raw(methods={"dc_sgd": {"sigma_h_ratio": 0.5}}))
-    with pytest.raises(ConfigError, match="methods.dc_sgd.p"):
-        parse_params(tiny_raw(methods={"dc_sgd": {"p": 1.5}}))
-    with pytest.raises(ConfigError, match="methods.dc_sgd.bins"):
-        parse_params(tiny_raw(methods={"dc_sgd": {"bins": 1}}))
+    with pytest.raises(ConfigError, match="methods.dc_sgd_e.sigma_h_ratio"):
+        parse_params(tiny_raw(methods={"dc_sgd_e": {"sigma_h_ratio": 0.5}}))
+    with pytest.raises(ConfigError, match="methods.dc_sgd_p.p"):
+        parse_params(tiny_raw(methods={"dc_sgd_p": {"p": 1.5}}))
+    with pytest.raises(ConfigError, match="methods.dc_sgd_p.bins"):
+        parse_params(tiny_raw(methods={"dc_sgd_p": {"bins": 1}}))
 
 
 @pytest.mark.parametrize("name", ["auto_s", "dp_psac", "dc_sgd_p", "dc_sgd_e", "ww_dp_sgd",
@@ -89,12 +89,12 @@ def test_sigma_h_ratio_must_exceed_one(tiny_raw):
 def test_each_method_trains_within_budget_and_traces_its_threshold(name):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(200, 6)).astype(np.float32), rng.integers(0, 3, size=200)
-    cfg = TrainConfig(method=name, target_epsilon=4.0, delta=1e-5, accountant="rdp", epochs=3,
-                      batch_size=20, lr=0.1, optimizer="sgd", momentum=0.0, clip_norm=1.0,
-                      seed=0, device="cpu", model="mlp", hidden=(8,),
-                      method_options={"dc_sgd_p": {"hist_every": 5}, "dc_sgd_e": {"hist_every": 5},
-                                      "ww_dp_sgd": {"probe_every": 5, "kappa": 0.5,
-                                                    "min_tail": 4}}.get(name, {}))
+    options = {"dc_sgd_p": {"hist_every": 5}, "dc_sgd_e": {"hist_every": 5},
+               "ww_dp_sgd": {"probe_every": 5, "kappa": 0.5, "min_tail": 4}}.get(name, {})
+    cfg = TrainConfig.of(method=name, target_epsilon=4.0, delta=1e-5, accountant="rdp",
+                         epochs=3, batch_size=20, lr=0.1, optimizer="sgd", momentum=0.0,
+                         clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
+                         method_options=options)
     result = train_model(x, y, (6,), 3, cfg, progress=False)
     p = result.privacy
     assert p["epsilon"] <= 4.0 and p["epsilon"] >= 4.0 - 0.02
@@ -229,10 +229,10 @@ def test_adaclip_release_is_the_centred_count_over_the_expected_batch():
 def test_adaclip_count_noise_too_small_for_the_split_names_its_key():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(100, 6)).astype(np.float32), rng.integers(0, 3, size=100)
-    cfg = TrainConfig(method="adaclip", target_epsilon=4.0, delta=1e-5, accountant="rdp",
-                      epochs=2, batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0,
-                      clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
-                      method_options={"count_noise_fraction": 0.01})
+    cfg = TrainConfig.of(method="adaclip", target_epsilon=4.0, delta=1e-5, accountant="rdp",
+                         epochs=2, batch_size=10, lr=0.1, optimizer="sgd", momentum=0.0,
+                         clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
+                         method_options={"count_noise_fraction": 0.01})
     from dpclip.errors import DpclipError
 
     with pytest.raises(DpclipError, match="methods.adaclip.count_noise_fraction"):
@@ -242,10 +242,10 @@ def test_adaclip_count_noise_too_small_for_the_split_names_its_key():
 def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(200, 6)).astype(np.float32), rng.integers(0, 3, size=200)
-    cfg = TrainConfig(method="adaclip_opacus", target_epsilon=4.0, delta=1e-5,
-                      accountant="rdp", epochs=3, batch_size=20, lr=0.1, optimizer="sgd",
-                      momentum=0.0, clip_norm=1.0, seed=0, device="cpu", model="mlp",
-                      hidden=(8,))
+    cfg = TrainConfig.of(method="adaclip_opacus", target_epsilon=4.0, delta=1e-5,
+                         accountant="rdp", epochs=3, batch_size=20, lr=0.1, optimizer="sgd",
+                         momentum=0.0, clip_norm=1.0, seed=0, device="cpu", model="mlp",
+                         hidden=(8,))
     result = train_model(x, y, (6,), 3, cfg, progress=False)
     p = result.privacy
     assert p["dp_guarantee"] is False  # the literal variant: epsilon is not a guarantee
@@ -253,3 +253,18 @@ def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
     assert p["sigma_train"] == pytest.approx((p["noise_multiplier"] ** -2 - 0.25) ** -0.5)
     thresholds = [row["clip_threshold"] for row in result.trace]
     assert len(set(thresholds)) > 1  # Opacus moved C, and the trace follows it
+
+
+def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
+    with pytest.warns(FutureWarning, match=r"methods\.dc_sgd is deprecated"):
+        params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12, "p": 0.25}}))
+    assert params.method_options("dc_sgd_p")["bins"] == 12
+    assert params.method_options("dc_sgd_p")["p"] == 0.25
+    assert params.method_options("dc_sgd_e")["bins"] == 12
+    assert "p" not in params.method_options("dc_sgd_e")  # the E rule has no quantile
+    # a method's own section wins over the old shared one
+    params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30}}))
+    assert params.method_options("dc_sgd_e")["bins"] == 30
+    # a section that is no method's is refused by name
+    with pytest.raises(ConfigError, match=r"methods\.dcsgd"):
+        parse_params(tiny_raw(methods={"dcsgd": {"bins": 12}}))

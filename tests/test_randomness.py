@@ -12,7 +12,7 @@ from dpclip.config import parse_params
 from dpclip.errors import ConfigError
 from dpclip.randomness import NoiseSources
 from dpclip.train import train_model
-from dpclip.train import loop
+from dpclip.train.runs.private import PrivateRun
 
 EXTRA_QUERY_OPTIONS = {"dc_sgd_p": {}, "adaclip": {"count_noise_fraction": 0.2},
                        "lm_dp_sgd": {}}
@@ -37,15 +37,15 @@ def _record_normal_draws(monkeypatch) -> list[bytes]:
 
 
 def _crash_in_epoch(monkeypatch, epoch_to_crash: int):
-    original = loop._PrivateRun.run_epoch
+    original = PrivateRun.run_epoch
 
     def crashing(self, x, y, epoch, bar):
         if epoch == epoch_to_crash:
             raise KeyboardInterrupt
         return original(self, x, y, epoch, bar)
 
-    monkeypatch.setattr(loop._PrivateRun, "run_epoch", crashing)
-    return lambda: monkeypatch.setattr(loop._PrivateRun, "run_epoch", original)
+    monkeypatch.setattr(PrivateRun, "run_epoch", crashing)
+    return lambda: monkeypatch.setattr(PrivateRun, "run_epoch", original)
 
 
 @pytest.mark.parametrize("device", DEVICES)

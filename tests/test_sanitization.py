@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -14,8 +13,9 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 
 from dpclip.privacy import ODOMETER_ORDERS
-from dpclip.sanitization import (RDP_ORDERS, clip_activations, funnel_widths,
-                                 noise_for_record_epsilon, record_epsilon, sanitize, sensitivity)
+from dpclip.methods.sanitize import (RDP_ORDERS, clip_activations, funnel_widths,
+                                     noise_for_record_epsilon, record_epsilon, sanitize,
+                                     sensitivity)
 
 
 @settings(max_examples=200, deadline=None)
@@ -95,10 +95,10 @@ def _sanitize_cfg(**options):
     opts = {"n": 2, "drop_p": 0.2, "clip": 1.0, "adaptive": False, "t": 0.05,
             "encoder": "frozen", "public_epochs": 2, "public_lr": 0.01, "epochs": 4,
             "head_lr": 0.1, **options}
-    return TrainConfig(method="sanitize", target_epsilon=4.0, delta=1e-5, accountant="rdp",
-                       epochs=4, batch_size=16, lr=0.1, optimizer="sgd", momentum=0.0,
-                       clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
-                       method_options=opts, early_stopping=early)
+    return TrainConfig.of(method="sanitize", target_epsilon=4.0, delta=1e-5, accountant="rdp",
+                          epochs=4, batch_size=16, lr=0.1, optimizer="sgd", momentum=0.0,
+                          clip_norm=1.0, seed=0, device="cpu", model="mlp", hidden=(8,),
+                          method_options=opts, early_stopping=early)
 
 
 def _sanitize_data(seed=0):
@@ -200,34 +200,6 @@ def test_sanitize_options_and_window_are_validated(tiny_raw):
         parse_params(tiny_raw(train={"early_stopping": {"rule": "slope", "window": 1}}))
 
 
-def test_a_crashed_sanitize_run_resumes_to_the_same_model(tmp_path, monkeypatch):
-    from dpclip.train import train_model
-    from dpclip.train.sanitize_run import SanitizeRun
-
-    x, y = _sanitize_data()
-    public = _sanitize_data(seed=1)
-    cfg = _sanitize_cfg()
-    reference = train_model(x, y, (6,), 3, cfg, progress=False, public=public)
-    original = SanitizeRun.run_epoch
-
-    def crash_in_epoch_3(self, x, y, epoch, bar):
-        if epoch == 3:
-            raise KeyboardInterrupt
-        return original(self, x, y, epoch, bar)
-
-    monkeypatch.setattr(SanitizeRun, "run_epoch", crash_in_epoch_3)
-    path = tmp_path / "ckpt.pt"
-    with pytest.raises(KeyboardInterrupt):
-        train_model(x, y, (6,), 3, cfg, progress=False, public=public, checkpoint_path=path,
-                    checkpoint_every=1)
-    monkeypatch.setattr(SanitizeRun, "run_epoch", original)
-    resumed = train_model(x, y, (6,), 3, cfg, progress=False, public=public,
-                          checkpoint_path=path, checkpoint_every=1)
-    for a, b in zip(reference.model.parameters(), resumed.model.parameters()):
-        assert torch.equal(a, b)
-    assert resumed.privacy == reference.privacy
-
-
 def test_sanitize_through_the_cli_with_early_stopping(tmp_path, tiny_raw, write_params):
     import json
 
@@ -255,7 +227,7 @@ def test_the_funnel_sits_on_the_cnn_trunk_for_images():
     x = rng.normal(size=(48, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 3, size=48)
     public = (rng.normal(size=(32, 1, 8, 8)).astype(np.float32), rng.integers(0, 3, size=32))
-    cfg = dataclasses.replace(_sanitize_cfg(epochs=1), model="cnn")
+    cfg = _sanitize_cfg(epochs=1).with_train(model="cnn")
     result = train_model(x, y, (1, 8, 8), 3, cfg, progress=False, public=public)
     names = [name for name, _ in result.model.named_children()]
     assert names[:2] == ["conv1", "cact1"]

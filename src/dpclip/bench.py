@@ -7,8 +7,9 @@ in a fresh subprocess after warm-up steps, as a ratio too: on CPU, the peak grow
 resident set size (sampled every millisecond) over the warmed-up level, with glibc's mmap
 threshold lowered so that every freed tensor over 16 KiB goes back to the system (else the
 allocator keeps it and the growth reads 0); on a GPU, ``torch.cuda.max_memory_allocated`` over
-the allocated level. Weights, data and library code are shared by all methods and left out. For
-``ww_dp_sgd`` the probe's share of the step time at the configured probe period is reported.
+the allocated level. Weights, data and library code are shared by all methods and left out. For a
+method with a periodic probe (``Method.probe_cost``) the probe's share of the step time at its
+configured period is reported.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,7 @@ from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
-from dpclip.methods import get_method
+from dpclip.methods import Method, get_method
 from dpclip.stages.prepare import load_split
 from dpclip.stages.train import train_config
 from dpclip.train import build_run
@@ -42,8 +42,8 @@ def _data(layout: Layout):
 
 
 def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
-    cfg = replace(train_config(params, method, params.privacy.target_epsilons[0], 0, layout),
-                  epochs=1_000)  # a long plan, so the budget never stops the benchmark
+    cfg = train_config(params, method, params.privacy.target_epsilons[0], 0, layout)
+    cfg = cfg.with_train(epochs=1_000)  # a long plan, so the budget never stops the benchmark
     run = build_run(shape, n_classes, len(x), cfg)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
 
@@ -87,19 +87,26 @@ def _step(run, x, y, batch):
         plain_step(run.model, run.loss_fn, x[idx], y[idx], run.optimizer)
 
 
-def ww_probe_share(params: Params, layout: Layout, steps: int) -> dict:
-    """Probe time over step time for ww_dp_sgd at its configured probe period."""
+def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict | None:
+    """A method's probe time over its step time at the configured probe period (None: the
+    method has no probe)."""
     x, y, shape, n_classes = _data(layout)
-    run, xt, yt = _runner(params, layout, "ww_dp_sgd", x, y, shape, n_classes)
+    run, xt, yt = _runner(params, layout, method, x, y, shape, n_classes)
+    if run.method.probe_cost() is None:
+        return None
     total = 0.0
     for batch in _batches(len(x), run.q, steps, seed=1):
         if batch:
             tic = time.perf_counter()
             run.step(xt, yt, batch, epoch=1)
             total += time.perf_counter() - tic
-    return {"probe_every": run.method.options["probe_every"],
-            "probe_s": run.method.probe_seconds, "train_s": total,
-            "share": run.method.probe_seconds / total if total else float("nan")}
+    cost = run.method.probe_cost()
+    return {"probe_every": cost["every"], "probe_s": cost["seconds"], "train_s": total,
+            "share": cost["seconds"] / total if total else float("nan")}
+
+
+def _has_probe(method: str) -> bool:
+    return get_method(method).probe_cost is not Method.probe_cost
 
 
 def peak_memory(params_path: str, root: str, method: str, steps: int) -> float:
@@ -189,17 +196,18 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
              "steps_timed": len(times[m])} for m in methods]
     table = pd.DataFrame(rows)
     result = {"table": rows}
-    if "ww_dp_sgd" in methods:
-        result["ww_probe"] = ww_probe_share(params, layout, steps=max(200, steps * rounds))
+    probes = {m: probe_share(params, layout, m, steps=max(200, steps * rounds))
+              for m in methods if _has_probe(m)}
+    if probes:
+        result["probes"] = probes
     out = layout.reports
     write_json(out / "bench.json", result)
     text = table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else \
         table.to_string(index=False)
     extra = ""
-    if "ww_probe" in result:
-        w = result["ww_probe"]
-        extra = (f"\n\nWW probe at K = {w['probe_every']}: {w['probe_s']:.4f} s of "
-                 f"{w['train_s']:.3f} s of steps = {100 * w['share']:.2f}%\n")
+    for method, w in result.get("probes", {}).items():
+        extra += (f"\n\n{method} probe at K = {w['probe_every']}: {w['probe_s']:.4f} s of "
+                  f"{w['train_s']:.3f} s of steps = {100 * w['share']:.2f}%\n")
     write_text(out / "bench.md", "# dpclip bench\n\n" + text + extra)
     return table
 

@@ -11,9 +11,11 @@ import logging
 import sys
 from pathlib import Path
 
-from dpclip.config import load_params, parse_scalar
+from dpclip.config import json_schema, load_params
 from dpclip.errors import DpclipError
+from dpclip.io import write_json
 from dpclip.layout import Layout
+from dpclip.naming import parse_scalar
 
 
 def _run_args(p: argparse.ArgumentParser, *, with_method: bool = True) -> None:
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("validate", help="check params.yaml and exit")
+    schema = sub.add_parser("schema", help="the JSON schema of params.yaml (for editors)")
+    schema.add_argument("--out", help="write it to this file (default: standard output)")
     sub.add_parser("prepare", help="build the target and shadow splits")
     _run_args(sub.add_parser("partition", help="Dirichlet label skew for one alpha"),
               with_method=False)
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("opacus").setLevel(logging.WARNING)  # per-layer mode notes at INFO
+    if args.command == "schema":  # needs no (valid) params.yaml
+        return _schema(args.out)
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))
@@ -63,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     except DpclipError as exc:
         print(f"dpclip: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _schema(out: str | None) -> int:
+    import json
+
+    if out:
+        write_json(Path(out), json_schema())
+        print(f"JSON schema of params.yaml written to {out}")
+    else:
+        print(json.dumps(json_schema(), indent=2))
+    return 0
 
 
 def _dispatch(args, params, layout) -> int:

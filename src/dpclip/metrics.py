@@ -97,9 +97,9 @@ def membership_game_bound(adjacency: str | None, epsilon: float, delta: float
     a replace-one neighbour D' = D - x + x'. Any test S (a threshold on a score) then obeys
         TPR <= e^eps' FPR + delta'   and   1 - FPR <= e^eps' (1 - TPR) + delta'.
 
-    * ``replace_one_features`` (sanitize: one record's features replaced, labels public): D'
-      is a neighbour, and the matched non-member has a member's label, so (eps', delta') =
-      (eps, delta).
+    * ``replace_one_features`` (the sanitization-layer method: one record's features
+      replaced, labels public): D' is a neighbour, and the matched non-member has a member's
+      label, so (eps', delta') = (eps, delta).
     * ``add_remove`` (gradient methods, Opacus accounting under Poisson sampling): D -> D - x
       -> D - x + x' is two add/remove steps; group privacy composes them:
           P[M(D) in S] <= e^eps P[M(D - x) in S] + delta

@@ -71,3 +71,10 @@ def layer_names(name: str, hidden: list[int]) -> list[str]:
     """The parameterised layer names a model will have (they do not depend on the data)."""
     shape = (1, 8, 8) if name == "cnn" else (4,)
     return parameterised_layers(build_model(name, shape, 2, list(hidden)))
+
+
+def per_record_std(z: torch.Tensor) -> float:
+    """Mean over records (rows) of each record's standard deviation over its units."""
+    if z.shape[1] < 2:
+        return 0.0
+    return float(z.detach().std(dim=1).mean())

@@ -30,7 +30,8 @@ import pandas as pd
 from dpclip.config import Params
 from dpclip.io import read_json
 from dpclip.layout import Layout
-from dpclip.train.loop import PRIVATE_DIAGNOSTICS
+from dpclip.methods import get_method
+from dpclip.train.setup import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,9 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
 }
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
-METHOD_STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
-                       "ww_clamp_hits_max", "monitored_std", "early_stop_signal")
-METHOD_STEP_PREFIXES = ("lm_w_",)  # LM-DP-SGD's per-layer weights, one column per layer
+# written by the run itself for every method that early-stops (the method adds its own:
+# Method.step_metrics)
+RUN_STEP_METRICS = ("monitored_std", "early_stop_signal")
 
 
 def project_home(root: Path) -> Path:
@@ -205,7 +206,7 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
-        _log_trace(mlflow, trace)
+        _log_trace(mlflow, trace, metrics["method"])
         with tempfile.TemporaryDirectory() as folder:
             released = Path(folder) / layout.trace(run).name
             trace.to_csv(released, index=False)
@@ -218,16 +219,16 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
     return True
 
 
-def _log_trace(mlflow, trace: pd.DataFrame, chunk: int = 900) -> None:
-    """Per-step metrics (clip_threshold, epsilon_spent, method signals, and train_loss when
-    the trace still has it) in batches."""
+def _log_trace(mlflow, trace: pd.DataFrame, method: str, chunk: int = 900) -> None:
+    """Per-step metrics (clip_threshold, epsilon_spent, the method's signals, and train_loss
+    when the trace still has it) in batches."""
     from mlflow.entities import Metric
 
     client = mlflow.tracking.MlflowClient()
     run_id = mlflow.active_run().info.run_id
     now = int(dt.datetime.now().timestamp() * 1000)
-    names = [n for n in STEP_METRICS + METHOD_STEP_METRICS if n in trace] + \
-        [n for n in trace.columns if n.startswith(METHOD_STEP_PREFIXES)]
+    names = [n for n in STEP_METRICS + RUN_STEP_METRICS if n in trace] + \
+        get_method(method).step_metrics(list(trace.columns))
     entries = [Metric(name, float(row[name]), now, int(row["step"]))
                for _, row in trace.iterrows() for name in names if pd.notna(row[name])]
     for i in range(0, len(entries), chunk):

@@ -22,10 +22,8 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from dpclip.config import CLASSIFIERS, RISK_EVALS  # the parameter schema owns the names
 from dpclip.errors import DpclipError
-
-CLASSIFIERS = ("logistic", "gbdt")
-RISK_EVALS = ("cv", "train")
 
 
 def make_classifier(name: str, seed: int):

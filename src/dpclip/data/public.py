@@ -1,6 +1,6 @@
 """Keeping public data apart from the private records (METHODS.md, "Public data").
 
-A separate ``data.shadow_dataset`` is treated as public: the shadow models, the frozen sanitize
+A separate ``data.shadow_dataset`` is treated as public: the shadow models, a method's frozen
 encoder, public layer weights, early stopping and the CSV encoding are fitted on it without
 noise. If it were the main dataset itself, every one of those would have seen the members while
 the runs still claimed a DP guarantee. So a shadow dataset is refused when it is the same

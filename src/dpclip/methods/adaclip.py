@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
+from dpclip.methods.base import Method, StepRelease, clip_factors, register
+from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, check_clip_range
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -31,27 +32,12 @@ from dpclip.randomness import NoiseSources
 @register
 class AdaClip(Method):
     name = "adaclip"
-    options_key = "adaclip"
     controller_data = "the noisy centred count of members' unclipped gradients (accounted)"
-    OPTIONS = {
-        "target_quantile": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
-                                  help="gamma: the fraction of records left unclipped"),
-        # The paper's eta_C = 0.2 is per federated round; applied every DP-SGD step it
-        # overshoots (digits: C rose to 38 within 50 steps, accuracy 0.14); 0.05 tracks the
-        # target quantile (accuracy 0.89).
-        "clip_lr": Option(0.05, low=0.0, low_open=True, help="eta_C: geometric step of C"),
-        "count_noise_fraction": Option(0.05, low=0.0, low_open=True,
-                                       help="sigma_b / B (the paper suggests B / 20)"),
-        "c_min": Option(0.01, low=0.0, low_open=True),
-        "c_max": Option(100.0, low=0.0, low_open=True),
-    }
+    OPTIONS = ADACLIP_OPTIONS
 
-    @staticmethod
-    def check_options(values: dict, prefix: str, layer_names: list[str]) -> list[str]:
-        if values["c_min"] >= values["c_max"]:
-            return [f"{prefix}.c_min: {values['c_min']!r} must be below {prefix}.c_max "
-                    f"({values['c_max']!r})"]
-        return []
+    @classmethod
+    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+        return check_clip_range(values, prefix)
 
     @property
     def count_std(self) -> float:
@@ -59,7 +45,7 @@ class AdaClip(Method):
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         return [ExtraQuery("unclipped", 0.5, self.count_std,
-                           option="methods.adaclip.count_noise_fraction")]
+                           option=f"methods.{self.name}.count_noise_fraction")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))

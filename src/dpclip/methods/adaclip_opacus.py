@@ -8,7 +8,7 @@ sampling the raw count has add/remove sensitivity 1, not the 1/2 that split assu
 actual batch size is released un-noised through C_{t+1}, so the epsilon it reports (recorded
 here the same way, for comparison) is smaller than the mechanism's.
 
-This method brings its own optimizer (``step_kind = "opacus_optimizer"``): Opacus's
+This method brings its own optimizer (``run_kind = "opacus_optimizer"``): Opacus's
 ``GradSampleModule`` materialises per-sample gradients and the optimizer clips, adds noise,
 divides by the expected batch size and moves C.
 """
@@ -20,6 +20,7 @@ from opacus import GradSampleModule
 from opacus.optimizers import AdaClipDPOptimizer
 
 from dpclip.methods.base import Method, clip_factors, register
+from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, check_clip_range
 from dpclip.privacy import ExtraQuery
 
 
@@ -29,14 +30,15 @@ class AdaClipOpacus(Method):
     dp_guarantee = False
     controller_data = ("Opacus's noisy count of unclipped gradients over the actual batch size "
                        "(under-accounted: no DP)")
-    step_kind = "opacus_optimizer"
-    options_key = "adaclip"  # the same knobs as the sound adaclip
-    OPTIONS = {}  # read through adaclip's section (see _option)
+    run_kind = "opacus_optimizer"
+    OPTIONS = ADACLIP_OPTIONS  # the same knobs as the sound adaclip, in its own section
+
+    @classmethod
+    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+        return check_clip_range(values, prefix)
 
     def _option(self, name):
-        from dpclip.methods.adaclip import AdaClip
-
-        return self.context.options.get(name, AdaClip.OPTIONS[name].default)
+        return self.options[name]
 
     @property
     def count_std(self) -> float:
@@ -45,7 +47,7 @@ class AdaClipOpacus(Method):
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         # Opacus's own split: the count taken to have sensitivity 1/2 (see the module note)
         return [ExtraQuery("unclipped", 0.5, self.count_std,
-                           option="methods.adaclip.count_noise_fraction")]
+                           option=f"methods.{self.name}.count_noise_fraction")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         # Opacus clips inside its optimizer; this is the same rule, for the clip-bound tests

@@ -13,7 +13,6 @@ from dpclip.methods.base import Method, Option, register, total_norms
 @register
 class AutoS(Method):
     name = "auto_s"
-    options_key = "auto_s"
     OPTIONS = {"gamma": Option(0.01, low=0.0, low_open=True,
                                help="stability constant added to every norm")}
 

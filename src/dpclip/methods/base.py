@@ -1,18 +1,42 @@
-"""What a training method is: a per-sample scaling rule, a controller, and the extra noisy
-queries it declares for accounting. The shared DP step (:mod:`dpclip.train.step`) does the rest.
+"""What a training method is, and every hook one may use.
 
-A method module defines one subclass of :class:`Method` and registers it with
-:func:`register`; adding a method never touches the training loop.
+A method is one module in :mod:`dpclip.methods` that defines a subclass of :class:`Method` and
+decorates it with :func:`register`; the package finds the module by itself
+(:func:`dpclip.methods.discover`). The generic code (the training loop, the stages, tracking,
+bench) calls the hooks below and never names a method, so adding one touches no other file.
+
+A **layer** is a module of the model that holds trainable parameters directly (``fc1``,
+``conv2``, ``head``; :func:`dpclip.models.layer_names`), in model order. Per-layer quantities
+(``layer_norms[:, l]``, per-layer clip weights, shadow risks ER^(l)) are indexed by these
+layers, and the whole-model norm is the L2 norm over them: n_i = sqrt(sum_l (n_i^(l))^2).
+
+The hooks, by what they serve (each has a default, so a method overrides only what it changes):
+
+* the DP step (run kind ``private``): :meth:`Method.scale`, :meth:`Method.extra_queries`,
+  :meth:`Method.release_extras`, :meth:`Method.update` (the controller), :meth:`Method.trace_row`;
+* the run: ``run_kind`` (a name of :data:`dpclip.train.runs.RUN_KINDS`), ``private``,
+  ``dp_guarantee``, ``adjacency``, :meth:`Method.model_hidden`,
+  :meth:`Method.needs_public_data`, ``needs_shadow_risk``, and for the ``opacus_optimizer`` kind
+  :meth:`Method.attach` and :meth:`Method.opacus_step`;
+* parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml; or a pydantic
+  ``Options`` model of the module's own), :meth:`Method.check_options` and ``OLD_SECTIONS``;
+* evaluation: :meth:`Method.rebuild_for_evaluation` (what the method added to the model);
+* records and tools: :meth:`Method.data_use`, ``controller_data``, ``early_stopping_watches``,
+  :meth:`Method.step_metrics` (MLflow), :meth:`Method.probe_cost` (``dpclip bench``).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 from torch import nn
 
+from dpclip.errors import bad_value
+from dpclip.param_types import NUMBER, problems_of
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -32,7 +56,7 @@ class StepRelease:
 
 @dataclass(frozen=True)
 class Option:
-    """One method parameter in params.yaml (``methods.<options_key>.<name>``) and its range."""
+    """One method parameter in params.yaml (``methods.<method>.<option>``) and its range."""
 
     default: Any
     low: float | None = None
@@ -42,6 +66,21 @@ class Option:
     integer: bool = False
     choices: tuple | None = None
     help: str = ""
+
+    def field(self) -> tuple:
+        """(type, pydantic Field) of this option in the method's options model."""
+        if self.choices is not None:
+            kind = Literal[self.choices]
+        elif isinstance(self.default, bool):
+            kind = StrictBool
+        elif isinstance(self.default, str):
+            kind = str
+        else:  # YAML's true / false are not numbers
+            kind = Annotated[int if self.integer else float, NUMBER]
+        bounds = {("gt" if self.low_open else "ge"): self.low} if self.low is not None else {}
+        if self.high is not None:
+            bounds[("lt" if self.high_open else "le")] = self.high
+        return kind, Field(self.default, description=self.help or None, **bounds)
 
 
 @dataclass
@@ -60,22 +99,30 @@ class MethodContext:
 
 
 class Method:
-    """Base class. Subclasses set ``name`` and override the rules they change."""
+    """Base class. Subclasses set ``name`` and override the hooks they change."""
 
     name: ClassVar[str] = ""
     private: ClassVar[bool] = True  # False: plain training, no clipping, no noise
     dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
-    options_key: ClassVar[str | None] = None  # section of params.yaml `methods:`
-    OPTIONS: ClassVar[dict[str, Option]] = {}
-    # "shared": the shared DP step (dpclip.train.step). "opacus_optimizer": the method brings an
-    # Opacus DPOptimizer of its own through attach() and opacus_step().
-    step_kind: ClassVar[str] = "shared"
+    OPTIONS: ClassVar[dict[str, Option]] = {}  # params.yaml methods.<name>.<option>
+    OLD_SECTIONS: ClassVar[tuple[str, ...]] = ()  # sections once read (deprecated, still read)
+    # How the method's training runs (dpclip.train.runs.RUN_KINDS): "private" = the shared DP
+    # step (dpclip.train.step); "plain" = no privacy; "opacus_optimizer" = the method brings an
+    # Opacus DPOptimizer of its own through attach() and opacus_step(); a method with a
+    # mechanism of its own names the run kind that implements it.
+    run_kind: ClassVar[str] = "private"
     needs_shadow_risk: ClassVar[bool] = False  # True: trains only after the shadow stage
     # The neighbouring notion of the epsilon reported (privacy.adjacency): add_remove (one
     # record added or removed, Opacus's accountants under Poisson sampling) | replace_one_features
     adjacency: ClassVar[str | None] = "add_remove"
     # What the clip threshold's controller reads (privacy.data_use.clip_threshold)
     controller_data: ClassVar[str] = "nothing: C is constant"
+    # What early stopping watches for this method (privacy.data_use and the plot's label)
+    early_stopping_watches: ClassVar[str] = ("the public shadow_train split under the released "
+                                             "weights")
+    early_stopping_series: ClassVar[str] = "public head-input std"
+    # Trace columns of trace_row() that MLflow logs as step metrics
+    STEP_METRICS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: MethodContext):
         self.context = context
@@ -91,7 +138,8 @@ class Method:
 
     @classmethod
     def needs_public_data(cls, options: dict) -> bool:
-        """True: training needs the public shadow train split (``sanitize``'s frozen mode)."""
+        """True: training needs the public shadow train split (e.g. to pre-train a frozen
+        encoder on it)."""
         return False
 
     def data_use(self) -> dict[str, str]:
@@ -101,6 +149,54 @@ class Method:
                            "clipped and noised DP step",
                 "clip_threshold": self.controller_data}
 
+    @classmethod
+    def options_model(cls) -> type[BaseModel]:
+        """The pydantic model of ``methods.<name>``: the method's ``Options`` model when its
+        module declares one, else one built from ``OPTIONS`` (ranges as constraints, unknown
+        options refused)."""
+        own = cls.__dict__.get("Options")
+        if own is not None:
+            return own
+        if cls.__dict__.get("_options_model") is None:
+            cls._options_model = create_model(
+                f"{cls.__name__}Options", __config__=ConfigDict(extra="forbid", frozen=True),
+                **{name: option.field() for name, option in cls.OPTIONS.items()})
+        return cls._options_model
+
+    @classmethod
+    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+        """Problems of the options taken together (one line each, naming ``prefix.<option>``
+        and the value), beyond each option's own range; ``layer_names`` are the model's."""
+        return []
+
+    @classmethod
+    def rebuild_for_evaluation(cls, model: nn.Module, architecture: dict) -> nn.Module:
+        """The evaluated model from the plain one and the saved ``architecture`` (what the
+        run's ``architecture()`` added): a method that inserted a layer puts it back here."""
+        return model
+
+    @classmethod
+    def step_metrics(cls, columns) -> list[str]:
+        """The trace columns this method adds that MLflow logs per step."""
+        return [c for c in columns if c in cls.STEP_METRICS]
+
+    def probe_cost(self) -> dict | None:
+        """``dpclip bench``: a periodic probe's cost so far, ``{"every": K steps,
+        "seconds": s}``; None for a method without one."""
+        return None
+
+    def attach(self, model: nn.Module, optimizer, noise_generator: torch.Generator):
+        """Run kind ``opacus_optimizer``: (wrapped model, Opacus DPOptimizer) drawing its
+        noise from ``noise_generator``."""
+        raise NotImplementedError(f"method {self.name!r} has run kind {self.run_kind!r}; "
+                                  f"attach() belongs to the opacus_optimizer kind")
+
+    def opacus_step(self, model, loss_fn, x, y, optimizer) -> float:
+        """Run kind ``opacus_optimizer``: one step on the batch (possibly empty, then a
+        noise-only step); returns the mean loss."""
+        raise NotImplementedError(f"method {self.name!r} has run kind {self.run_kind!r}; "
+                                  f"opacus_step() belongs to the opacus_optimizer kind")
+
     def bind_noise(self, sigma_eff: float, sigma_train: float) -> None:
         """Told once, after the sigma split: the step's overall and gradient multipliers."""
         self.sigma_eff, self.sigma_train = sigma_eff, sigma_train
@@ -109,9 +205,10 @@ class Method:
         """Per-sample scaling factors s_i (shape B) or per-layer s_i^(l) (shape B x L).
 
         ``layer_norms[i, l]`` is ||g_i^(l)||. The result must satisfy ||gbar_i|| <= C_t for
-        every i, where gbar_i^(l) = s_i^(l) * g_i^(l): the accountant relies on it.
+        every i, where gbar_i^(l) = s_i^(l) * g_i^(l): the accountant relies on it. Every
+        method of the ``private`` run kind defines it.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"method {self.name!r} defines no scaling rule")
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         """Gaussian queries released beside the gradient each step (for the sigma split)."""
@@ -151,10 +248,45 @@ REGISTRY: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
-    if not cls.name or cls.name in REGISTRY:
-        raise ValueError(f"method name {cls.name!r} is empty or already registered")
+    """Class decorator: make ``cls`` known by ``cls.name``. A name used twice by different
+    classes is an error; registering the same class again (a re-imported module) is not."""
+    known = REGISTRY.get(cls.name)
+    if not cls.name or (known is not None and known.__qualname__ != cls.__qualname__):
+        raise ValueError(f"method name {cls.name!r} is empty or already registered by "
+                         f"{known.__module__ if known else None}")
     REGISTRY[cls.name] = cls
     return cls
+
+
+def read_method_options(raw: object, layer_names: list[str], problems: list[str]) -> dict:
+    """``methods.<method>.<option>`` for every registered method, each validated by the
+    method's own model; a method's old shared section (``Method.OLD_SECTIONS``) is still read,
+    with a warning, when its own is absent."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        problems.append(bad_value("methods", raw, "must be a mapping of keys"))
+        return {}
+    known = set(REGISTRY) | {old for cls in REGISTRY.values() for old in cls.OLD_SECTIONS}
+    problems += [bad_value(f"methods.{k}", v, "is not a known key")
+                 for k, v in raw.items() if k not in known]
+    out = {}
+    for name, cls in sorted(REGISTRY.items()):
+        key, section = name, raw.get(name)
+        old = next((o for o in cls.OLD_SECTIONS if name not in raw and o in raw), None)
+        if old is not None:
+            warnings.warn(f"methods.{old} is deprecated: write methods.{name} (the options of "
+                          f"{name} are read from methods.{old} this time)", FutureWarning,
+                          stacklevel=3)
+            key, section = old, {k: v for k, v in (raw[old] or {}).items() if k in cls.OPTIONS}
+        try:
+            values = cls.options_model().model_validate(section or {}).model_dump()
+        except ValidationError as exc:
+            problems += problems_of(exc, ("methods", key))
+            continue
+        problems += cls.check_options(values, f"methods.{key}", layer_names)
+        if cls.OPTIONS:
+            out[name] = values
+    return out
 
 
 def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:

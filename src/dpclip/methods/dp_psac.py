@@ -16,7 +16,6 @@ from dpclip.methods.base import Method, Option, register, total_norms
 @register
 class DPPSAC(Method):
     name = "dp_psac"
-    options_key = "dp_psac"
     OPTIONS = {"r": Option(0.1, low=0.0, low_open=True, help="the paper's r (default 0.1)")}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,6 @@ def reweighted_factors(layer_norms: torch.Tensor, clip: float, weights: torch.Te
 @register
 class LMDPSGD(Method):
     name = "lm_dp_sgd"
-    options_key = "lm_dp_sgd"
     needs_shadow_risk = True
     OPTIONS = {
         "r": Option(2.0, low=1.0, help="emphasis on the layer-wise risk, r >= 1"),
@@ -151,6 +150,10 @@ class LMDPSGD(Method):
         if self.source == "private":
             batch, floor = self.context.expected_batch, self.options["w_floor"]
             self._set_weights([max(v / batch, floor) for v in release.extras["layer_shares"]])
+
+    @classmethod
+    def step_metrics(cls, columns) -> list[str]:
+        return [c for c in columns if c.startswith("lm_w_")]  # one weight per layer
 
     def trace_row(self) -> dict:
         return {f"lm_w_{name}": w for name, w in zip(self.layer_names, self._weights)}

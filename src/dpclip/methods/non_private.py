@@ -11,6 +11,7 @@ from dpclip.methods.base import Method, register
 class NonPrivate(Method):
     name = "non_private"
     private = False
+    run_kind = "plain"
     dp_guarantee = False
     adjacency = None  # no DP claim
 

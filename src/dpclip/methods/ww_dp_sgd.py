@@ -102,7 +102,6 @@ def spectrum(module: nn.Module) -> np.ndarray:
 class WWDPSGD(Method):
     name = "ww_dp_sgd"
     controller_data = "the released weights of the probe layer (post-processing)"
-    options_key = "ww_dp_sgd"
     OPTIONS = {
         "zeta_star": Option(4.0, low=1.0, low_open=True, help="zone centre zeta*"),
         "r": Option(2.0, low=0.0, low_open=True, help="zone radius"),
@@ -118,8 +117,11 @@ class WWDPSGD(Method):
         "top_k": Option(10, low=2, integer=True, help="fallback tail size"),
     }
 
-    @staticmethod
-    def check_options(values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+    STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
+                    "ww_clamp_hits_max")
+
+    @classmethod
+    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
         problems = []
         if values["c_min"] >= values["c_max"]:
             problems.append(f"{prefix}.c_min: {values['c_min']!r} must be below "
@@ -176,6 +178,9 @@ class WWDPSGD(Method):
                 c, self.clamp_hits["max"] = opts["c_max"], self.clamp_hits["max"] + 1
             self.log_c = math.log(c)  # keep u consistent with the clamped C
         self.clip_threshold = c
+
+    def probe_cost(self) -> dict:
+        return {"every": self.options["probe_every"], "seconds": self.probe_seconds}
 
     def trace_row(self) -> dict:
         return {"ww_zeta": self.zeta if self._probed else math.nan, "ww_zeta_ema": self.zeta_hat,

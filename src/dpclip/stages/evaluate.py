@@ -27,13 +27,15 @@ import torch
 
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)
-from dpclip.config import Params, alpha_tag, run_name
+from dpclip.config import Params
+from dpclip.naming import alpha_tag, run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points)
+from dpclip.methods import get_method
 from dpclip.models import parameterised_layers
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
@@ -166,10 +168,11 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
     per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier
     sees identical class counts on both sides. With a DP claim in ``privacy``, each layer's
     held-out ROC is checked against the DP bound at ``confidence`` each:
-    ``layers.<l>.dp_bound_margin``, and the worst layer's full check as ``dp_bound``. Each record's score comes from the fold
-    classifier that did not see it, a fixed test given the other folds; the pooled ROC point at
-    a threshold is the (stratified, equal-weight) average of the folds' points, and the region
-    the bound allows is convex, so the bound applies to the pooled ROC as well."""
+    ``layers.<l>.dp_bound_margin``, and the worst layer's full check as ``dp_bound``. Each
+    record's score comes from the fold classifier that did not see it, a fixed test given the
+    other folds; the pooled ROC point at a threshold is the (stratified, equal-weight) average
+    of the folds' points, and the region the bound allows is convex, so the bound applies to
+    the pooled ROC as well."""
     a = params.attack
     keep_in, keep_out = class_matched_indices(y_members, y_nonmembers, rng,
                                               max_per_side=a.max_records)
@@ -222,7 +225,6 @@ def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> Non
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
     if "monitored_std" in trace:
-        series = "sanitized-output std" if metrics["method"] == "sanitize" else \
-            "public head-input std"
+        series = get_method(metrics["method"]).early_stopping_series
         early_stopping_figure(folder / "early_stopping.png", trace,
                               title=f"Early-stopping series by epoch: {run}", series=series)

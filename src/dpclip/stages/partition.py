@@ -10,7 +10,8 @@ import json
 
 import numpy as np
 
-from dpclip.config import IID, Params, alpha_tag
+from dpclip.config import IID, Params
+from dpclip.naming import alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
 from dpclip.io import atomic_dir, read_json, write_json

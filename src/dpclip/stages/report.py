@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dpclip.config import Params, run_name
+from dpclip.config import Params
+from dpclip.naming import run_name
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
@@ -118,9 +119,9 @@ DATA_USE = "data_use.md"
 ADDED_NOTES = [
     "`adjacency`: the neighbouring notion of the row's epsilon. `add_remove` (gradient methods: "
     "one record added or removed, Opacus accounting under Poisson sampling) and "
-    "`replace_one_features` (sanitize: one record's features replaced, labels public, no "
-    "subsampling) are different quantities: an epsilon of one kind is not comparable as the "
-    "same number with an epsilon of the other.",
+    "`replace_one_features` (the sanitization-layer method: one record's features replaced, "
+    "labels public, no subsampling) are different quantities: an epsilon of one kind is not "
+    "comparable as the same number with an epsilon of the other.",
     "`epsilon_bound`: `fixed_horizon` = the accountant's epsilon of the steps run, planned in "
     "advance; `odometer` = the run was stopped early at a data-dependent epoch and its epsilon "
     "is an ex-post RDP privacy-odometer bound, valid at a stopping time; `planned` = stopped "
@@ -133,8 +134,9 @@ ADDED_NOTES = [
     "delta' of the evaluation game for the row's adjacency: (eps, delta) for "
     "replace_one_features, (2 eps, (1 + e^eps) delta) for add_remove), lower confidence limit "
     "of the left side minus upper limit of the right, with a band simultaneous over every "
-    "threshold, both directions and all the row's attacks (95% for the row as a whole); > 0 (`dp_bound_violated`) is a certified violation, a privacy bug; — = not checked "
-    "(no DP claim).",
+    "threshold, both directions and all the row's attacks (95% for the row as a whole); > 0 "
+    "(`dp_bound_violated`) is a certified violation, a privacy bug; — = not checked (no DP "
+    "claim).",
     "`label_only_auc`: the attacker who knows only the class frequencies of members and "
     "non-members, on the class-matched sets the attacks use (0.5 when matching works); "
     "`label_only_auc_unmatched`: the same attacker against the whole holdout, i.e. what the "

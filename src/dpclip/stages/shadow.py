@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from dpclip.attacks import attack_every_layer, layer_representations
-from dpclip.config import IID, Params, alpha_tag
+from dpclip.config import IID, EarlyStopping, Params
+from dpclip.naming import alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_with
@@ -42,12 +43,13 @@ def architecture(params: Params, meta: dict) -> dict:
 
 
 def shadow_config(params: Params) -> TrainConfig:
-    t, s = params.train, params.shadow
-    return TrainConfig(method="non_private", target_epsilon=None, delta=params.privacy.delta,
-                       accountant=params.privacy.accountant, epochs=s.epochs,
-                       batch_size=s.batch_size, lr=t.lr, optimizer=t.optimizer,
-                       momentum=t.momentum, clip_norm=t.clip_norm, seed=s.seed, device="cpu",
-                       model=t.model, hidden=tuple(t.hidden))
+    """The target architecture and optimizer, trained without privacy (public data: no early
+    stopping, seeded noise) on the CPU for the shadow section's epochs and batch size."""
+    s = params.shadow
+    train = params.train.model_copy(update={"epochs": s.epochs, "batch_size": s.batch_size,
+                                            "device": "cpu", "early_stopping": EarlyStopping()})
+    privacy = params.privacy.model_copy(update={"secure_noise": False})
+    return TrainConfig("non_private", None, s.seed, train, privacy)
 
 
 def _shadow_members(params: Params, y: np.ndarray, n_classes: int) -> np.ndarray:

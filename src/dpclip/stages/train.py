@@ -17,12 +17,12 @@ import hashlib
 import pandas as pd
 import torch
 
-from dpclip.config import IID, Params, run_name
+from dpclip.config import IID, Params
+from dpclip.naming import run_name
 from dpclip.io import read_json, write_csv_frame, write_json, write_with
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model, layer_names
-from dpclip.sanitization import SanitizationLayer, with_sanitizer
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.shadow import load_risk
@@ -33,20 +33,14 @@ def train_config(params: Params, method: str, epsilon, seed: int,
                  layout: Layout | None = None) -> TrainConfig:
     """The loop's configuration of one run. A method that needs the shadow stage's risks gets
     them from ``layout``, checked against the model first."""
-    t, p = params.train, params.privacy
-    private = get_method(method).private
+    t = params.train
     risk = None
     if get_method(method).needs_shadow_risk:
         meta = read_json((layout or Layout()).prepared_meta)
         risk = load_risk(layout or Layout(), params, meta, layer_names(t.model, t.hidden))
-    return TrainConfig(method=method, target_epsilon=float(epsilon) if private else None,
-                       delta=p.delta, accountant=p.accountant, epochs=t.epochs,
-                       batch_size=t.batch_size, lr=t.lr, optimizer=t.optimizer,
-                       momentum=t.momentum, clip_norm=t.clip_norm, seed=int(seed),
-                       device=t.device, model=t.model, hidden=tuple(t.hidden),
-                       epsilon_tolerance=p.epsilon_tolerance, secure_noise=p.secure_noise,
-                       method_options=params.method_options(method), shadow_risk=risk,
-                       early_stopping=dict(t.early_stopping))
+    target = float(epsilon) if get_method(method).private else None
+    return TrainConfig(method, target, int(seed), t, params.privacy,
+                       params.method_options(method), risk)
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -57,17 +51,17 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     meta = read_json(layout.prepared_meta)
     members = part["positions"]
     cfg = train_config(params, method, epsilon, seed, layout)
-    # public data: a method's own use (sanitize's encoder) or early stopping's watched series
+    # public data: a method's own use (a public pre-training) or early stopping's watched series
     needs_public = get_method(method).needs_public_data(cfg.method_options) or \
-        cfg.early_stopping["rule"] != "none"
+        cfg.train.early_stopping.rule != "none"
     public = load_split(layout, "shadow_train")[:2] if needs_public else None
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
                          int(meta["n_classes"]), cfg, progress=progress, desc=run,
                          checkpoint_path=layout.checkpoint(run),
                          checkpoint_every=params.train.checkpoint_every, public=public)
     checkpoint = {"state_dict": result.model.state_dict(),
-                  "architecture": {"model": cfg.model, "feature_shape": meta["feature_shape"],
-                                   "n_classes": meta["n_classes"], "hidden": list(cfg.hidden),
+                  "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
+                                   "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
                                    **result.architecture}}
     run_dir = layout.run_dir(run)
     write_with(run_dir / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
@@ -91,14 +85,9 @@ def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alp
     partition = "iid" if alpha == IID else f"Dirichlet alpha {alpha}"
     preprocessing = (meta.get("preprocessing") or {}).get("fitted_on") or \
         "not recorded (data prepared by an older version)"
-    rule = cfg.early_stopping["rule"]
-    if rule == "none":
-        stopping = "not used"
-    elif cfg.method == "sanitize":
-        stopping = f"{rule} rule on the released sanitized outputs' std (post-processing)"
-    else:
-        stopping = (f"{rule} rule on the public shadow_train split under the released weights "
-                    f"(post-processing)")
+    rule = cfg.train.early_stopping.rule
+    stopping = "not used" if rule == "none" else \
+        f"{rule} rule on {get_method(cfg.method).early_stopping_watches} (post-processing)"
     return {"members": f"{n_members} records of target_train ({partition} partition)",
             **method_use,
             "feature_preprocessing": preprocessing,
@@ -119,13 +108,14 @@ def weights_sha256(state_dict: dict) -> str:
 
 
 def load_model(layout: Layout, run: str) -> torch.nn.Module:
+    """The trained model of ``run`` for evaluation, as its method rebuilds it
+    (``Method.rebuild_for_evaluation``)."""
     checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
                             weights_only=True)
     arch = checkpoint["architecture"]
+    method = get_method(read_json(layout.run_dir(run) / "record.json")["method"])
     model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
                         list(arch["hidden"]))
-    if "sanitizer" in arch:  # sanitize: its clip-only layer at evaluation (no noise)
-        model = with_sanitizer(model, arch["sanitizer"]["after"],
-                               SanitizationLayer(arch["sanitizer"]["clip"]))
+    model = method.rebuild_for_evaluation(model, arch)
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval()

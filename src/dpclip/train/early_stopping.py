@@ -2,9 +2,10 @@
 papers/sanitization-layer_private-features-public-labels.txt, Algorithms 2 and 4).
 
 The series is the mean, over records, of each record's standard deviation of a released
-representation: for ``sanitize`` the sanitized (noisy) outputs of the epoch's batches; for the
-gradient methods the head's input on the public shadow split under the released weights
-(:func:`public_representation_std`), so no rule ever reads private data directly. Both rules
+representation: by default the head's input on the public shadow split under the released
+weights (:func:`public_representation_std`); a run kind with a released series of its own
+(the sanitization layer's noisy outputs of the epoch's batches) watches that instead. No rule
+ever reads private data directly. Both rules
 look at a window of the last ``window`` epochs:
 
 * ``slope`` (fixed C, Algorithm 2): gamma = (s_e - s_{e-window+1}) / (window - 1), the slope of
@@ -29,9 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.sanitization import per_record_std
+from dpclip.config import EARLY_STOPPING_RULES
+from dpclip.models import per_record_std
 
-RULES = ("slope", "linear_trend")
+RULES = EARLY_STOPPING_RULES
 
 
 @torch.no_grad()

@@ -1,20 +1,7 @@
-"""``dc_sgd_p`` and ``dc_sgd_e`` (Wei et al. 2025, DC-SGD: dynamic clipping from a noisy
-histogram of per-sample gradient norms; ``papers/dc-sgd_dynamic-clipping.txt``).
-
-Each step clips as DP-SGD does, s_i = min(1, C_t / n_i), and also releases a histogram of the
-batch's norms over H fixed bins on [0, b_max] (norms >= b_max count in the last bin). Each record
-adds 1 to one bin, so the histogram has L2 sensitivity 1; its counts get N(0, sigma_H^2) noise
-and are clamped at 0. The step is one Gaussian mechanism with
-    sigma = (sigma_T^-2 + sigma_H^-2)^(-1/2),  i.e.  sigma_T = (sigma^-2 - sigma_H^-2)^(-1/2),
-with sigma_H = ratio * sigma. The next threshold is computed from the noisy histogram only:
-
-* P rule: C_{t+1} = upper edge of the first bin whose cumulative noisy mass reaches p.
-* E rule: C_{t+1} = argmin over the bin edges C of
-      sigma_T^2 C^2 d / B^2 + sum_k c~_k max(m_k - C, 0)^2 / sum_k c~_k      (m_k: bin midpoint)
-  The paper writes the bias term over the raw batch norms, which would make C_{t+1} a
-  function of private data with no noise; METHODS.md evaluates it on the noisy histogram.
-
-When the noisy histogram holds no mass, C is left unchanged.
+"""DC-SGD's shared part (Wei et al. 2025, ``papers/dc-sgd_dynamic-clipping.txt``): the noisy
+histogram of per-sample gradient norms and the two threshold rules read from it. The methods
+``dc_sgd_p`` and ``dc_sgd_e`` (one module each) pick a rule; see :mod:`dpclip.methods.dc_sgd_p`
+for the mechanism.
 """
 
 from __future__ import annotations
@@ -24,7 +11,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
+from dpclip.methods.base import Method, Option, StepRelease, clip_factors
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -74,14 +61,15 @@ def error_threshold(noisy_counts, b_max: float, sigma_train: float, n_params: in
     return float(candidates[int(np.argmin(variance + bias @ counts / total))])
 
 
-class _DCSGD(Method):
+class DynamicClipping(Method):
+    """DC-SGD's common part: DP-SGD clipping, the noisy histogram of the batch's norms as an
+    extra query, and C_{t+1} = :meth:`next_threshold` of the noisy histogram."""
+
     controller_data = "the noisy histogram of members' gradient norms (accounted)"
-    options_key = "dc_sgd"
+    OLD_SECTIONS = ("dc_sgd",)  # both rules once shared one section
     OPTIONS = {
         "bins": Option(20, low=2, integer=True, help="H, histogram bins"),
         "b_max": Option(5.0, low=0.0, low_open=True, help="histogram range [0, b_max]"),
-        "p": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
-                    help="P rule: quantile of the norm distribution"),
         "sigma_h_ratio": Option(5.0, low=1.0, low_open=True,
                                 help="sigma_H / sigma (histogram noise over overall noise)"),
         "hist_every": Option(50, low=1, integer=True,
@@ -94,7 +82,7 @@ class _DCSGD(Method):
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         return [ExtraQuery("hist", 1.0, self.options["sigma_h_ratio"] * sigma_eff,
-                           option="methods.dc_sgd.sigma_h_ratio")]
+                           option=f"methods.{self.name}.sigma_h_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return clip_factors(layer_norms, self.clip_threshold, self.total_norms(layer_norms))
@@ -123,24 +111,3 @@ class _DCSGD(Method):
     def trace_row(self) -> dict:
         row, self._hist_row = self._hist_row, {}
         return row
-
-
-@register
-class DCSGDPercentile(_DCSGD):
-    name = "dc_sgd_p"
-
-    def next_threshold(self, noisy_counts):
-        return percentile_threshold(noisy_counts, self.options["b_max"], self.options["p"])
-
-
-@register
-class DCSGDError(_DCSGD):
-    name = "dc_sgd_e"
-
-    def next_threshold(self, noisy_counts):
-        return error_threshold(noisy_counts, self.options["b_max"], self.sigma_train,
-                               self.context.n_params, self.context.expected_batch)
-
-
-__all__ = ["DCSGDPercentile", "DCSGDError", "norm_histogram", "percentile_threshold",
-           "error_threshold"]

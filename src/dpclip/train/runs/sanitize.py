@@ -1,5 +1,5 @@
-"""The training run of ``sanitize`` (see :mod:`dpclip.methods.sanitize` for the method and
-:mod:`dpclip.sanitization` for the mechanism and its accounting).
+"""The ``sanitize`` run kind (see :mod:`dpclip.methods.sanitize` for the method, the mechanism
+and its accounting).
 
 Each epoch visits every record once in shuffled batches of ``train.batch_size``; the
 sanitization layer noises each record's activations; the optimizer updates the head only
@@ -18,40 +18,49 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
+from dpclip.methods.sanitize import (SanitizationLayer, noise_for_record_epsilon,
+                                     record_epsilon, with_sanitizer)
 from dpclip.privacy import early_stop_privacy, stopped_epsilon
-from dpclip.sanitization import (SanitizationLayer, noise_for_record_epsilon, record_epsilon,
-                                 with_sanitizer)
-from dpclip.train.loop import _Run, make_optimizer
+from dpclip.train.runs.base import Run, register_run_kind
+from dpclip.train.setup import RunSetup, make_optimizer
 from dpclip.train.step import LayerGroups, plain_step
 
 
-class SanitizeRun(_Run):
-    def __init__(self, model, groups, method, cfg, n_records, device, loss_fn, hidden, public):
-        steps_per_epoch = math.ceil(n_records / min(cfg.batch_size, n_records))
+@register_run_kind
+class SanitizeRun(Run):
+    kind = "sanitize"
+
+    def __init__(self, setup: RunSetup):
+        method, n_records = setup.method, setup.n_records
+        steps_per_epoch = math.ceil(n_records / min(setup.cfg.train.batch_size, n_records))
         opts = method.options
-        cfg = dataclasses.replace(cfg, epochs=opts["epochs"])  # the method's own epochs
-        self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.delta, cfg.epochs,
-                                              cfg.epsilon_tolerance)
+        cfg = setup.cfg.with_train(epochs=opts["epochs"])  # the method's own epochs
+        self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.privacy.delta,
+                                              cfg.train.epochs, cfg.privacy.epsilon_tolerance)
         self.sanitizer = SanitizationLayer(method.clip_threshold, opts["drop_p"], self.sigma)
-        self.after = f"act{len(hidden)}"  # the n-wide layer's ReLU
-        self.san_layer = f"fc{len(hidden)}"
-        model = with_sanitizer(model, self.after, self.sanitizer)
-        super().__init__(model, LayerGroups.of(model), method, cfg, 1.0, steps_per_epoch,
-                         cfg.epochs * steps_per_epoch, device, loss_fn)
-        self.hidden = list(hidden)
+        self.after = f"act{len(setup.hidden)}"  # the n-wide layer's ReLU
+        self.san_layer = f"fc{len(setup.hidden)}"
+        model = with_sanitizer(setup.model, self.after, self.sanitizer)
+        super().__init__(dataclasses.replace(
+            setup, model=model, groups=LayerGroups.of(model), cfg=cfg, q=1.0,
+            steps_per_epoch=steps_per_epoch, total_steps=cfg.train.epochs * steps_per_epoch))
+        self.hidden = list(setup.hidden)
         self.epoch_stds: list[float] = []  # this epoch's batch means of sanitized stds
         self.public_pretrain_s = 0.0
         if opts["encoder"] == "frozen":
             tic = time.perf_counter()
-            self._pretrain_and_freeze(public)
+            self._pretrain_and_freeze(setup.public)
             self.public_pretrain_s = round(time.perf_counter() - tic, 4)
         else:
             self.optimizer = make_optimizer(self._private_cfg(), self.model.parameters())
         self._adapt_clip()
 
+    def watch_public(self, public) -> None:
+        """Nothing to watch: the series is the released sanitized outputs' std."""
+
     def _private_cfg(self):
         """train.* with the method's learning rate for the layers trained on private data."""
-        return dataclasses.replace(self.cfg, lr=self.method.options["head_lr"])
+        return self.cfg.with_train(lr=self.method.options["head_lr"])
 
     # --- frozen encoder --------------------------------------------------------------------
     def _pretrain_and_freeze(self, public) -> None:
@@ -63,7 +72,7 @@ class SanitizeRun(_Run):
                               "public shadow split, which is empty (data.split.shadow_train)")
         x = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
         y = torch.as_tensor(public[1], dtype=torch.int64, device=self.device)
-        batch = min(self.cfg.batch_size, len(x))
+        batch = min(self.cfg.train.batch_size, len(x))
         public_optimizer = torch.optim.Adam(self.model.parameters(),
                                             lr=self.method.options["public_lr"])
         for _ in range(self.method.options["public_epochs"]):
@@ -78,7 +87,7 @@ class SanitizeRun(_Run):
 
     # --- training --------------------------------------------------------------------------
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
-        n, b = len(x), min(self.cfg.batch_size, len(x))
+        n, b = len(x), min(self.cfg.train.batch_size, len(x))
         order = torch.randperm(n, generator=self.rng.sampling).to(self.device)
         self.sanitizer.noisy, self.sanitizer.generator = True, self.rng.noise
         self.epoch_stds = []
@@ -93,8 +102,8 @@ class SanitizeRun(_Run):
                 self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
                                    "clip_threshold": self.sanitizer.clip, "train_loss": loss,
                                    "epsilon_spent": math.nan})
-                self._show(bar, step, epoch=epoch, loss=f"{loss:.3f}",
-                           C=f"{self.sanitizer.clip:.3g}")
+                self.advance(bar, step, epoch=epoch, loss=f"{loss:.3f}",
+                             C=f"{self.sanitizer.clip:.3g}")
         finally:
             self.sanitizer.noisy, self.sanitizer.generator = False, None
         return True
@@ -105,7 +114,7 @@ class SanitizeRun(_Run):
 
     def end_epoch(self, epoch: int) -> bool:
         """Epsilon so far, the adaptive C, then the early-stopping rule."""
-        self.trace[-1]["epsilon_spent"] = record_epsilon(self.sigma, epoch, self.cfg.delta)
+        self.trace[-1]["epsilon_spent"] = record_epsilon(self.sigma, epoch, self.cfg.privacy.delta)
         self._adapt_clip()
         return super().end_epoch(epoch)
 
@@ -120,11 +129,11 @@ class SanitizeRun(_Run):
         return self.stopped_epoch or (len(self.trace) // self.steps_per_epoch)
 
     def privacy_record(self) -> dict:
-        epochs, planned = self.epochs_run(), self.cfg.epochs
-        epsilon = record_epsilon(self.sigma, epochs, self.cfg.delta)
+        epochs, planned = self.epochs_run(), self.cfg.train.epochs
+        epsilon = record_epsilon(self.sigma, epochs, self.cfg.privacy.delta)
         record = {"dp_guarantee": bool(self.method.dp_guarantee),
                   "accountant": "rdp-per-record", "target_epsilon": self.cfg.target_epsilon,
-                  "epsilon": epsilon, "delta": self.cfg.delta, "sample_rate": 1.0,
+                  "epsilon": epsilon, "delta": self.cfg.privacy.delta, "sample_rate": 1.0,
                   "noise_multiplier": self.sigma, "steps": len(self.trace),
                   "releases_per_record": epochs, "epsilon_bound": "fixed_horizon",
                   **self.randomness_record(),
@@ -133,8 +142,8 @@ class SanitizeRun(_Run):
                                     "the sanitized activations only (joint encoder)"}
         if self.stopped_epoch is not None:
             record.update(early_stop_privacy(
-                record_epsilon(self.sigma, planned, self.cfg.delta),
-                stopped_epsilon([(self.sigma, 1.0, epochs)], self.cfg.delta)))
+                record_epsilon(self.sigma, planned, self.cfg.privacy.delta),
+                stopped_epsilon([(self.sigma, 1.0, epochs)], self.cfg.privacy.delta)))
         return record
 
     def training_extras(self) -> dict:

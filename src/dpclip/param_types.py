@@ -1,0 +1,85 @@
+"""The building blocks of the parameter models (:mod:`dpclip.config`, and each method's
+options model in :mod:`dpclip.methods.base`): value types that read YAML as a user wrote it,
+and the translation of pydantic's errors into one line per bad key, naming the key and the
+value."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      WrapValidator)
+
+from dpclip.errors import bad_value
+
+IID = "iid"
+
+
+def _unique_list(value) -> list:
+    """A scalar where a list is expected is a list of one (``target_epsilons: 8``); a value
+    may appear once."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len({str(v) for v in values}) != len(values):
+        raise ValueError(f"{values!r} has repeated values")
+    return values
+
+
+def _no_bool(value):
+    """YAML's true / false are not numbers (pydantic would read them as 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} must be a number")
+    return value
+
+
+def _as_written(value, validate):
+    """Validate as a float, but keep an integer as the integer it was written as."""
+    checked = validate(_no_bool(value))
+    return value if isinstance(value, int) and not isinstance(value, bool) else checked
+
+
+def _alpha(value):
+    """'iid' or a Dirichlet concentration > 0, kept as written (its text names a folder)."""
+    if value == IID or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and math.isfinite(value) and value > 0):
+        return value
+    raise ValueError(f"{value!r} must be 'iid' or a Dirichlet concentration > 0")
+
+
+NUMBER = BeforeValidator(_no_bool)
+Fraction = Annotated[float, Field(ge=0, le=1), NUMBER]
+Count = Annotated[int, Field(ge=1), NUMBER]  # epochs, batch sizes, bins ...
+Seed = Annotated[int, Field(ge=0), NUMBER]
+# a float that stays an integer when written as one: target_epsilons [8] names runs "eps8"
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False), WrapValidator(_as_written)]
+Alpha = Annotated[Any, BeforeValidator(_alpha)]
+Text = Annotated[str, Field(min_length=1)]
+
+
+def unique_list(item, *, min_length: int = 1):
+    return Annotated[list[item], BeforeValidator(_unique_list), Field(min_length=min_length)]
+
+
+class Section(BaseModel):
+    """A section of params.yaml: unknown keys refused, values immutable once read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+KEYED = re.compile(r"^[A-Za-z_]\w*(\.\w+)+: ")
+
+
+def problems_of(error: ValidationError, prefix: tuple = ()) -> list[str]:
+    """One line per problem: the full dotted key, the value, what was expected."""
+    out = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in (*prefix, *e["loc"]) if not isinstance(p, int))
+        if e["type"] == "value_error":
+            for line in str(e["ctx"]["error"]).splitlines():  # a line may name its own key
+                out.append(line if KEYED.match(line) else f"{key}: {line}")
+        elif e["type"] == "extra_forbidden":
+            out.append(bad_value(key, e["input"], "is not a known key"))
+        else:
+            out.append(bad_value(key, e["input"], e["msg"][0].lower() + e["msg"][1:]))
+    return out

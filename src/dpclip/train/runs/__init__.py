@@ -1,0 +1,32 @@
+"""Run kinds: how a method's training runs. A method names its kind (``Method.run_kind``); every
+module of this package defines one :class:`Run` subclass with a ``kind`` name and registers it
+with :func:`~dpclip.train.runs.base.register_run_kind`, found by being here, so neither the
+loop nor this file names a method or a kind.
+
+The kinds shipped: ``plain`` (non-private minibatches), ``private`` (Poisson sampling, the
+shared DP step, accounting), ``opacus_optimizer`` (a private run whose method brings an Opacus
+DPOptimizer) and one for a method with a mechanism of its own on an activation layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from dpclip.errors import DpclipError
+from dpclip.train.runs.base import RUN_KINDS, Run
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def run_class(kind: str) -> type[Run]:
+    """The class of run kind ``kind``; an unknown kind names the known ones."""
+    if kind not in RUN_KINDS:
+        raise DpclipError(f"run kind {kind!r} is not one of {sorted(RUN_KINDS)} (a method's "
+                          f"run_kind must name one)")
+    return RUN_KINDS[kind]
+
+
+__all__ = ["RUN_KINDS", "Run", "run_class"]

@@ -1,0 +1,158 @@
+"""What every run kind shares: optimizer, generators, trace, progress, early stopping and the
+state a checkpoint holds. A run kind (:mod:`dpclip.train.runs`) adds how an epoch runs and
+what its privacy record says."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from dpclip.errors import DpclipError
+from dpclip.randomness import NoiseSources
+from dpclip.train.early_stopping import decide, public_representation_std
+from dpclip.train.setup import RunSetup, make_optimizer
+
+
+RUN_KINDS: dict[str, type["Run"]] = {}
+
+
+def register_run_kind(cls: type["Run"]) -> type["Run"]:
+    """Class decorator: make the run kind ``cls.kind`` known (a name used twice is an error)."""
+    known = RUN_KINDS.get(cls.kind)
+    if not cls.kind or (known is not None and known.__qualname__ != cls.__qualname__):
+        raise ValueError(f"run kind {cls.kind!r} is empty or already registered")
+    RUN_KINDS[cls.kind] = cls
+    return cls
+
+
+class Run:
+    """State shared by every run kind.
+
+    Early stopping (``train.early_stopping``) watches one number per epoch (:meth:`epoch_std`).
+    By default it is the mean per-record standard deviation of the head's input on the public
+    shadow split under the weights just released: post-processing of the DP output, so
+    watching it costs no privacy. A run kind that releases a series of its own overrides
+    :meth:`epoch_std` and :meth:`watch_public`.
+    """
+
+    kind: str = ""  # the name a method's run_kind uses
+
+    def __init__(self, setup: RunSetup):
+        self.model, self.groups, self.method = setup.model, setup.groups, setup.method
+        self.cfg = setup.cfg
+        self.network = setup.model  # the plain module; self.model may get Opacus's wrapper
+        self.n_records, self.q = setup.n_records, setup.q
+        self.steps_per_epoch = setup.steps_per_epoch
+        self.total_steps = setup.total_steps
+        self.device, self.loss_fn = setup.device, setup.loss_fn
+        self.rng = NoiseSources.for_run(self.cfg.seed, self.device, self.cfg.privacy.secure_noise)
+        self.optimizer = make_optimizer(self.cfg, self.groups.flat())
+        self.trace: list[dict] = []
+        self.step_times: list[float] = []
+        self.stopped_by_budget = False
+        self.monitor: torch.Tensor | None = None  # public features watched by early stopping
+        self.std_series: list[float] = []
+        self.stopped_epoch: int | None = None
+
+    def watch_public(self, public) -> None:
+        """Watch the public split's representations for early stopping."""
+        if public is None or len(public[0]) == 0:
+            raise DpclipError("train.early_stopping.rule: "
+                              f"{self.cfg.train.early_stopping.rule!r} watches the model on the "
+                              "public shadow split, which is empty (data.split.shadow_train)")
+        self.monitor = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
+
+    def plain_model(self) -> nn.Module:
+        """The trained network without Opacus's per-sample-gradient wrapper."""
+        return self.network
+
+    def training_extras(self) -> dict:
+        """Run facts beyond the common ones (early stopping's epoch, for instance)."""
+        if self.stopped_epoch is None:
+            return {}
+        return {"stopped_epoch": self.stopped_epoch, "stopped_early": True}
+
+    def architecture(self) -> dict:
+        return {"hidden": list(self.cfg.train.hidden)}
+
+    def randomness_record(self) -> dict:
+        """The neighbouring notion, how the noise was seeded, and which data each part saw."""
+        return {"adjacency": self.method.adjacency, "secure_noise": self.rng.secure,
+                "reproducible": not self.rng.secure, "data_use": self.method.data_use()}
+
+    def run_epoch(self, x, y, epoch: int, bar) -> bool:
+        """Train one epoch; False when the budget guard stopped training."""
+        raise NotImplementedError
+
+    def privacy_record(self) -> dict:
+        """The record's ``privacy`` entry: the guarantee, epsilon and how it was obtained."""
+        raise NotImplementedError
+
+    def fit(self, x, y, *, progress: bool, desc: str, checkpoint=None):
+        """Run the epochs; with ``checkpoint``, resume from it and save one every few epochs."""
+        first = checkpoint.restore(self) + 1 if checkpoint else 1
+        with self.progress_bar(progress, desc) as bar:
+            bar.update(len(self.trace))
+            for epoch in range(first, self.cfg.train.epochs + 1):
+                if not self.run_epoch(x, y, epoch, bar):
+                    break  # the budget guard stopped training
+                if self.end_epoch(epoch):
+                    break  # early stopping
+                if checkpoint and epoch < self.cfg.train.epochs:
+                    checkpoint.maybe_save(self, epoch)
+        if checkpoint:
+            checkpoint.discard()
+
+    # --- early stopping ----------------------------------------------------------------------
+    def epoch_std(self) -> float | None:
+        """The epoch's value of the watched series; None when nothing is watched."""
+        if self.monitor is None:
+            return None
+        return public_representation_std(self.plain_model(), self.monitor)
+
+    def end_epoch(self, epoch: int) -> bool:
+        """Trace the watched series and the rule's signal; True when training should stop."""
+        std = self.epoch_std()
+        if std is None or not self.trace:
+            return False
+        self.std_series.append(std)
+        es = self.cfg.train.early_stopping
+        decision = decide(es.rule, self.std_series, es.window, es.threshold) \
+            if es.rule != "none" else None
+        self.trace[-1].update({
+            "monitored_std": std,
+            "early_stop_signal": decision.signal if decision else math.nan,
+            "early_stop_flag": bool(decision.stop) if decision else False})
+        if decision is not None and decision.stop and epoch < self.cfg.train.epochs:
+            self.stopped_epoch = epoch
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly where training stopped."""
+        return {"model": self.plain_model().state_dict(),
+                "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
+                "trace": self.trace, "step_times": self.step_times,
+                "std_series": list(self.std_series),
+                "rng": self.rng.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.plain_model().load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.method.load_state_dict(state["method"])
+        self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
+        self.std_series = list(state.get("std_series", []))
+        self.rng.load_state_dict(state["rng"])
+
+    def progress_bar(self, progress: bool, desc: str):
+        return tqdm(total=self.total_steps, desc=desc, disable=not progress, leave=False,
+                    unit="step", dynamic_ncols=True, mininterval=0.5)
+
+    def advance(self, bar, step: int, **postfix) -> None:
+        """Advance the bar; refresh its numbers about 100 times a run, not every step."""
+        bar.update(1)
+        if step % max(1, self.total_steps // 100) == 0 or step == self.total_steps:
+            bar.set_postfix(postfix, refresh=False)

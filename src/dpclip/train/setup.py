@@ -1,0 +1,112 @@
+"""What every run kind shares before it starts: the loop's configuration and result types, the
+device, the optimizer, seeding, and the plan of Poisson steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpclip.config import PrivacyParams, TrainParams
+from dpclip.errors import DpclipError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One run: the method, its target epsilon and seed, and the validated ``train`` and
+    ``privacy`` sections it reads (the fields are declared once, in :mod:`dpclip.config`)."""
+
+    method: str
+    target_epsilon: float | None
+    seed: int
+    train: TrainParams
+    privacy: PrivacyParams
+    method_options: dict = field(default_factory=dict)  # params.yaml methods.<method>
+    shadow_risk: dict | None = None  # the shadow stage's risk record, for methods that need it
+
+    @classmethod
+    def of(cls, method: str, target_epsilon: float | None, seed: int = 0, *,
+           method_options: dict | None = None, shadow_risk: dict | None = None,
+           **fields) -> "TrainConfig":
+        """A run from loose ``train.*`` and ``privacy.*`` fields (validated like
+        params.yaml; tools and tests use it)."""
+        train = {k: v for k, v in fields.items() if k in TrainParams.model_fields}
+        privacy = {k: v for k, v in fields.items() if k in PrivacyParams.model_fields}
+        unknown = set(fields) - set(train) - set(privacy)
+        if unknown:
+            raise TypeError(f"not train.* or privacy.* fields: {sorted(unknown)}")
+        return cls(method, target_epsilon, seed, TrainParams.model_validate(train),
+                   PrivacyParams.model_validate(privacy), dict(method_options or {}),
+                   shadow_risk)
+
+    def with_train(self, **changes) -> "TrainConfig":
+        """The same run with some ``train.*`` fields changed (a method's own epochs or
+        learning rate)."""
+        return replace(self, train=self.train.model_copy(update=changes))
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    trace: list[dict]
+    privacy: dict
+    time: dict
+    training: dict = field(default_factory=dict)
+    architecture: dict = field(default_factory=dict)  # what load_model needs beyond train.*
+
+
+@dataclass
+class RunSetup:
+    """Everything a run kind's constructor receives (:func:`dpclip.train.loop.build_run`):
+    the model on its device and its layer groups, the method, the configuration, the plan of
+    steps, and the public (x, y) split when the run needs one."""
+
+    model: nn.Module
+    groups: object  # dpclip.train.step.LayerGroups
+    method: object  # dpclip.methods.Method
+    cfg: TrainConfig
+    device: torch.device
+    loss_fn: nn.Module
+    n_records: int
+    q: float
+    steps_per_epoch: int
+    total_steps: int
+    hidden: list[int]
+    public: tuple | None = None
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto`` takes a GPU when one is present; ``cuda`` without one is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise DpclipError("train.device: 'cuda' was asked for but no CUDA GPU is available")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=t.lr)
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2 ** 32))
+
+
+def plan_steps(n_records: int, batch_size: int, epochs: int) -> tuple[float, int, int]:
+    """(q, steps per epoch, total steps T) for Poisson sampling with expected batch B."""
+    if batch_size > n_records:
+        raise DpclipError(f"train.batch_size: {batch_size} is larger than the training set "
+                          f"({n_records} records)")
+    q = batch_size / n_records
+    steps_per_epoch = max(1, int(1 / q))  # Opacus's sampler default: one pass in expectation
+    return q, steps_per_epoch, epochs * steps_per_epoch
+
+
+# Trace columns computed from the private batch without noise: local diagnostics only.
+PRIVATE_DIAGNOSTICS = ("train_loss", "batch_size")

@@ -1,0 +1,78 @@
+"""Adding a scale-only method is one new file: the README's example, copied into a plugin
+folder of the methods package, is found, validated, trained at the matched budget, covered by
+the contract and shown in the report, with no other edit."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from conftest import PROJECT
+from contract import (check_clip_bound, check_declaration, check_determinism,
+                      check_empty_batch, check_matched_budget, check_option_validation,
+                      check_resume, check_step_metrics)
+
+import dpclip.methods
+from dpclip.config import parse_params
+from dpclip.errors import ConfigError, DpclipError
+from dpclip.layout import Layout
+from dpclip.methods import available_methods, discover, get_method
+from dpclip.methods.base import REGISTRY
+from dpclip.stages import evaluate, partition, prepare, report, train
+
+
+def readme_example() -> str:
+    """The Python block of the README's "Adding a method" section."""
+    text = (PROJECT / "README.md").read_text()
+    section = text.split("### Adding a method", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture
+def per_layer(tmp_path, monkeypatch):
+    """The README's module dropped into a folder the methods package searches."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "per_layer.py").write_text(readme_example())
+    monkeypatch.setattr(dpclip.methods, "__path__", [*dpclip.methods.__path__, str(folder)])
+    discover()
+    yield "per_layer"
+    REGISTRY.pop("per_layer", None)
+    sys.modules.pop("dpclip.methods.per_layer", None)
+
+
+def test_an_unknown_method_lists_the_known_ones():
+    with pytest.raises(DpclipError) as info:
+        get_method("per_layer_typo")
+    assert "'per_layer_typo'" in str(info.value)
+    assert all(name in str(info.value) for name in available_methods())
+
+
+def test_the_readme_method_is_found_and_keeps_the_contract(per_layer, tiny_raw, monkeypatch,
+                                                         tmp_path):
+    assert per_layer in available_methods()
+    for check in (check_declaration, check_clip_bound, check_matched_budget,
+                  check_empty_batch, check_determinism, check_step_metrics):
+        check(per_layer)
+    check_resume(per_layer, monkeypatch, tmp_path)
+    check_option_validation(per_layer, tiny_raw)
+    with pytest.raises(ConfigError, match=r"methods\.per_layer\.shrink: 0"):
+        parse_params(tiny_raw(methods={"per_layer": {"shrink": 0}}))
+
+
+def test_the_readme_method_runs_through_the_stages_into_the_report(per_layer, tiny_raw,
+                                                                    tmp_path):
+    params = parse_params(tiny_raw(train={"methods": ["dp_sgd", per_layer], "epochs": 1},
+                                   evaluate={"ir_attack": False},
+                                   methods={per_layer: {"shrink": 0.5}}))
+    layout = Layout(tmp_path)
+    prepare(params, layout)
+    partition(params, "iid", layout)
+    for method in params.train.methods:
+        record = train(params, method, 8, "iid", 0, layout, progress=False)
+        assert record["privacy"]["epsilon"] <= 8.0
+        evaluate(params, method, 8, "iid", 0, layout)
+    report(params, layout, track=False)
+    comparison = (layout.reports / "comparison.md").read_text()
+    assert "| per_layer " in comparison or "per_layer-eps8-iid-seed0" in comparison

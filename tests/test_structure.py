@@ -1,0 +1,83 @@
+"""The package's shape: no import cycle (counting imports inside functions, the usual way to
+hide one), and no private name imported across modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in (SRC / "dpclip").rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """(imported dpclip module, names taken from it) for every import statement in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names if alias.name in modules]
+        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.level == 0:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.append((child, []) if child in modules else (node.module, [alias.name]))
+    return found
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: {target for target, _ in _imports(path, modules) if target != name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            assert state.get(target) != 1, "import cycle: " + " -> ".join(
+                path[path.index(target):] + [target]) if target in path else target
+            if target not in state:
+                visit(target, path + [target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_no_private_name_is_imported_from_another_module():
+    modules = _modules()
+    private = [(name, target, taken) for name, path in modules.items()
+               for target, names in _imports(path, modules) for taken in names
+               if taken.startswith("_")]
+    assert private == []
+
+
+def test_a_method_cell_depends_on_its_own_module_and_section_only():
+    """Editing one method's module or options re-runs only its DVC cells: the train and
+    evaluate cells name ``methods/${item.method}.py`` (never the whole folder) and the train
+    cell ``methods.${item.method}``; every registered method has its section in params.yaml
+    (DVC refuses a missing one) and its own module."""
+    import yaml
+
+    from dpclip.methods import available_methods
+
+    root = SRC.parent
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for stage in ("train", "evaluate"):
+        deps = [str(d) for d in stages[stage]["deps"]]
+        assert "src/dpclip/methods/${item.method}.py" in deps
+        assert "src/dpclip/methods" not in deps
+    assert "methods.${item.method}" in stages["train"]["params"]
+    assert "methods" not in stages["train"]["params"]
+    sections = yaml.safe_load((root / "params.yaml").read_text())["methods"]
+    for name in available_methods():
+        assert name in sections, f"params.yaml has no methods.{name} section"
+        assert (SRC / "dpclip" / "methods" / f"{name}.py").exists()
