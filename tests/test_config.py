@@ -90,3 +90,36 @@ def test_dpclip_schema_describes_params_yaml_for_an_editor(tmp_path, tiny_raw):
             jsonschema.validate(tiny_raw(**bad), schema)
         with pytest.raises(ConfigError):
             parse_params(tiny_raw(**bad))
+
+
+def test_an_empty_section_means_its_defaults_and_a_file_must_be_a_mapping(tiny_raw):
+    raw = tiny_raw()
+    raw.update(tracking=None, evaluate=None)  # "tracking:" with nothing under it
+    params = parse_params(raw)
+    assert params.tracking.private_diagnostics is False and params.evaluate.ece_bins == 15
+    with pytest.raises(ConfigError, match=r"params.yaml: \[1, 2\] must be a mapping"):
+        parse_params([1, 2])
+
+
+@pytest.mark.parametrize("section, values, key, shown", [
+    ("privacy", {"target_epsilons": [8, 8.0]}, "privacy.target_epsilons", "[8, 8.0]"),
+    ("train", {"early_stopping": {"threshold": float("inf")}},
+     "train.early_stopping.threshold", "inf"),
+    ("train", {"lr": True}, "train.lr", "True"),
+    ("data", {"categories": {"smoker": [True, "no"]}}, "data.categories.smoker", "True"),
+    ("methods", {"ww_dp_sgd": {"probe": ""}}, "methods.ww_dp_sgd.probe", "''"),
+    ("methods", {"auto_s": {"gamma": float("nan")}}, "methods.auto_s.gamma", "nan"),
+])
+def test_values_the_old_validator_refused_are_still_refused(tiny_raw, section, values, key,
+                                                            shown):
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(**{section: values}))
+    assert len(info.value.problems) == 1, info.value.problems
+    assert info.value.problems[0].startswith(f"{key}: {shown}")
+
+
+def test_every_unknown_method_is_named(tiny_raw):
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(train={"methods": ["dp_sgd", "magic", "more_magic"]}))
+    assert [p.split(" is not")[0] for p in info.value.problems] == [
+        "train.methods: 'magic'", "train.methods: 'more_magic'"]

@@ -256,7 +256,7 @@ def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
 
 
 def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
-    with pytest.warns(FutureWarning, match=r"methods\.dc_sgd is deprecated"):
+    with pytest.warns(FutureWarning, match=r"read from methods\.dc_sgd as before"):
         params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12, "p": 0.25}}))
     assert params.method_options("dc_sgd_p")["bins"] == 12
     assert params.method_options("dc_sgd_p")["p"] == 0.25
@@ -265,6 +265,31 @@ def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
     # a method's own section wins over the old shared one
     params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30}}))
     assert params.method_options("dc_sgd_e")["bins"] == 30
-    # a section that is no method's is refused by name
+    # a section that is no method's is refused by name, as is a typo in the old section
     with pytest.raises(ConfigError, match=r"methods\.dcsgd"):
         parse_params(tiny_raw(methods={"dcsgd": {"bins": 12}}))
+    with pytest.raises(ConfigError, match=r"methods\.dc_sgd\.bns: 3 is not a known key"):
+        parse_params(tiny_raw(methods={"dc_sgd": {"bns": 3}}))
+    with pytest.raises(ConfigError, match=r"methods\.dc_sgd: 5 must be a mapping"):
+        parse_params(tiny_raw(methods={"dc_sgd": 5}))
+
+
+def test_adaclip_opacus_still_reads_adaclip_s_section_when_its_own_is_absent(tiny_raw):
+    with pytest.warns(FutureWarning, match=r"methods\.adaclip_opacus is absent"):
+        params = parse_params(tiny_raw(methods={"adaclip": {"clip_lr": 0.2}}))
+    assert params.method_options("adaclip_opacus")["clip_lr"] == 0.2
+    assert params.method_options("adaclip")["clip_lr"] == 0.2
+
+
+def test_adaclip_moves_c_on_an_empty_batch_from_the_released_count_alone():
+    """An empty Poisson batch releases the count's noise alone; the controller reads it as
+    usual (METHODS.md step 1), so C moves although no record was seen."""
+    from conftest import gaussian_records, tiny_train_config
+
+    from dpclip.train import build_run
+
+    x, y = gaussian_records(100)
+    run = build_run((6,), 3, len(x), tiny_train_config(
+        "adaclip", method_options={"count_noise_fraction": 0.2}))
+    run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
+    assert run.method.clip_threshold != 1.0

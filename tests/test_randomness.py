@@ -134,3 +134,24 @@ def test_every_record_states_adjacency_noise_and_data_use():
         assert privacy["adjacency"] == adjacency
         assert "weights" in privacy["data_use"]
     assert np.isfinite(privacy["steps"])
+
+
+def test_growing_the_matrix_keeps_a_run_s_checkpoint(tmp_path):
+    """Adding a seed, a method or a target epsilon to params.yaml (the README's way to grow a
+    sweep) does not change an existing run's fingerprint; changing what the run trains does."""
+    from dataclasses import replace
+
+    from dpclip.train.checkpoint import Checkpoint
+
+    x, y = gaussian_records(50)
+    cfg = _cfg()
+    grown = replace(cfg, train=cfg.train.model_copy(update={"seeds": [0, 1, 2],
+                                                             "methods": ["dp_sgd", "auto_s"],
+                                                             "checkpoint_every": 2}),
+                    privacy=cfg.privacy.model_copy(update={"target_epsilons": [1, 4, 8]}))
+    fingerprint = Checkpoint.for_run(tmp_path, 1, cfg, x, y).fingerprint
+    assert Checkpoint.for_run(tmp_path, 1, grown, x, y).fingerprint == fingerprint
+    assert Checkpoint.for_run(tmp_path, 1, cfg.with_train(lr=0.2), x, y).fingerprint != \
+        fingerprint
+    assert Checkpoint.for_run(tmp_path, 1, replace(cfg, seed=1), x, y).fingerprint != \
+        fingerprint

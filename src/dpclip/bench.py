@@ -198,6 +198,7 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     result = {"table": rows}
     probes = {m: probe_share(params, layout, m, steps=max(200, steps * rounds))
               for m in methods if _has_probe(m)}
+    probes = {m: share for m, share in probes.items() if share is not None}
     if probes:
         result["probes"] = probes
     out = layout.reports

@@ -1,11 +1,10 @@
 """Typed, validated parameters read from ``params.yaml``: one pydantic model per section.
 
-Every stage, the CLI and the Prefect flows read parameters through :func:`load_params`, so a
-bad value fails the same way whichever front door started the run: before any work, with one
-message that lists every bad key (its full dotted name) and its value. Unknown keys are
-refused (``extra="forbid"``). Each method's options are a model its own module declares
-(:meth:`dpclip.methods.base.Method.options_model`); :func:`json_schema` (``dpclip schema``)
-exports the whole schema for editors.
+Every stage, the CLI and the Prefect flows read parameters through :func:`load_params`: a bad
+value fails the same way whichever front door started the run, before any work, with one
+message listing every bad key (full dotted name) and its value; unknown keys are refused. Each
+method's options are its module's model (:meth:`dpclip.methods.base.Method.options_model`);
+:func:`json_schema` (``dpclip schema``) exports the whole schema for editors.
 """
 
 from __future__ import annotations
@@ -14,13 +13,24 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import (BeforeValidator, Field, StrictBool, ValidationError, field_validator,
+                      model_validator)
 
 from dpclip.errors import ConfigError, DpclipError, bad_value
-from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Section, Seed,
-                                Text, problems_of, unique_list)
+from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Real, Section,
+                                Seed, Text, problems_of, unique_list)
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "csv")
+
+
+def _level(value) -> str:
+    """A category level as text (YAML may read 3 or 1.5); true / false are no level."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{value!r} is not a level (text or a number)")
+    return str(value)
+
+
+Level = Annotated[str, BeforeValidator(_level)]
 CLASSIFIERS = ("logistic", "gbdt")  # per-layer membership classifiers
 RISK_EVALS = ("cv", "train")  # shadow risk: held-out folds | the paper's literal protocol
 EARLY_STOPPING_RULES = ("slope", "linear_trend")
@@ -57,20 +67,17 @@ class DataParams(Section):
     shadow_path: Text | None = None
     shadow_max_shared: Fraction = 0.01  # of the shadow records that may equal a main record
     # csv: the public schema {column: [levels]}; the target's entry is the class list
-    categories: dict[str, Annotated[list[str | int | float], Field(min_length=1)]] | None = None
+    categories: dict[str, Annotated[list[Level], Field(min_length=1)]] | None = None
     split: SplitFractions = SplitFractions()
 
     @field_validator("categories")
     @classmethod
-    def _levels_as_text(cls, value):
-        if value is None:
-            return None
-        out = {col: [str(v) for v in levels] for col, levels in value.items()}
-        for col, levels in out.items():
+    def _levels_once(cls, value):
+        for col, levels in (value or {}).items():
             if len(set(levels)) != len(levels):
-                raise ValueError(bad_value(f"data.categories.{col}", value[col],
+                raise ValueError(bad_value(f"data.categories.{col}", levels,
                                            "has repeated levels"))
-        return out
+        return value
 
     @model_validator(mode="after")
     def _required_together(self):
@@ -106,7 +113,7 @@ class PrivacyParams(Section):
 class EarlyStopping(Section):
     rule: Literal[("none",) + EARLY_STOPPING_RULES] = "none"
     window: Annotated[int, Field(ge=2), NUMBER] = 5  # epochs
-    threshold: Annotated[float, NUMBER] = 0.0  # T_s (slope) or tau (linear_trend)
+    threshold: Real = 0.0  # T_s (slope) or tau (linear_trend)
 
 
 class TrainParams(Section):
@@ -131,7 +138,8 @@ class TrainParams(Section):
 
         unknown = [m for m in methods if m not in available_methods()]
         if unknown:
-            raise ValueError(f"{unknown[0]!r} is not one of {available_methods()}")
+            raise ValueError("\n".join(f"train.methods: {m!r} is not one of "
+                                       f"{available_methods()}" for m in unknown))
         return methods
 
 
@@ -196,6 +204,9 @@ class Params(Section):
 
 def parse_params(raw: dict | None) -> Params:
     """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError([bad_value("params.yaml", raw, "must be a mapping of sections "
+                                                         "(data:, train:, ...)")])
     raw = dict(raw or {})
     methods_raw = raw.pop("methods", None)
     problems: list[str] = []
@@ -210,8 +221,8 @@ def parse_params(raw: dict | None) -> Params:
 
         names = layer_names(params.train.model, params.train.hidden)
         methods = read_method_options(methods_raw, names, problems)
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # a shared old section is read by several methods: its problems once
+        raise ConfigError(list(dict.fromkeys(problems)))
     return params.model_copy(update={"methods": methods})
 
 

@@ -10,7 +10,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
-                      WrapValidator)
+                      WrapValidator, model_validator)
 
 from dpclip.errors import bad_value
 
@@ -21,7 +21,9 @@ def _unique_list(value) -> list:
     """A scalar where a list is expected is a list of one (``target_epsilons: 8``); a value
     may appear once."""
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if len({str(v) for v in values}) != len(values):
+    as_numbers = {float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+                  for v in values}  # 8 and 8.0 are the same cell
+    if len(as_numbers) != len(values):
         raise ValueError(f"{values!r} has repeated values")
     return values
 
@@ -54,6 +56,7 @@ Seed = Annotated[int, Field(ge=0), NUMBER]
 # a float that stays an integer when written as one: target_epsilons [8] names runs "eps8"
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False), WrapValidator(_as_written)]
 Alpha = Annotated[Any, BeforeValidator(_alpha)]
+Real = Annotated[float, NUMBER, Field(allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -62,12 +65,18 @@ def unique_list(item, *, min_length: int = 1):
 
 
 class Section(BaseModel):
-    """A section of params.yaml: unknown keys refused, values immutable once read."""
+    """A section of params.yaml: unknown keys refused, values immutable once read; an empty
+    section (``data:`` with nothing under it, which YAML reads as null) means the defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_default(cls, data):
+        return {} if data is None else data
 
-KEYED = re.compile(r"^[A-Za-z_]\w*(\.\w+)+: ")
+
+KEYED = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)+: ")
 
 
 def problems_of(error: ValidationError, prefix: tuple = ()) -> list[str]:

@@ -8,6 +8,7 @@ that make its controller act within them (:data:`TINY_OPTIONS`)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -123,6 +124,7 @@ def check_empty_batch(name: str, device: str = "cpu") -> None:
     row = run.step(torch.as_tensor(x, device=device), torch.as_tensor(y, device=device), [],
                    epoch=1)
     assert row["batch_size"] == 0 and run.guard.steps == 1
+    assert math.isnan(row["train_loss"]) and row["epsilon_spent"] > 0  # accounted
     assert all(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
 
 
@@ -161,13 +163,14 @@ def check_resume(name: str, monkeypatch, tmp_path, device: str = "cpu") -> None:
 
 
 def _outside(option: Option):
-    """A value the option must refuse, or None when every value of its type is allowed."""
+    """A value the option must refuse, or None when every value of its type is allowed (an
+    unbounded number)."""
     if option.choices is not None:
         return "not-a-choice"
     if isinstance(option.default, bool):
         return "yes"
     if isinstance(option.default, str):
-        return None
+        return ""
     if option.low is not None:
         return option.low - 1 if not option.low_open else option.low
     if option.high is not None:
@@ -195,8 +198,9 @@ def check_step_metrics(name: str) -> None:
     """The columns the method asks MLflow to log are columns its trace has."""
     result = reference(name)
     columns = set().union(*(row.keys() for row in result.trace))
-    asked = get_method(name).step_metrics(sorted(columns))
-    assert set(asked) <= columns
+    cls = get_method(name)
+    assert set(cls.STEP_METRICS) <= columns, "a declared step metric the trace never has"
+    assert set(cls.step_metrics(sorted(columns))) <= columns
 
 CHECKS = {"declaration": check_declaration, "clip_bound": check_clip_bound,
           "matched_budget": check_matched_budget, "empty_batch": check_empty_batch,

@@ -25,7 +25,7 @@ def discover() -> dict[str, type[Method]]:
         if not module.ispkg and module.name not in NOT_METHODS:
             importlib.import_module(f"{__name__}.{module.name}")
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        importlib.import_module(entry.value)
+        entry.load()  # "package.module" or "package.module:Class": importing registers it
     return REGISTRY
 
 

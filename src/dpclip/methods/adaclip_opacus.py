@@ -32,6 +32,7 @@ class AdaClipOpacus(Method):
                        "(under-accounted: no DP)")
     run_kind = "opacus_optimizer"
     OPTIONS = ADACLIP_OPTIONS  # the same knobs as the sound adaclip, in its own section
+    OLD_SECTIONS = ("adaclip",)  # read adaclip's section once: still, when its own is absent
 
     @classmethod
     def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:

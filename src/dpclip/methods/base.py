@@ -74,9 +74,11 @@ class Option:
         elif isinstance(self.default, bool):
             kind = StrictBool
         elif isinstance(self.default, str):
-            kind = str
-        else:  # YAML's true / false are not numbers
-            kind = Annotated[int if self.integer else float, NUMBER]
+            kind = Annotated[str, Field(min_length=1)]
+        elif self.integer:  # YAML's true / false are not numbers
+            kind = Annotated[int, NUMBER]
+        else:
+            kind = Annotated[float, NUMBER, Field(allow_inf_nan=False)]
         bounds = {("gt" if self.low_open else "ge"): self.low} if self.low is not None else {}
         if self.high is not None:
             bounds[("lt" if self.high_open else "le")] = self.high
@@ -105,7 +107,9 @@ class Method:
     private: ClassVar[bool] = True  # False: plain training, no clipping, no noise
     dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
     OPTIONS: ClassVar[dict[str, Option]] = {}  # params.yaml methods.<name>.<option>
-    OLD_SECTIONS: ClassVar[tuple[str, ...]] = ()  # sections once read (deprecated, still read)
+    # sections this method read before it had its own (still read, with a warning, when its
+    # own is absent)
+    OLD_SECTIONS: ClassVar[tuple[str, ...]] = ()
     # How the method's training runs (dpclip.train.runs.RUN_KINDS): "private" = the shared DP
     # step (dpclip.train.step); "plain" = no privacy; "opacus_optimizer" = the method brings an
     # Opacus DPOptimizer of its own through attach() and opacus_step(); a method with a
@@ -126,7 +130,7 @@ class Method:
 
     def __init__(self, context: MethodContext):
         self.context = context
-        self.options = {**{k: o.default for k, o in self.OPTIONS.items()}, **context.options}
+        self.options = {**self.default_options(), **context.options}
         self.clip_threshold = float(context.clip_norm)  # C_t, read before each step
         self.layer_names = list(context.layer_names)
         self.sigma_eff = self.sigma_train = None
@@ -162,6 +166,11 @@ class Method:
                 f"{cls.__name__}Options", __config__=ConfigDict(extra="forbid", frozen=True),
                 **{name: option.field() for name, option in cls.OPTIONS.items()})
         return cls._options_model
+
+    @classmethod
+    def default_options(cls) -> dict:
+        """Every option at its default (what an empty ``methods.<name>`` section gives)."""
+        return cls.options_model().model_validate({}).model_dump()
 
     @classmethod
     def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
@@ -249,9 +258,12 @@ REGISTRY: dict[str, type[Method]] = {}
 
 def register(cls: type[Method]) -> type[Method]:
     """Class decorator: make ``cls`` known by ``cls.name``. A name used twice by different
-    classes is an error; registering the same class again (a re-imported module) is not."""
+    classes (another module, or another class) is an error: a plugin cannot silently replace a
+    method; registering the same class again (a re-imported module) is not."""
     known = REGISTRY.get(cls.name)
-    if not cls.name or (known is not None and known.__qualname__ != cls.__qualname__):
+    same = known is not None and (known.__module__, known.__qualname__) == \
+        (cls.__module__, cls.__qualname__)
+    if not cls.name or (known is not None and not same):
         raise ValueError(f"method name {cls.name!r} is empty or already registered by "
                          f"{known.__module__ if known else None}")
     REGISTRY[cls.name] = cls
@@ -261,32 +273,49 @@ def register(cls: type[Method]) -> type[Method]:
 def read_method_options(raw: object, layer_names: list[str], problems: list[str]) -> dict:
     """``methods.<method>.<option>`` for every registered method, each validated by the
     method's own model; a method's old shared section (``Method.OLD_SECTIONS``) is still read,
-    with a warning, when its own is absent."""
-    raw = raw or {}
+    with a warning, when its own is absent (its unknown keys are refused as before)."""
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         problems.append(bad_value("methods", raw, "must be a mapping of keys"))
         return {}
-    known = set(REGISTRY) | {old for cls in REGISTRY.values() for old in cls.OLD_SECTIONS}
+    readers: dict[str, list[type[Method]]] = {}  # old section -> the methods that read it
+    for cls in REGISTRY.values():
+        for old in cls.OLD_SECTIONS:
+            readers.setdefault(old, []).append(cls)
     problems += [bad_value(f"methods.{k}", v, "is not a known key")
-                 for k, v in raw.items() if k not in known]
+                 for k, v in raw.items() if k not in set(REGISTRY) | set(readers)]
+    for old, classes in readers.items():
+        if old in raw and old not in REGISTRY:
+            problems += _old_section_problems(old, raw[old], classes)
     out = {}
     for name, cls in sorted(REGISTRY.items()):
         key, section = name, raw.get(name)
         old = next((o for o in cls.OLD_SECTIONS if name not in raw and o in raw), None)
         if old is not None:
-            warnings.warn(f"methods.{old} is deprecated: write methods.{name} (the options of "
-                          f"{name} are read from methods.{old} this time)", FutureWarning,
-                          stacklevel=3)
-            key, section = old, {k: v for k, v in (raw[old] or {}).items() if k in cls.OPTIONS}
+            warnings.warn(f"methods.{name} is absent: its options are read from methods.{old} "
+                          f"as before; write methods.{name} (DVC tracks that section)",
+                          FutureWarning, stacklevel=3)
+            old_section = raw[old] if isinstance(raw[old], dict) else {}
+            key, section = old, {k: v for k, v in old_section.items() if k in cls.OPTIONS}
         try:
             values = cls.options_model().model_validate(section or {}).model_dump()
         except ValidationError as exc:
             problems += problems_of(exc, ("methods", key))
             continue
         problems += cls.check_options(values, f"methods.{key}", layer_names)
-        if cls.OPTIONS:
-            out[name] = values
+        out[name] = values
     return out
+
+
+def _old_section_problems(old: str, section, classes: list[type[Method]]) -> list[str]:
+    """An old shared section must still be a mapping of options one of its readers knows."""
+    if section is None:
+        return []
+    if not isinstance(section, dict):
+        return [bad_value(f"methods.{old}", section, "must be a mapping of keys")]
+    known = {k for cls in classes for k in cls.OPTIONS}
+    return [bad_value(f"methods.{old}.{k}", v, "is not a known key")
+            for k, v in section.items() if k not in known]
 
 
 def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:

@@ -188,7 +188,7 @@ class Sanitize(Method):
 
     @classmethod
     def model_hidden(cls, options: dict, hidden) -> list[int]:
-        return funnel_widths(int({**{k: o.default for k, o in cls.OPTIONS.items()},
+        return funnel_widths(int({**cls.default_options(),
                                   **options}["n"]))
 
     @classmethod
@@ -199,4 +199,4 @@ class Sanitize(Method):
 
     @classmethod
     def needs_public_data(cls, options: dict) -> bool:
-        return options.get("encoder", cls.OPTIONS["encoder"].default) == "frozen"
+        return {**cls.default_options(), **options}["encoder"] == "frozen"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ class Checkpoint:
     """Periodic training state at ``path``, so a crash loses at most ``every`` epochs.
 
     A checkpoint is used only when its fingerprint (the configuration and a hash of the
-    training data) matches; resuming restores the generators too, so a resumed run gives the
+    training data, :meth:`~dpclip.train.setup.TrainConfig.identity`) matches; resuming restores the generators too, so a resumed run gives the
     same model as an uninterrupted one. It is deleted when training completes. ``run`` is any
     run kind (:class:`dpclip.train.runs.Run`): its ``state_dict`` holds everything.
     """
@@ -28,7 +28,7 @@ class Checkpoint:
 
     @classmethod
     def for_run(cls, path: Path, every: int, cfg, x: np.ndarray, y: np.ndarray):
-        digest = hashlib.sha256(repr(asdict(cfg)).encode())
+        digest = hashlib.sha256(repr(cfg.identity()).encode())
         digest.update(np.ascontiguousarray(x).tobytes())
         digest.update(np.ascontiguousarray(y).tobytes())
         return cls(Path(path), every, digest.hexdigest())

@@ -41,6 +41,17 @@ class TrainConfig:
                    PrivacyParams.model_validate(privacy), dict(method_options or {}),
                    shadow_risk)
 
+    def identity(self) -> dict:
+        """What makes this run this run (the checkpoint's fingerprint): the method, its target,
+        seed, options and the training and privacy settings it uses, but not the matrix it
+        belongs to (train.methods, train.seeds, privacy.target_epsilons) nor how often it is
+        checkpointed, so growing the matrix keeps a crashed run's checkpoint usable."""
+        return {"method": self.method, "target_epsilon": self.target_epsilon,
+                "seed": self.seed, "method_options": self.method_options,
+                "shadow_risk": self.shadow_risk,
+                "train": self.train.model_dump(exclude={"methods", "seeds", "checkpoint_every"}),
+                "privacy": self.privacy.model_dump(exclude={"target_epsilons"})}
+
     def with_train(self, **changes) -> "TrainConfig":
         """The same run with some ``train.*`` fields changed (a method's own epochs or
         learning rate)."""
