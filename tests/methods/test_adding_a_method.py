@@ -76,3 +76,18 @@ def test_the_readme_method_runs_through_the_stages_into_the_report(per_layer, ti
     report(params, layout, track=False)
     comparison = (layout.reports / "comparison.md").read_text()
     assert "| per_layer " in comparison or "per_layer-eps8-iid-seed0" in comparison
+
+
+def test_a_plugin_cannot_replace_a_registered_method_or_run_kind():
+    """A class from another module under a known name is refused, not swapped in: records
+    would otherwise say "dp_sgd" for a method that is not DP-SGD."""
+    from dpclip.methods.base import Method, register
+    from dpclip.train.runs.base import Run, register_run_kind
+
+    impostor = type("DPSGD", (Method,), {"name": "dp_sgd", "__module__": "plugin.fake"})
+    with pytest.raises(ValueError, match="already registered"):
+        register(impostor)
+    assert get_method("dp_sgd") is not impostor
+    fake_run = type("PrivateRun", (Run,), {"kind": "private", "__module__": "plugin.fake"})
+    with pytest.raises(ValueError, match="already registered"):
+        register_run_kind(fake_run)

@@ -22,7 +22,9 @@ RUN_KINDS: dict[str, type["Run"]] = {}
 def register_run_kind(cls: type["Run"]) -> type["Run"]:
     """Class decorator: make the run kind ``cls.kind`` known (a name used twice is an error)."""
     known = RUN_KINDS.get(cls.kind)
-    if not cls.kind or (known is not None and known.__qualname__ != cls.__qualname__):
+    same = known is not None and (known.__module__, known.__qualname__) == \
+        (cls.__module__, cls.__qualname__)
+    if not cls.kind or (known is not None and not same):
         raise ValueError(f"run kind {cls.kind!r} is empty or already registered")
     RUN_KINDS[cls.kind] = cls
     return cls
