@@ -35,7 +35,7 @@ run: install
 	echo && cat reports/comparison.md && echo && \
 	echo "dvc repro took $$((end - start)) s. Figures: reports/*.png, per run: figures/<run>/" && \
 	echo "MLflow UI:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db" && \
-	echo "Prefect:    $(VENV)/bin/prefect server start   then   $(VENV)/bin/python -m flows.serve"
+	echo "Prefect:    $(VENV)/bin/prefect server start   then   PREFECT_API_URL=http://127.0.0.1:4200/api $(VENV)/bin/python -m flows.serve"
 
 test: install
 	$(BIN)/python -m pytest
