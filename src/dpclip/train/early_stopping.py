@@ -33,8 +33,6 @@ from torch import nn
 from dpclip.config import EARLY_STOPPING_RULES
 from dpclip.models import per_record_std
 
-RULES = EARLY_STOPPING_RULES
-
 
 @torch.no_grad()
 def public_representation_std(model: nn.Module, x: torch.Tensor) -> float:
@@ -92,4 +90,4 @@ def decide(rule: str, series, window: int, threshold: float) -> StopDecision:
         return slope_rule(series, window, threshold)
     if rule == "linear_trend":
         return linear_trend_rule(series, window, threshold)
-    raise ValueError(f"unknown early-stopping rule {rule!r}; expected one of {RULES}")
+    raise ValueError(f"unknown early-stopping rule {rule!r}; expected one of {EARLY_STOPPING_RULES}")
