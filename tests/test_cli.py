@@ -91,6 +91,10 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
 
     result = json.loads((tmp_path / "reports" / "bench.json").read_text())
     rows = {row["method"]: row for row in result["table"]}
+    assert list(rows) == ["non_private", "opacus_ghost", "dp_sgd", "ww_dp_sgd"]  # the anchors
     assert rows["dp_sgd"]["ratio_to_dp_sgd"] == 1.0 and rows["ww_dp_sgd"]["step_ms_median"] > 0
-    assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["ww_dp_sgd"]["share"] < 1
+    assert rows["non_private"]["ratio_to_non_private"] == 1.0
+    assert rows["opacus_ghost"]["ratio_to_dp_sgd"] == pytest.approx(
+        rows["opacus_ghost"]["step_ms_median"] / rows["dp_sgd"]["step_ms_median"])
+    assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["mlp/ww_dp_sgd"]["share"] < 1
     assert (tmp_path / "reports" / "bench.md").exists()

@@ -1,15 +1,19 @@
-"""``dpclip bench``: each method's median training step against ``dp_sgd``, in one run.
+"""``dpclip bench``: every method's median training step against two anchors, in one run.
 
 Speed on a shared machine is only comparable within one run, so the methods are timed
-round-robin on the same model, data and Poisson batches (same seed), and each is reported as a
-ratio to dp_sgd's median step. Peak memory is each method's working memory per step, measured
-in a fresh subprocess after warm-up steps, as a ratio too: on CPU, the peak growth of the
-resident set size (sampled every millisecond) over the warmed-up level, with glibc's mmap
-threshold lowered so that every freed tensor over 16 KiB goes back to the system (else the
-allocator keeps it and the growth reads 0); on a GPU, ``torch.cuda.max_memory_allocated`` over
-the allocated level. Weights, data and library code are shared by all methods and left out. For a
-method with a periodic probe (``Method.probe_cost``) the probe's share of the step time at its
-configured period is reported.
+round-robin on the same model, data and Poisson batches (same seed), each reported as a ratio to
+the non-private step (the physical floor: one forward and one backward pass) and to ``dp_sgd``.
+The anchors are timed in the same rounds: ``non_private`` (plain minibatch SGD) and
+``opacus_ghost``, Opacus's own fastest DP-SGD (``make_private`` with ghost clipping) on the same
+model, batches, C and noise multiplier as ``dp_sgd``. ``--models mlp cnn`` repeats the table per
+architecture. Peak memory is each method's working memory per step, measured in a fresh
+subprocess after warm-up steps, as a ratio too: on CPU, the peak growth of the resident set size
+(sampled every millisecond) over the warmed-up level, with glibc's mmap threshold lowered so
+that every freed tensor over 16 KiB goes back to the system (else the allocator keeps it and the
+growth reads 0); on a GPU, ``torch.cuda.max_memory_allocated`` over the allocated level.
+Weights, data and library code are shared by all methods and left out. For a method with a
+periodic probe (``Method.probe_cost``) the probe's share of the step time at its configured
+period is reported.
 """
 
 from __future__ import annotations
@@ -24,21 +28,35 @@ import time
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 
 from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
+from dpclip.models import build_model
 from dpclip.stages.prepare import load_split
 from dpclip.stages.train import train_config
 from dpclip.train import build_run
+
+
+# the anchors: timed with the methods, not methods themselves
+NON_PRIVATE, OPACUS_GHOST = "non_private", "opacus_ghost"
 
 
 def _data(layout: Layout):
     x, y, _ = load_split(layout, "target_train")
     meta = read_json(layout.prepared_meta)
     return x, y, tuple(meta["feature_shape"]), int(meta["n_classes"])
+
+
+def with_model(params: Params, model: str | None = None, hidden: list[int] | None = None,
+               batch_size: int | None = None) -> Params:
+    """``params`` with train.model, train.hidden and train.batch_size replaced where given."""
+    update = {k: v for k, v in {"model": model, "hidden": hidden,
+                                "batch_size": batch_size}.items() if v is not None}
+    return params.model_copy(update={"train": params.train.model_copy(update=update)})
 
 
 def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
@@ -48,43 +66,75 @@ def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
 
 
+def _stepper(params: Params, layout: Layout, name: str, data):
+    """(step(batch), device, q) of a method or an anchor, on the same model architecture."""
+    x, y, shape, n_classes = data
+    if name == OPACUS_GHOST:
+        return _opacus_ghost(params, layout, data)
+    run, xt, yt = _runner(params, layout, name, x, y, shape, n_classes)
+
+    def step(batch):
+        if hasattr(run, "guard"):
+            run.step(xt, yt, batch, epoch=1)
+        else:
+            from dpclip.train.step import plain_step
+
+            idx = torch.as_tensor(batch, device=run.device)
+            plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
+    return step, run.device, run.q
+
+
+def _opacus_ghost(params: Params, layout: Layout, data):
+    """Opacus's DP-SGD with ghost clipping on dp_sgd's model, C, sigma and learning rate."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y, shape, n_classes = data
+    reference, xt, yt = _runner(params, layout, "dp_sgd", x, y, shape, n_classes)
+    model = build_model(params.train.model, shape, n_classes, list(params.train.hidden))
+    model.to(reference.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=params.train.lr)
+    loader = DataLoader(TensorDataset(xt, yt), batch_size=params.train.batch_size)
+    model, optimizer, criterion, _ = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=optimizer, data_loader=loader, criterion=nn.CrossEntropyLoss(),
+        noise_multiplier=reference.sigma_train, max_grad_norm=params.train.clip_norm,
+        grad_sample_mode="ghost", poisson_sampling=True)
+
+    def step(batch):
+        idx = torch.as_tensor(batch, device=reference.device)
+        optimizer.zero_grad(set_to_none=True)
+        criterion(model(xt[idx]), yt[idx]).backward()
+        optimizer.step()
+    return step, reference.device, reference.q
+
+
 def _batches(n: int, q: float, steps: int, seed: int = 0) -> list[list[int]]:
     gen = np.random.default_rng(seed)
-    return [np.flatnonzero(gen.random(n) < q).tolist() for _ in range(steps)]
+    return [b for b in (np.flatnonzero(gen.random(n) < q).tolist() for _ in range(steps)) if b]
 
 
-def time_steps(params: Params, layout: Layout, methods: list[str], steps: int,
+def time_steps(params: Params, layout: Layout, names: list[str], steps: int,
                rounds: int = 5) -> dict[str, list[float]]:
-    """Seconds per step of each method, interleaved over ``rounds`` rounds."""
-    x, y, shape, n_classes = _data(layout)
-    runs = {m: _runner(params, layout, m, x, y, shape, n_classes) for m in methods}
-    q = next(iter(runs.values()))[0].q
-    batches = _batches(len(x), q, steps * rounds)
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    order = list(runs)
+    """Seconds per step of each method or anchor, interleaved over ``rounds`` rounds."""
+    data = _data(layout)
+    steppers = {name: _stepper(params, layout, name, data) for name in names}
+    _, device, q = next(iter(steppers.values()))
+    batches = _batches(len(data[0]), q, steps * rounds)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name, (step, _, _) in steppers.items():  # warm-up: lazy loads, first allocations
+        for batch in batches[:2]:
+            step(batch)
     for r in range(rounds):
         # rotate the order every round, so no method always runs first (or after another)
-        for method in order[r % len(order):] + order[:r % len(order)]:
-            run, xt, yt = runs[method]
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            step = steppers[name][0]
             for batch in batches[r * steps:(r + 1) * steps]:
-                if not batch:
-                    continue
                 tic = time.perf_counter()
-                _step(run, xt, yt, batch)
-                if run.device.type == "cuda":
+                step(batch)
+                if device.type == "cuda":
                     torch.cuda.synchronize()
-                times[method].append(time.perf_counter() - tic)
+                times[name].append(time.perf_counter() - tic)
     return times
-
-
-def _step(run, x, y, batch):
-    if hasattr(run, "guard"):
-        run.step(x, y, batch, epoch=1)
-    else:
-        from dpclip.train.step import plain_step
-
-        idx = torch.as_tensor(batch, device=run.device)
-        plain_step(run.model, run.loss_fn, x[idx], y[idx], run.optimizer)
 
 
 def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict | None:
@@ -96,10 +146,9 @@ def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict
         return None
     total = 0.0
     for batch in _batches(len(x), run.q, steps, seed=1):
-        if batch:
-            tic = time.perf_counter()
-            run.step(xt, yt, batch, epoch=1)
-            total += time.perf_counter() - tic
+        tic = time.perf_counter()
+        run.step(xt, yt, batch, epoch=1)
+        total += time.perf_counter() - tic
     cost = run.method.probe_cost()
     return {"probe_every": cost["every"], "probe_s": cost["seconds"], "train_s": total,
             "share": cost["seconds"] / total if total else float("nan")}
@@ -109,36 +158,38 @@ def _has_probe(method: str) -> bool:
     return get_method(method).probe_cost is not Method.probe_cost
 
 
-def peak_memory(params_path: str, root: str, method: str, steps: int) -> float:
-    """Peak memory (MiB) of ``steps`` steps of one method, in a fresh process."""
+def peak_memory(params_path: str, root: str, name: str, steps: int, model: str,
+                hidden: list[int], batch_size: int) -> float:
+    """Peak memory (MiB) of ``steps`` steps of one method or anchor, in a fresh process."""
     code = ("import sys, json; from dpclip.bench import _child_memory; "
             "print(json.dumps(_child_memory(*sys.argv[1:])))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(16 * 1024)}
-    out = subprocess.run([sys.executable, "-c", code, params_path, root, method, str(steps)],
+    spec = json.dumps({"model": model, "hidden": hidden, "batch_size": batch_size})
+    out = subprocess.run([sys.executable, "-c", code, params_path, root, name, str(steps), spec],
                          capture_output=True, text=True, check=True, env=env)
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _child_memory(params_path: str, root: str, method: str, steps: str) -> float:
+def _child_memory(params_path: str, root: str, name: str, steps: str, spec: str) -> float:
     from dpclip.config import load_params
 
-    params = load_params(params_path)
+    params = with_model(load_params(params_path), **json.loads(spec))
     layout = Layout(__import__("pathlib").Path(root))
-    x, y, shape, n_classes = _data(layout)
-    run, xt, yt = _runner(params, layout, method, x, y, shape, n_classes)
-    batches = [b for b in _batches(len(x), run.q, _WARM_UP + int(steps)) if b]
+    data = _data(layout)
+    step, device, q = _stepper(params, layout, name, data)
+    batches = _batches(len(data[0]), q, _WARM_UP + int(steps))
     for batch in batches[:_WARM_UP]:
-        _step(run, xt, yt, batch)
-    if run.device.type == "cuda":
+        step(batch)
+    if device.type == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         for batch in batches[_WARM_UP:]:
-            _step(run, xt, yt, batch)
+            step(batch)
         return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     with _RssPeak() as peak:
         for batch in batches[_WARM_UP:]:
-            _step(run, xt, yt, batch)
+            step(batch)
     return peak.growth_mib
 
 
@@ -176,40 +227,57 @@ class _RssPeak:
 
 
 def bench(params: Params, layout: Layout, params_path: str, methods: list[str] | None = None,
-          steps: int = 20, rounds: int = 15) -> pd.DataFrame:
-    methods = list(methods or params.train.methods)
+          steps: int = 10, rounds: int = 5, models: list[str] | None = None,
+          hidden: list[int] | None = None, batch_size: int | None = None,
+          memory: bool = True) -> pd.DataFrame:
+    """The table of every method and both anchors, per model; written to reports/bench.*."""
+    methods = [m for m in (methods or params.train.methods) if m != NON_PRIVATE]
     if "dp_sgd" not in methods:
         methods.insert(0, "dp_sgd")
     for m in methods:
         get_method(m)  # unknown names fail here
     if not layout.split("target_train").exists():
         raise DpclipError("bench needs the prepared data: run `dpclip prepare` first")
-    times = time_steps(params, layout, methods, steps, rounds)
-    # at least 100 steps, so that the WW probe (every K = 50 steps) falls among them
-    memory = {m: peak_memory(params_path, str(layout.root), m, max(steps, 100))
-              for m in methods}
-    base_t = float(np.median(times["dp_sgd"]))
-    base_m = memory["dp_sgd"]
-    rows = [{"method": m, "step_ms_median": 1000 * float(np.median(times[m])),
-             "ratio_to_dp_sgd": float(np.median(times[m])) / base_t,
-             "peak_mib": memory[m], "memory_ratio": memory[m] / base_m if base_m > 0 else None,
-             "steps_timed": len(times[m])} for m in methods]
+    names = [NON_PRIVATE, OPACUS_GHOST, *methods]
+    rows, probes = [], {}
+    for model in models or [params.train.model]:
+        p = with_model(params, model, hidden, batch_size)
+        times = time_steps(p, layout, names, steps, rounds)
+        # at least 100 steps, so that the WW probe (every K = 50 steps) falls among them
+        mem = {n: peak_memory(params_path, str(layout.root), n, max(steps, 100), model,
+                              list(p.train.hidden), p.train.batch_size) if memory else None
+               for n in names}
+        floor, dp_sgd = (float(np.median(times[n])) for n in (NON_PRIVATE, "dp_sgd"))
+        for n in names:
+            median = float(np.median(times[n]))
+            rows.append({"model": model, "method": n, "step_ms_median": 1000 * median,
+                         "ratio_to_non_private": median / floor,
+                         "ratio_to_dp_sgd": median / dp_sgd, "peak_mib": mem[n],
+                         "memory_ratio_to_dp_sgd": (mem[n] / mem["dp_sgd"]
+                                                    if memory and mem["dp_sgd"] > 0 else None),
+                         "steps_timed": len(times[n])})
+        for m in methods:
+            share = probe_share(p, layout, m, steps=max(200, steps * rounds)) \
+                if _has_probe(m) else None
+            if share is not None:
+                probes[f"{model}/{m}"] = share
     table = pd.DataFrame(rows)
-    result = {"table": rows}
-    probes = {m: probe_share(params, layout, m, steps=max(200, steps * rounds))
-              for m in methods if _has_probe(m)}
-    probes = {m: share for m, share in probes.items() if share is not None}
-    if probes:
-        result["probes"] = probes
+    device = "cuda" if torch.cuda.is_available() and params.train.device != "cpu" else "cpu"
+    setting = {"device": device, "threads": torch.get_num_threads(),
+               "batch_size": batch_size or params.train.batch_size,
+               "hidden": hidden or list(params.train.hidden), "steps": steps, "rounds": rounds,
+               "dataset": params.data.dataset}
+    result = {"setting": setting, "table": rows, **({"probes": probes} if probes else {})}
     out = layout.reports
     write_json(out / "bench.json", result)
     text = table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else \
         table.to_string(index=False)
     extra = ""
-    for method, w in result.get("probes", {}).items():
+    for method, w in probes.items():
         extra += (f"\n\n{method} probe at K = {w['probe_every']}: {w['probe_s']:.4f} s of "
                   f"{w['train_s']:.3f} s of steps = {100 * w['share']:.2f}%\n")
-    write_text(out / "bench.md", "# dpclip bench\n\n" + text + extra)
+    header = ", ".join(f"{k} {v}" for k, v in setting.items())
+    write_text(out / "bench.md", f"# dpclip bench\n\n{header}\n\n" + text + extra)
     return table
 
 

@@ -42,10 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     _run_args(sub.add_parser("train", help="train one configuration"))
     _run_args(sub.add_parser("evaluate", help="evaluate one trained configuration"))
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
-                                         "as ratios to dp_sgd (needs `dpclip prepare`)")
+                                         "as ratios to the non-private step, Opacus's ghost "
+                                         "clipping and dp_sgd (needs `dpclip prepare`)")
     bench.add_argument("--methods", nargs="*", help="default: train.methods")
-    bench.add_argument("--steps", type=int, default=20, help="steps per method per round")
-    bench.add_argument("--rounds", type=int, default=15)
+    bench.add_argument("--models", nargs="*", choices=["mlp", "cnn"],
+                       help="one table per model (default: train.model)")
+    bench.add_argument("--hidden", nargs="*", type=int, help="default: train.hidden")
+    bench.add_argument("--batch-size", type=int, help="default: train.batch_size")
+    bench.add_argument("--steps", type=int, default=10, help="steps per method per round")
+    bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--no-memory", action="store_true",
+                       help="skip the peak-memory subprocesses (faster)")
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -101,7 +108,8 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "bench":
         from dpclip.bench import bench
 
-        table = bench(params, layout, args.params, args.methods, args.steps, args.rounds)
+        table = bench(params, layout, args.params, args.methods, args.steps, args.rounds,
+                      args.models, args.hidden, args.batch_size, memory=not args.no_memory)
         print(table.to_string(index=False))
         print(f"written to {layout.reports / 'bench.md'}")
         return 0

@@ -29,7 +29,7 @@ TINY_OPTIONS = {
     "adaclip_opacus": {"count_noise_fraction": 0.2},
     "dc_sgd_p": {"hist_every": 5},
     "dc_sgd_e": {"hist_every": 5},
-    "sanitize": {"n": 2, "public_epochs": 2, "epochs": 3},
+    "sanitize": {"n": 2, "public_steps": 20, "epochs": 3},
 }
 SHARED_STEP_KINDS = ("private", "opacus_optimizer")
 

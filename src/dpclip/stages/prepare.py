@@ -72,7 +72,8 @@ def _images(params: Params, sources: dict[str, tuple]) -> tuple[dict[str, Split]
         raise DpclipError(f"data.shadow_dataset: {public.name!r} has feature shape "
                           f"{public.feature_shape}, the main dataset {main.feature_shape}")
     splits = {name: (src.x[idx], src.y[idx], idx) for name, (src, idx) in sources.items()}
-    return splits, {"classes": main.classes, "feature_shape": list(main.feature_shape),
+    return splits, {"classes": main.classes, "public_classes": public.classes,
+                    "feature_shape": list(main.feature_shape),
                     "info": main.info}, dict(IMAGE_PREPROCESSING)
 
 
@@ -166,7 +167,9 @@ def prepare(params: Params, layout: Layout = Layout()) -> dict:
     meta = {
         "dataset": data.dataset, "shadow_dataset": data.shadow_dataset,
         "feature_shape": described["feature_shape"], "n_classes": len(classes),
-        "classes": classes, "sizes": {name: int(len(s[2])) for name, s in splits.items()},
+        "classes": classes,
+        # the public splits' label names: a separate public dataset may have other classes
+        "public_classes": described.get("public_classes", classes), "sizes": {name: int(len(s[2])) for name, s in splits.items()},
         "seed": data.seed,
         "class_counts": {name: np.bincount(y, minlength=len(classes)).tolist()
                          for name, (_, y, _) in splits.items()},

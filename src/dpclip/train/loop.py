@@ -26,15 +26,15 @@ from dpclip.methods.base import MethodContext
 from dpclip.models import build_model, count_parameters
 from dpclip.train.checkpoint import Checkpoint
 from dpclip.train.runs import Run, run_class
-from dpclip.train.setup import (RunSetup, TrainConfig, TrainResult, plan_steps, resolve_device,
-                                seed_everything)
+from dpclip.train.setup import (PublicData, RunSetup, TrainConfig, TrainResult, plan_steps,
+                                resolve_device, seed_everything)
 from dpclip.train.step import LayerGroups
 
 
 def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
-              cfg: TrainConfig, public: tuple | None = None) -> Run:
+              cfg: TrainConfig, public: PublicData | tuple | None = None) -> Run:
     """Seed, build the model and method, plan the steps, and build the run of the method's
-    kind (a private kind finds the noise). ``public``: the public (x, y) a method may need
+    kind (a private kind finds the noise). ``public``: the public data (:class:`PublicData`, or an (x, y) pair) a method may need
     (``Method.needs_public_data``) or early stopping watches."""
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
@@ -59,7 +59,7 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
                 cfg: TrainConfig, *, progress: bool = True, desc: str = "",
                 checkpoint_path: Path | None = None, checkpoint_every: int = 5,
-                public: tuple | None = None) -> TrainResult:
+                public: PublicData | tuple | None = None) -> TrainResult:
     """Train one configuration and return the model, its trace and its privacy record."""
     run = build_run(feature_shape, n_classes, len(x), cfg, public)
     checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \

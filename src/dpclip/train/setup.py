@@ -4,6 +4,7 @@ device, the optimizer, seeding, and the plan of Poisson steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -68,6 +69,19 @@ class TrainResult:
     architecture: dict = field(default_factory=dict)  # what load_model needs beyond train.*
 
 
+class PublicData(NamedTuple):
+    """The public data a run may use without noise: the shadow train split (x, y), the
+    shadow holdout split (a held-out check for public pre-training; None when not loaded), and
+    whether the public labels name the private task's classes (False for a separate public
+    dataset with other classes: a head trained on its labels predicts the wrong classes).
+    Indexing ``[0]``, ``[1]`` gives (x, y), as the plain tuple it replaces did."""
+
+    x: np.ndarray
+    y: np.ndarray
+    held_out: tuple[np.ndarray, np.ndarray] | None = None
+    same_classes: bool = True
+
+
 @dataclass
 class RunSetup:
     """Everything a run kind's constructor receives (:func:`dpclip.train.loop.build_run`):
@@ -85,7 +99,7 @@ class RunSetup:
     steps_per_epoch: int
     total_steps: int
     hidden: list[int]
-    public: tuple | None = None
+    public: PublicData | tuple | None = None
 
 
 def resolve_device(choice: str) -> torch.device:

@@ -2,10 +2,12 @@
 and its accounting).
 
 Each epoch visits every record once in shuffled batches of ``train.batch_size``; the
-sanitization layer noises each record's activations; the optimizer updates the head only
-(``frozen``) or every layer (``joint``). After each epoch: epsilon for the epochs so far, the
-adaptive C, and the early-stopping rule (``train.early_stopping``) on the per-epoch mean of the
-records' sanitized-output standard deviations.
+sanitization layer noises each record's activations. With the frozen encoder the head is then
+refitted to the class means of the releases so far (``head_fit: class_means``) or takes an
+optimizer step (``head_fit: sgd``); in ``joint`` mode the optimizer updates every layer. After
+each epoch: epsilon for the epochs so far, the adaptive C, and the early-stopping rule
+(``train.early_stopping``) on the per-epoch mean of the records' sanitized-output standard
+deviations.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
-from dpclip.methods.sanitize import (SanitizationLayer, noise_for_record_epsilon,
+from dpclip.methods.sanitize import (ClassMeans, SanitizationLayer, noise_for_record_epsilon,
+                                     pretrain,
                                      record_epsilon, with_sanitizer)
 from dpclip.privacy import early_stop_privacy, stopped_epsilon
 from dpclip.train.runs.base import Run, register_run_kind
@@ -47,6 +50,9 @@ class SanitizeRun(Run):
         self.hidden = list(setup.hidden)
         self.epoch_stds: list[float] = []  # this epoch's batch means of sanitized stds
         self.public_pretrain_s = 0.0
+        self.public_fit: dict = {}
+        self.class_means: ClassMeans | None = None  # head_fit class_means (frozen encoder)
+        self.encoded: torch.Tensor | None = None  # the frozen encoder's output, per record
         if opts["encoder"] == "frozen":
             tic = time.perf_counter()
             self._pretrain_and_freeze(setup.public)
@@ -70,32 +76,33 @@ class SanitizeRun(Run):
         if public is None or len(public[0]) == 0:
             raise DpclipError("methods.sanitize.encoder: 'frozen' trains the encoder on the "
                               "public shadow split, which is empty (data.split.shadow_train)")
-        x = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
-        y = torch.as_tensor(public[1], dtype=torch.int64, device=self.device)
-        batch = min(self.cfg.train.batch_size, len(x))
-        public_optimizer = torch.optim.Adam(self.model.parameters(),
-                                            lr=self.method.options["public_lr"])
-        for _ in range(self.method.options["public_epochs"]):
-            order = torch.randperm(len(x), generator=self.rng.sampling).to(self.device)
-            for k in range(math.ceil(len(x) / batch)):
-                idx = order[k * batch:(k + 1) * batch]
-                plain_step(self.model, self.loss_fn, x[idx], y[idx], public_optimizer)
+        self.public_fit = pretrain(self.model, self.loss_fn, public, self.method.options,
+                                   min(self.cfg.train.batch_size, len(public[0])),
+                                   self.rng.sampling, self.device)
         for name, param in self.model.named_parameters():
             param.requires_grad_(name.startswith("head."))
         self.optimizer = make_optimizer(self._private_cfg(), [p for p in self.model.parameters()
                                                               if p.requires_grad])
+        if self.method.options["head_fit"] == "class_means":
+            self.class_means = ClassMeans(self.model.head, 1.0 - self.method.options["drop_p"])
 
     # --- training --------------------------------------------------------------------------
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n, b = len(x), min(self.cfg.train.batch_size, len(x))
         order = torch.randperm(n, generator=self.rng.sampling).to(self.device)
+        if self.class_means is not None and self.encoded is None:
+            self.encoded = self._encode(x)
         self.sanitizer.noisy, self.sanitizer.generator = True, self.rng.noise
         self.epoch_stds = []
         try:
             for k in range(self.steps_per_epoch):
                 idx = order[k * b:(k + 1) * b]
                 tic = time.perf_counter()
-                loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
+                if self.class_means is not None:
+                    loss = self.class_means.step(self.sanitizer, self.encoded[idx], y[idx],
+                                                 self.loss_fn)
+                else:
+                    loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
                 self.step_times.append(time.perf_counter() - tic)
                 self.epoch_stds.append(self.sanitizer.last_std)
                 step = len(self.trace) + 1
@@ -107,6 +114,14 @@ class SanitizeRun(Run):
         finally:
             self.sanitizer.noisy, self.sanitizer.generator = False, None
         return True
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen encoder's output for every record, computed once: it is deterministic,
+        so each epoch only draws new masks and noise on it."""
+        encoder = self.model[:list(dict(self.model.named_children())).index("sanitizer")]
+        b = max(self.cfg.train.batch_size, 1024)
+        with torch.no_grad():
+            return torch.cat([encoder(x[k:k + b]) for k in range(0, len(x), b)])
 
     def epoch_std(self) -> float:
         """The watched series is the sanitized outputs' std (released; paper Alg. 2 and 4)."""
@@ -148,12 +163,21 @@ class SanitizeRun(Run):
 
     def training_extras(self) -> dict:
         return {"encoder": self.method.options["encoder"],
-                "public_pretrain_s": self.public_pretrain_s, **super().training_extras()}
+                "public_pretrain_s": self.public_pretrain_s, **self.public_fit,
+                **super().training_extras()}
 
     def architecture(self) -> dict:
         return {"hidden": self.hidden,
                 "sanitizer": {"after": self.after, "clip": self.sanitizer.clip}}
 
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.class_means is not None:
+            state["class_means"] = self.class_means.state_dict()
+        return state
+
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        if self.class_means is not None:
+            self.class_means.load_state_dict(state["class_means"])
         self._adapt_clip()
