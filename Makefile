@@ -5,6 +5,9 @@ PYTHON ?= python3
 # The CPU build of torch. Where pip's default index would give a CUDA build, pass e.g.
 #   make TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" run
 TORCH_PIP_ARGS ?=
+# bash with pipefail: `dvc repro | stage_times` fails when dvc repro does
+SHELL  := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -31,7 +34,7 @@ $(STAMP): requirements.lock pyproject.toml
 
 run: install
 	@start=$$(date +%s); \
-	dvc repro && end=$$(date +%s) && \
+	dvc repro 2>&1 | $(BIN)/python -m dpclip.stage_times && end=$$(date +%s) && \
 	echo && cat reports/comparison.md && echo && \
 	echo "dvc repro took $$((end - start)) s. Figures: reports/*.png, per run: figures/<run>/" && \
 	echo "MLflow UI:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db" && \

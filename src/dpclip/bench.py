@@ -18,6 +18,7 @@ period is reported.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,10 +36,10 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
-from dpclip.models import build_model
+from dpclip.models import build_model, layer_names
 from dpclip.stages.prepare import load_split
-from dpclip.stages.train import train_config
-from dpclip.train import build_run
+from dpclip.stages.train import load_public, train_config
+from dpclip.train import TrainConfig, build_run
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -59,10 +60,31 @@ def with_model(params: Params, model: str | None = None, hidden: list[int] | Non
     return params.model_copy(update={"train": params.train.model_copy(update=update)})
 
 
+def _config(params: Params, layout: Layout, method: str) -> TrainConfig:
+    """The run's configuration; a method that reads the shadow stage's per-layer risks gets
+    neutral ones (every layer at error rate 0.5, equal norm shares) instead, so that one bench
+    covers several architectures without a shadow run each: the values change no step's cost."""
+    epsilon = params.privacy.target_epsilons[0]
+    if not get_method(method).needs_shadow_risk:
+        return train_config(params, method, epsilon, 0, layout)
+    t = params.train
+    layers = layer_names(t.model, t.hidden)
+    neutral = {"layers": {name: {"error_rate": 0.5, "norm_share": 1.0 / len(layers)}
+                          for name in layers}}
+    return TrainConfig(method, float(epsilon), 0, t, params.privacy,
+                       params.method_options(method), neutral)
+
+
 def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
-    cfg = train_config(params, method, params.privacy.target_epsilons[0], 0, layout)
+    cfg = _config(params, layout, method)
     cfg = cfg.with_train(epochs=1_000)  # a long plan, so the budget never stops the benchmark
-    run = build_run(shape, n_classes, len(x), cfg)
+    public = None
+    if get_method(method).needs_public_data(cfg.method_options):
+        public = load_public(layout, read_json(layout.prepared_meta))
+        if "public_steps" in cfg.method_options:  # sanitize: its pre-training is not timed
+            cfg = dataclasses.replace(cfg, method_options={**cfg.method_options,
+                                                           "public_steps": 1})
+    run = build_run(shape, n_classes, len(x), cfg, public)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
 
 

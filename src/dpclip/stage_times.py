@@ -1,0 +1,71 @@
+"""Where ``dvc repro``'s seconds go: ``dvc repro 2>&1 | python -m dpclip.stage_times``.
+
+Passes DVC's output through unchanged and notes when each "Running stage 'NAME':" line arrives;
+a stage's time is the gap to the next stage's line (or to the end of the output), so it includes
+the stage's process start and imports and DVC's own bookkeeping for it. At the end it prints the
+time per stage kind (matrix cells summed: ``train`` is every ``train@...`` cell), the cell count
+and the mean per cell, and writes the table to ``reports/stage_times.json``. Skipped (cached)
+stages take no time and are not listed; DVC's start-up before the first stage is its own row.
+The Makefile runs it under ``pipefail``, so a failed repro still fails ``make run``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+STAGE_LINE = re.compile(r"Running stage '([^']+)'")
+
+
+def stage_seconds(events: list[tuple[float, str]], end: float) -> list[tuple[str, float]]:
+    """(stage, seconds) from (arrival time, stage name) events, each until the next one."""
+    bounds = [t for t, _ in events[1:]] + [end]
+    return [(name, stop - start) for (start, name), stop in zip(events, bounds)]
+
+
+def summarise(per_stage: list[tuple[str, float]], total: float) -> list[dict]:
+    """Per stage kind (the name before '@'): cells, seconds, mean per cell, share of total."""
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for name, seconds in per_stage:
+        kinds[name.split("@")[0]].append(seconds)
+    return [{"stage": kind, "cells": len(times), "seconds": round(sum(times), 1),
+             "per_cell": round(sum(times) / len(times), 2),
+             "share": round(sum(times) / total, 3) if total > 0 else 0.0}
+            for kind, times in kinds.items()]
+
+
+def format_table(rows: list[dict], total: float) -> str:
+    lines = [f"{'stage':<12}{'cells':>6}{'seconds':>9}{'per cell':>10}{'share':>8}"]
+    lines += [f"{r['stage']:<12}{r['cells']:>6}{r['seconds']:>9.1f}{r['per_cell']:>10.2f}"
+              f"{100 * r['share']:>7.0f}%" for r in rows]
+    lines.append(f"{'total':<12}{sum(r['cells'] for r in rows):>6}{total:>9.1f}")
+    return "\n".join(lines)
+
+
+def main(stream=sys.stdin, out=sys.stdout, reports: Path = Path("reports")) -> int:
+    start = time.monotonic()
+    events: list[tuple[float, str]] = []
+    for line in stream:
+        out.write(line)
+        out.flush()
+        match = STAGE_LINE.search(line)
+        if match:
+            events.append((time.monotonic() - start, match.group(1)))
+    total = time.monotonic() - start
+    if not events:
+        return 0
+    rows = summarise([("dvc start-up", events[0][0]), *stage_seconds(events, total)], total)
+    out.write("\nWhere the time went (stage start to the next stage's start, imports and DVC "
+              "bookkeeping included):\n" + format_table(rows, total) + "\n")
+    if reports.is_dir():
+        (reports / "stage_times.json").write_text(json.dumps(
+            {"total_s": round(total, 1), "stages": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

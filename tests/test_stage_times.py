@@ -1,0 +1,44 @@
+"""``python -m dpclip.stage_times``: the per-stage time table of ``make run``."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from dpclip.stage_times import main, stage_seconds, summarise
+
+
+def test_each_stage_lasts_until_the_next_one_starts():
+    events = [(1.0, "prepare"), (3.0, "train@a-8-iid-0"), (7.0, "train@b-8-iid-0"),
+              (8.5, "report")]
+    assert stage_seconds(events, end=10.0) == [
+        ("prepare", 2.0), ("train@a-8-iid-0", 4.0), ("train@b-8-iid-0", 1.5), ("report", 1.5)]
+
+
+def test_matrix_cells_are_summed_per_stage_kind():
+    rows = summarise([("prepare", 2.0), ("train@a", 4.0), ("train@b", 2.0)], total=10.0)
+    assert rows == [
+        {"stage": "prepare", "cells": 1, "seconds": 2.0, "per_cell": 2.0, "share": 0.2},
+        {"stage": "train", "cells": 2, "seconds": 6.0, "per_cell": 3.0, "share": 0.6}]
+
+
+def test_output_passes_through_and_the_table_is_written(tmp_path):
+    dvc = ("Running stage 'prepare':\n> dpclip prepare\nRunning stage 'train@a-8-iid-0':\n"
+           "Stage 'shadow' didn't change, skipping\n")
+    out = io.StringIO()
+    assert main(io.StringIO(dvc), out, reports=tmp_path) == 0
+    assert out.getvalue().startswith(dvc)  # DVC's own output, unchanged
+    record = json.loads((tmp_path / "stage_times.json").read_text())
+    assert [r["stage"] for r in record["stages"]] == ["dvc start-up", "prepare", "train"]
+    assert sum(r["seconds"] for r in record["stages"]) == pytest.approx(record["total_s"],
+                                                                         abs=0.2)
+    assert "Where the time went" in out.getvalue()
+
+
+def test_nothing_run_means_no_table(tmp_path):
+    out = io.StringIO()
+    assert main(io.StringIO("Data and pipelines are up to date.\n"), out, reports=tmp_path) == 0
+    assert out.getvalue() == "Data and pipelines are up to date.\n"
+    assert not (tmp_path / "stage_times.json").exists()
