@@ -84,7 +84,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
 
 def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys):
     base = _prepared(tmp_path, tiny_raw, write_params)
-    code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "--steps", "2",
+    code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "sanitize", "--steps", "2",
                  "--rounds", "2"])
     assert code == 0, capsys.readouterr().err
     import json
@@ -92,6 +92,7 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
     result = json.loads((tmp_path / "reports" / "bench.json").read_text())
     rows = {row["method"]: row for row in result["table"]}
     assert list(rows) == ["non_private", "opacus_ghost", "dp_sgd", "ww_dp_sgd"]  # the anchors
+    assert result["not_timed"] == ["sanitize"]  # no per-batch DP step to compare
     assert rows["dp_sgd"]["ratio_to_dp_sgd"] == 1.0 and rows["ww_dp_sgd"]["step_ms_median"] > 0
     assert rows["non_private"]["ratio_to_non_private"] == 1.0
     assert rows["opacus_ghost"]["ratio_to_dp_sgd"] == pytest.approx(

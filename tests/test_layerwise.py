@@ -243,3 +243,52 @@ def test_label_skewed_shadow_data_trains_on_a_subset(tmp_path, tiny_raw, write_p
     risk = json.loads((tmp_path / "shadow" / "risk.json").read_text())
     shadow_train = np.load(tmp_path / "data" / "prepared" / "shadow_train.npz")["y"]
     assert risk["alpha"] == 0.3 and 0 < risk["n_members"] < len(shadow_train)
+
+
+def test_shadow_max_records_caps_both_public_splits(tmp_path, tiny_raw, write_params):
+    base = _project(tmp_path, tiny_raw, write_params,
+                    shadow={"epochs": 1, "max_records": 50, "batch_size": 16})
+    assert main([*base, "shadow"]) == 0
+    risk = json.loads((tmp_path / "shadow" / "risk.json").read_text())
+    shadow_train = np.load(tmp_path / "data" / "prepared" / "shadow_train.npz")["y"]
+    assert len(shadow_train) > 50
+    assert risk["n_members"] == 50 and risk["n_nonmembers"] == 50
+
+
+def test_at_most_is_a_seeded_ordered_subset_without_repeats():
+    from dpclip.stages.shadow import _at_most
+
+    positions = np.arange(100, 300)
+    a, b = _at_most(positions, 40, seed=3), _at_most(positions, 40, seed=3)
+    assert np.array_equal(a, b) and len(np.unique(a)) == 40 and np.all(np.diff(a) > 0)
+    assert set(a) <= set(positions)
+    assert not np.array_equal(a, _at_most(positions, 40, seed=4))
+    assert np.array_equal(_at_most(positions, 500, seed=3), positions)
+    assert np.array_equal(_at_most(positions, None, seed=3), positions)
+
+
+def test_a_shadow_batch_larger_than_its_records_names_the_shadow_keys(tmp_path, tiny_raw,
+                                                                     write_params, capsys):
+    base = _project(tmp_path, tiny_raw, write_params, shadow={"epochs": 1, "max_records": 50})
+    assert main([*base, "shadow"]) == 2
+    err = capsys.readouterr().err
+    assert "shadow.batch_size: 64" in err and "shadow.max_records 50" in err
+    assert not (tmp_path / "shadow").exists()
+
+
+def test_the_logistic_attack_fits_the_same_model_as_lbfgs():
+    """The fast solver changes the time, not the attack: the same regularised logistic fit
+    as scikit-learn's default lbfgs, to solver tolerance."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from dpclip.attacks.layerwise import make_classifier
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 40)) @ rng.normal(size=(40, 40))
+    z = (x[:, 0] + rng.normal(scale=3.0, size=600) > 0).astype(int)
+    ours = make_classifier("logistic", 0).fit(x, z)
+    reference = make_pipeline(StandardScaler(),
+                              LogisticRegression(max_iter=10_000, tol=1e-10)).fit(x, z)
+    assert np.allclose(ours.predict_proba(x), reference.predict_proba(x), atol=1e-4)

@@ -40,6 +40,7 @@ from dpclip.models import build_model, layer_names
 from dpclip.stages.prepare import load_split
 from dpclip.stages.train import load_public, train_config
 from dpclip.train import TrainConfig, build_run
+from dpclip.train.runs import run_class
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -256,8 +257,10 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     methods = [m for m in (methods or params.train.methods) if m != NON_PRIVATE]
     if "dp_sgd" not in methods:
         methods.insert(0, "dp_sgd")
-    for m in methods:
-        get_method(m)  # unknown names fail here
+    # a method whose run has no per-batch DP step (sanitize: noise on activations, a forward
+    # pass per batch) has nothing comparable to time; unknown names fail here
+    not_timed = [m for m in methods if not hasattr(run_class(get_method(m).run_kind), "step")]
+    methods = [m for m in methods if m not in not_timed]
     if not layout.split("target_train").exists():
         raise DpclipError("bench needs the prepared data: run `dpclip prepare` first")
     names = [NON_PRIVATE, OPACUS_GHOST, *methods]
@@ -289,7 +292,8 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
                "batch_size": batch_size or params.train.batch_size,
                "hidden": hidden or list(params.train.hidden), "steps": steps, "rounds": rounds,
                "dataset": params.data.dataset}
-    result = {"setting": setting, "table": rows, **({"probes": probes} if probes else {})}
+    result = {"setting": setting, "table": rows, **({"probes": probes} if probes else {}),
+              **({"not_timed": not_timed} if not_timed else {})}
     out = layout.reports
     write_json(out / "bench.json", result)
     text = table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else \
@@ -299,6 +303,8 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
         extra += (f"\n\n{method} probe at K = {w['probe_every']}: {w['probe_s']:.4f} s of "
                   f"{w['train_s']:.3f} s of steps = {100 * w['share']:.2f}%\n")
     header = ", ".join(f"{k} {v}" for k, v in setting.items())
+    if not_timed:
+        extra += (f"\n\nNot timed (no per-batch DP step to compare): {', '.join(not_timed)}\n")
     write_text(out / "bench.md", f"# dpclip bench\n\n{header}\n\n" + text + extra)
     return table
 

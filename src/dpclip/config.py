@@ -154,6 +154,7 @@ class ShadowParams(Section):
 
     epochs: Count = 30
     batch_size: Count = 64
+    max_records: Count | None = 4000  # a seeded subset of each public split (None: all)
     risk_eval: Literal[RISK_EVALS] = "cv"
     alpha: Alpha = IID  # Dirichlet label skew of the shadow train split (transfer tests)
     seed: Seed = 0

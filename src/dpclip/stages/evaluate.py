@@ -86,14 +86,14 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     x_out, y_out, _ = load_split(layout, "target_holdout")
 
     probs_out = predict(model, x_out)
-    probs_in = predict(model, x_in)
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
     # membership: class-matched members and non-members, the same sets for every attack
     rng = np.random.default_rng(evaluation_seed(params.data.seed,
                                                 f"{alpha_tag(alpha)}-seed{int(seed)}"))
     pick_in, pick_out = class_matched_indices(y_in, y_out, rng)
+    probs_in = predict(model, x_in[pick_in])  # only the members that are attacked
     # loss-threshold attack: a lower loss means "member", so the score is -loss
-    attack = attack_metrics(-per_sample_loss(probs_in[pick_in], y_in[pick_in]),
+    attack = attack_metrics(-per_sample_loss(probs_in, y_in[pick_in]),
                             -per_sample_loss(probs_out[pick_out], y_out[pick_out]))
     roc = attack.pop("roc")
     privacy = record["privacy"]
