@@ -6,12 +6,12 @@
     theta     <- optimizer(theta, G)
     state     <- controller(released quantities)
 
-Per-sample gradient norms come from Opacus (``GradSampleModuleFastGradientClipping``: exact
-"ghost" norms for Linear layers, as row sums of squares here, materialised per-sample gradients
-for the others), so the
-per-sample gradients of a Linear layer are never built. The one backward pass also keeps each
-layer's activations a_i and output gradients delta_i (Opacus's hooks capture them anyway), and
-the scaled sum is formed from them directly, for per-sample and per-layer factors alike:
+One forward pass keeps each parameterised layer's input activations a_i and output z_i
+(:class:`BookKeeping`); one backward pass asks autograd for dL/dz of every layer (delta_i) and
+for no weight gradient, which the DP step would throw away. Per-sample gradient norms come from
+(a, delta): exact "ghost" norms ||delta_i|| ||a_i|| for Linear layers, the norms of Opacus's
+per-sample gradients (its registered grad samplers) for the others. The scaled sum is formed
+from (a, delta) directly, for per-sample and per-layer factors alike:
     Linear:  sum_i s_i^(l) g_i^(l) = (s^(l) * delta)^T a   (weight),  sum_i s_i^(l) delta_i  (bias)
     Conv:    the ordinary weight gradient of the weighted output gradients s^(l) * delta
              (one backward convolution, no per-sample tensors)
@@ -23,7 +23,6 @@ bias together).
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +30,9 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from torch import nn
 
+from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, StepRelease
 from dpclip.randomness import NoiseSources
-
-# Opacus's backward hooks warn that the input needs no gradient: expected, and once per step
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 @dataclass
@@ -65,11 +62,10 @@ def linear_norms(layer: nn.Linear, activations: list[torch.Tensor], backprops: t
                  ) -> dict:
     """Per-sample gradient norms of a Linear layer: ||g_i|| = ||delta_i|| ||a_i|| for the
     weight (the per-sample gradient is the outer product delta_i a_i^T) and ||delta_i|| for the
-    bias. Opacus's norm sampler, with row sums of squares instead of its batched einsum (a
-    B-fold bmm of 1 x d by d x 1 products, the largest single cost of the MLP's DP step).
-    Sequence inputs (3-D) keep Opacus's Gram form."""
+    bias, as row sums of squares (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by
+    d x 1 products instead). Sequence inputs (3-D) take Opacus's Gram form."""
     if backprops.dim() != 2:
-        return OPACUS_LINEAR_NORMS(layer, activations, backprops)
+        return OPACUS_NORM_SAMPLERS[nn.Linear](layer, activations, backprops)
     a = activations[0].to(backprops.dtype)
     delta_sq = backprops.square().sum(dim=1)
     out = {}
@@ -80,80 +76,113 @@ def linear_norms(layer: nn.Linear, activations: list[torch.Tensor], backprops: t
     return out
 
 
-OPACUS_LINEAR_NORMS = GradSampleModuleFastGradientClipping.NORM_SAMPLERS[nn.Linear]
+def per_sample_norms(module: nn.Module, activations: list[torch.Tensor],
+                     backprops: torch.Tensor) -> dict:
+    """{parameter: ||g_i||} for one layer: the Linear form above, else the norm of Opacus's
+    per-sample gradients of the layer (its registered grad sampler, or functorch)."""
+    if type(module) is nn.Linear:
+        return linear_norms(module, activations, backprops)
+    sampler = GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+    return {p: g.reshape(len(g), -1).norm(2, dim=1)
+            for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
 
 
-class NormsAndSums(GradSampleModuleFastGradientClipping):
-    """Opacus's ghost-norm module that also keeps, per layer, the (activations, output
-    gradients) its hooks captured in the backward pass, for :func:`scaled_sum`."""
-
-    NORM_SAMPLERS = {**GradSampleModuleFastGradientClipping.NORM_SAMPLERS,
-                     nn.Linear: linear_norms}
-
-    def rearrange_grad_samples(self, *, module, backprops, loss_reduction, batch_first):
-        activations, backprops = super().rearrange_grad_samples(
-            module=module, backprops=backprops, loss_reduction=loss_reduction,
-            batch_first=batch_first)
-        if self.hooks_enabled:
-            module._dpclip_captured = getattr(module, "_dpclip_captured", [])
-            module._dpclip_captured.append((activations, backprops))
-        return activations, backprops
+OPACUS_NORM_SAMPLERS = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
+GRAD_SAMPLERS = GradSampleModuleFastGradientClipping.GRAD_SAMPLERS
+# layers whose output for one record depends on the other records of the batch
+BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
 
-def wrap_for_dp(model: nn.Module) -> NormsAndSums:
-    """Attach Opacus's per-sample norm hooks (losses are summed, batch first)."""
-    return NormsAndSums(model, batch_first=True, loss_reduction="sum", use_ghost_clipping=True)
+class BookKeeping(nn.Module):
+    """The model, with forward hooks on its parameterised layers that keep, during a DP step's
+    forward pass, each layer's input activations a and its output z. The step then asks
+    autograd for dL/dz of every layer at once (``torch.autograd.grad``), which is the one
+    backward pass minus the weight gradients (no parameter is among the requested inputs, so
+    the engine skips them: the DP step would throw them away), and forms the per-sample norms
+    and the scaled sums from (a, dL/dz) (book-keeping, Bu et al. 2023)."""
+
+    def __init__(self, model: nn.Module, groups: LayerGroups):
+        super().__init__()
+        mixing = [name for name, m in model.named_modules() if isinstance(m, BATCH_MIXING)]
+        if mixing:
+            raise DpclipError(f"the model has batch-normalisation layers {mixing}: a record's "
+                              f"output would depend on the other records of its batch, so "
+                              f"per-sample gradients are undefined (use GroupNorm)")
+        self._module = model
+        self._layer_of = {id(m): k for k, m in enumerate(groups.modules)}
+        self._uses: list | None = None  # (layer index, activations, output) while capturing
+        self._handles = [m.register_forward_hook(self._keep) for m in groups.modules]
+
+    def _keep(self, module, inputs, output) -> None:
+        if self._uses is not None and torch.is_grad_enabled():
+            self._uses.append((self._layer_of[id(module)],
+                               [t.detach() for t in inputs if isinstance(t, torch.Tensor)],
+                               output))
+
+    def forward(self, *args, **kwargs):
+        return self._module(*args, **kwargs)
+
+    def forward_keeping(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """The model's output on ``x`` and the layers' (index, activations, output) uses."""
+        self._uses = []
+        try:
+            return self._module(x), self._uses
+        finally:
+            self._uses = None
 
 
-def per_layer_norms(groups: LayerGroups) -> torch.Tensor:
-    """n_i^(l) = ||g_i^(l)||, shape (B, L), from the per-parameter norms Opacus attached.
+def wrap_for_dp(model: nn.Module) -> BookKeeping:
+    """The model ready for the DP step (hooks keep activations; losses are summed)."""
+    return BookKeeping(model, LayerGroups.of(model))
 
-    Each norm is read once and removed, so a missing hook can never reuse a stale norm.
-    """
-    columns = []
-    for group in groups.params:
-        squares = 0.0
-        for p in group:
-            norm = getattr(p, "_norm_sample", None)
-            if norm is None:
-                raise RuntimeError("Opacus computed no per-sample norm for a parameter")
-            squares = squares + norm ** 2
-            p._norm_sample = None
-        columns.append(squares.sqrt())
+
+def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
+                     ) -> list[tuple[int, list, torch.Tensor]]:
+    """(layer index, activations, dL/dz) per use, from one backward pass of sum(losses) that
+    computes no weight gradient. A layer used twice in one forward is refused: its per-sample
+    gradient is the sum over uses, which the per-use norms below do not give."""
+    layers = [k for k, _, _ in uses]
+    if len(set(layers)) != len(layers):
+        raise DpclipError("a parameterised layer is used more than once in one forward pass; "
+                          "the DP step's per-sample norms need one use per layer")
+    grads = torch.autograd.grad(losses.sum(), [z for _, _, z in uses], allow_unused=True)
+    return [(k, a, torch.zeros_like(z) if g is None else g.detach())
+            for (k, a, z), g in zip(uses, grads)]
+
+
+def per_layer_norms(groups: LayerGroups, kept: list) -> torch.Tensor:
+    """n_i^(l) = ||g_i^(l)||, shape (B, L): each layer's parameters' per-sample norms
+    combined (weight and bias together)."""
+    columns: list = [None] * len(groups.modules)
+    for k, activations, backprops in kept:
+        norms = per_sample_norms(groups.modules[k], activations, backprops)
+        columns[k] = sum(n.square() for n in norms.values()).sqrt()
+    if any(c is None for c in columns):
+        missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
+        raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the forward")
     return torch.stack(columns, dim=1)
 
 
-def scaled_sum(model: NormsAndSums, groups: LayerGroups, factors: torch.Tensor
-               ) -> list[torch.Tensor]:
-    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order, from the
-    activations and output gradients captured in the backward pass (each read once)."""
+def scaled_sum(groups: LayerGroups, kept: list, factors: torch.Tensor) -> list[torch.Tensor]:
+    """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order, from each layer's
+    activations and output gradients."""
     factors = factors.detach()
-    sums = []
-    for layer, (module, group) in enumerate(zip(groups.modules, groups.params)):
-        captured = getattr(module, "_dpclip_captured", None)
-        if not captured:
-            raise RuntimeError(f"no activations were captured for layer {groups.names[layer]}")
-        del module._dpclip_captured
-        weights = factors if factors.dim() == 1 else factors[:, layer]
-        totals: dict[int, torch.Tensor] = {}
-        for activations, backprops in captured:  # one entry per use of the module
-            for param, total in _layer_sum(model, module, activations, backprops,
-                                           weights).items():
-                totals[id(param)] = total if id(param) not in totals else \
-                    totals[id(param)] + total
-        sums += [totals[id(p)] if id(p) in totals else torch.zeros_like(p) for p in group]
-    return sums
+    totals: dict[int, torch.Tensor] = {}
+    for k, activations, backprops in kept:
+        weights = factors if factors.dim() == 1 else factors[:, k]
+        totals.update({id(p): g for p, g in _layer_sum(groups.modules[k], activations,
+                                                       backprops, weights).items()})
+    return [totals[id(p)] if id(p) in totals else torch.zeros_like(p) for p in groups.flat()]
 
 
-def _layer_sum(model: NormsAndSums, module: nn.Module, activations, backprops,
-               weights: torch.Tensor) -> dict:
-    """{parameter: sum_i w_i g_i} for one use of one layer."""
+def _layer_sum(module: nn.Module, activations, backprops, weights: torch.Tensor) -> dict:
+    """{parameter: sum_i w_i g_i} for one layer."""
     shape = (-1,) + (1,) * (backprops.dim() - 1)
     weighted = backprops * weights.to(backprops.dtype).reshape(shape)
     if type(module) is nn.Linear:
-        # batch and any sequence dimensions are summed: (w delta)^T a, never per sample
+        # batch and any sequence dimensions are summed: (w delta)^T a, never per sample; a
+        # plain matrix product (einsum runs it as a batched one of batch size 1, slower)
         a = activations[0].to(weighted.dtype)
-        # a plain matrix product (einsum runs it as a batched one of batch size 1, slower)
         out = {module.weight: weighted.reshape(-1, weighted.shape[-1]).T @
                a.reshape(-1, a.shape[-1])}
         if module.bias is not None:
@@ -171,7 +200,7 @@ def _layer_sum(model: NormsAndSums, module: nn.Module, activations, backprops,
             out[module.bias] = weighted.sum(dim=[0, *range(2, weighted.dim())])
         return {p: g for p, g in out.items() if p.requires_grad}
     # other layers: Opacus's per-sample gradients (linear in the output gradient), summed
-    sampler = model.GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+    sampler = GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
     return {p: g.sum(dim=0) for p, g in sampler(module, activations, weighted).items()
             if p.requires_grad}
 
@@ -194,19 +223,18 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     """
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
-    for module in groups.modules:  # nothing captured by an earlier, interrupted step
-        module.__dict__.pop("_dpclip_captured", None)
     if len(x) == 0:
         loss = float("nan")
         layer_norms = torch.zeros((0, len(groups.names)), device=x.device)
         method.scale(layer_norms)  # a rule with state sees the (empty) batch as always
         sums = [torch.zeros_like(p) for p in groups.flat()]
     else:
-        losses = loss_fn(model(x), y)  # per-sample losses, reduction="none"
-        losses.sum().backward()  # the hooks record per-sample norms, activations, gradients
+        out, uses = model.forward_keeping(x)
+        losses = loss_fn(out, y)  # per-sample losses, reduction="none"
+        kept = backward_keeping(model, losses, uses)  # no weight gradients computed
         loss = float(losses.mean().detach())
-        layer_norms = per_layer_norms(groups)
-        sums = scaled_sum(model, groups, method.scale(layer_norms))
+        layer_norms = per_layer_norms(groups, kept)
+        sums = scaled_sum(groups, kept, method.scale(layer_norms))
     extras = method.release_extras(layer_norms, rng)
     noisy = []
     for p, total in zip(groups.flat(), sums):
@@ -231,18 +259,14 @@ def plain_step(model: nn.Module, loss_fn, x, y, optimizer) -> float:
 
 def layer_norms_of(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                    batch: int = 512) -> torch.Tensor:
-    """n_i^(l) for every record (N x L) under ``model``'s current weights, with the same Opacus
-    norms as the DP step. Works on a copy: ``model`` keeps no hooks."""
-    private_copy = copy.deepcopy(model).train()  # Opacus captures in training mode only
+    """n_i^(l) for every record (N x L) under ``model``'s current weights, with the same
+    per-sample norms as the DP step. Works on a copy: ``model`` keeps no hooks."""
+    private_copy = copy.deepcopy(model).train()
     groups = LayerGroups.of(private_copy)
-    wrapped = wrap_for_dp(private_copy)
+    wrapped = BookKeeping(private_copy, groups)
     out = []
     for start in range(0, len(x), batch):
-        losses = loss_fn(wrapped(x[start:start + batch]), y[start:start + batch])
-        losses.sum().backward()
-        out.append(per_layer_norms(groups).detach())
-        for module in groups.modules:
-            module.__dict__.pop("_dpclip_captured", None)
-        wrapped.zero_grad(set_to_none=True)
+        logits, uses = wrapped.forward_keeping(x[start:start + batch])
+        kept = backward_keeping(wrapped, loss_fn(logits, y[start:start + batch]), uses)
+        out.append(per_layer_norms(groups, kept).detach())
     return torch.cat(out)
-
