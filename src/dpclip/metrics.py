@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import beta as beta_dist
-from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpclip.errors import DpclipError
 
@@ -62,6 +60,8 @@ def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> d
     """
     scores = np.concatenate([member_scores, nonmember_scores])
     truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
+    from sklearn.metrics import roc_auc_score  # on use: scikit-learn loads slowly
+
     fpr, tpr = roc_points(member_scores, nonmember_scores)
     return {"auc": float(roc_auc_score(truth, scores)),
             "balanced_accuracy": float(np.max((tpr + 1.0 - fpr) / 2.0)),
@@ -75,6 +75,8 @@ def clopper_pearson_limits(successes, trials: int, alpha: float):
     """One-sided exact (Clopper-Pearson) binomial limits at level ``alpha`` each, element-wise:
     lower = Beta^-1(alpha; k, n - k + 1) (0 when k = 0), upper = Beta^-1(1 - alpha; k + 1, n - k)
     (1 when k = n), so P(p < lower) <= alpha and P(p > upper) <= alpha."""
+    from scipy.stats import beta as beta_dist  # on use: scipy.stats loads slowly
+
     k = np.asarray(successes, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         lo = np.where(k <= 0, 0.0, beta_dist.ppf(alpha, np.maximum(k, 1), trials - k + 1))
@@ -204,5 +206,7 @@ def roc_points(member_scores: np.ndarray, nonmember_scores: np.ndarray
     """(FPR, TPR) of every threshold on scores where higher means 'member' (ROC corners)."""
     scores = np.concatenate([member_scores, nonmember_scores])
     truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
+    from sklearn.metrics import roc_curve
+
     fpr, tpr, _ = roc_curve(truth, scores)
     return fpr, tpr

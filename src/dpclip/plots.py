@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from dpclip.io import write_figure
 
-from dpclip.io import write_figure  # noqa: E402
+
+def _subplots(*args, **kwargs):
+    """``plt.subplots`` on the headless backend; matplotlib is imported on the first figure
+    (half a second of imports that the stages drawing nothing need not pay)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
 
 
 def dp_bound_curve(fpr: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
@@ -26,7 +33,7 @@ def roc_figure(path: Path, curves: dict[str, dict], title: str,
                bound: tuple[float, float] | None = None) -> Path:
     """ROC curves on log-log axes (the low-FPR region is where attacks matter); with
     ``bound`` = (eps', delta'), the largest TPR that bound allows (dashed)."""
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    fig, ax = _subplots(figsize=(5, 4.5))
     grid = np.logspace(-4, 0, 200)
     ax.plot(grid, grid, color="grey", linestyle=":", label="chance")
     if bound is not None:
@@ -42,7 +49,7 @@ def roc_figure(path: Path, curves: dict[str, dict], title: str,
 
 
 def reliability_figure(path: Path, bins: pd.DataFrame, ece: float, title: str) -> Path:
-    fig, ax = plt.subplots(figsize=(5, 4.5))
+    fig, ax = _subplots(figsize=(5, 4.5))
     filled = bins[bins["count"] > 0]
     width = float(bins["upper"].iloc[0] - bins["lower"].iloc[0])
     ax.bar(filled["bin_center"], filled["accuracy"], width=width * 0.95, color="#3b75af",
@@ -56,7 +63,7 @@ def reliability_figure(path: Path, bins: pd.DataFrame, ece: float, title: str) -
 
 def clip_figure(path: Path, traces: dict[str, pd.DataFrame], title: str) -> Path:
     """Clip threshold C_t against step, one line per run (private runs only)."""
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _subplots(figsize=(6, 3.5))
     drawn = 0
     for name, trace in traces.items():
         c = trace.dropna(subset=["clip_threshold"])
@@ -78,7 +85,7 @@ def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
     panels = [("accuracy", "accuracy (holdout)"), ("ece", "ECE"), ("mia_auc", "loss-attack AUC")]
     if "peak_ir_mia" in table and table["peak_ir_mia"].notna().any():
         panels.append(("peak_ir_mia", "peak IR-attack accuracy"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels),
+    fig, axes = _subplots(1, len(panels), figsize=(4 * len(panels),
                                                       0.45 * len(table) + 1.8), sharey=True)
     labels = table["run"].tolist()
     for ax, (column, name) in zip(axes, panels):
@@ -93,7 +100,7 @@ def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
 
 def partition_histogram_figure(path: Path, record: dict) -> Path:
     """Records per class in one partition (label skew at a glance)."""
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = _subplots(figsize=(6, 3))
     ax.bar(range(len(record["histogram"])), record["histogram"], color="#3b75af")
     ax.set_xticks(range(len(record["classes"])), record["classes"], rotation=45, ha="right")
     ax.set_ylabel("records")
@@ -107,7 +114,7 @@ def early_stopping_figure(path: Path, trace: pd.DataFrame, title: str, series: s
     """The watched per-epoch std (described by ``series``), with the epochs where the rule
     fired."""
     epochs = trace.dropna(subset=["monitored_std"])
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _subplots(figsize=(6, 3.5))
     ax.plot(epochs["epoch"], epochs["monitored_std"], marker="o", label=series)
     fired = epochs[epochs["early_stop_flag"].astype(bool)]
     for epoch in fired["epoch"]:
@@ -122,7 +129,7 @@ def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
     """Per-layer membership-attack results as grouped bars, layers in model order; the dotted
     line at 0.5 is a guess (accuracy, AUC) or no signal at all (error rate)."""
     names = list(layers)
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(names) + 2), 3.6))
+    fig, ax = _subplots(figsize=(max(4.5, 0.9 * len(names) + 2), 3.6))
     width = 0.8 / len(metrics)
     for k, metric in enumerate(metrics):
         values = [layers[n][metric] for n in names]

@@ -16,13 +16,24 @@ import functools
 from dataclasses import dataclass, field
 
 import numpy as np
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import rdp as rdp_analysis
-from opacus.accountants.utils import get_noise_multiplier
 
 from dpclip.errors import DpclipError
 
-ACCOUNTANT_CLASSES = {"rdp": RDPAccountant, "prv": PRVAccountant}
+ACCOUNTANTS = ("rdp", "prv")
+
+
+def _accountant_classes() -> dict:
+    # Opacus is imported where it is used: importing it loads about a second of modules (its
+    # privacy engine, optimizers, distributed tensors), which every pipeline process would pay
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    return {"rdp": RDPAccountant, "prv": PRVAccountant}
+
+
+def _rdp_orders() -> list[float]:
+    from opacus.accountants import RDPAccountant
+
+    return RDPAccountant.DEFAULT_ALPHAS
 
 
 @dataclass(frozen=True)
@@ -57,16 +68,18 @@ def split_sigma(sigma_eff: float, extras: list[ExtraQuery]) -> float:
 
 
 def make_accountant(kind: str):
-    if kind not in ACCOUNTANT_CLASSES:
-        raise DpclipError(f"privacy.accountant: {kind!r} is not one of {list(ACCOUNTANT_CLASSES)}")
-    return ACCOUNTANT_CLASSES[kind]()
+    if kind not in ACCOUNTANTS:
+        raise DpclipError(f"privacy.accountant: {kind!r} is not one of {list(ACCOUNTANTS)}")
+    return _accountant_classes()[kind]()
 
 
 @functools.lru_cache(maxsize=256)
 def _rdp_per_step(sigma: float, q: float) -> np.ndarray:
     """RDP of one sampled-Gaussian step at Opacus's default orders (RDP adds over steps)."""
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     return np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
-                                               orders=RDPAccountant.DEFAULT_ALPHAS))
+                                               orders=_rdp_orders()))
 
 
 def epsilon_of(kind: str, history: list[tuple[float, float, int]], delta: float) -> float:
@@ -81,9 +94,10 @@ def epsilon_of(kind: str, history: list[tuple[float, float, int]], delta: float)
     if not history:
         return 0.0
     if kind == "rdp":
+        from opacus.accountants.analysis import rdp as rdp_analysis
+
         rdp = sum(steps * _rdp_per_step(sigma, q) for sigma, q, steps in history)
-        eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp,
-                                                delta=delta)
+        eps, _ = rdp_analysis.get_privacy_spent(orders=_rdp_orders(), rdp=rdp, delta=delta)
         return float(eps)
     accountant = make_accountant(kind)
     accountant.history = history
@@ -121,6 +135,8 @@ def stopped_epsilon(history: list[tuple[float, float, int]], delta: float) -> fl
     history = [entry for entry in history if entry[2] > 0]
     if not history:
         return 0.0
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     orders = np.asarray(ODOMETER_ORDERS)
     rdp = sum(steps * np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
                                                           orders=orders))
@@ -148,6 +164,8 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
     Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
     narrowed until epsilon is within ``tolerance`` of the target.
     """
+    from opacus.accountants.utils import get_noise_multiplier
+
     try:
         return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
                                           sample_rate=sample_rate, steps=steps,

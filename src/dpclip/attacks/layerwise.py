@@ -15,18 +15,18 @@ score the classifier:
 from __future__ import annotations
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold, cross_val_predict
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from dpclip.config import CLASSIFIERS, RISK_EVALS  # the parameter schema owns the names
 from dpclip.errors import DpclipError
 
 
 def make_classifier(name: str, seed: int):
+    # scikit-learn is imported on use: the stages that train no attack need not load it
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     if name == "logistic":
         # Newton steps with a Cholesky solve: the same L2-regularised fit as lbfgs (AUCs agree
         # to 3 decimals on the CNN's layers) in about 1/20 of the time on a few hundred pooled
@@ -67,6 +67,9 @@ def membership_attack(features_in: np.ndarray, features_out: np.ndarray, *,
         raise DpclipError(f"membership attack: {len(features_in)} members and "
                           f"{len(features_out)} non-members give {n} of each, fewer than the "
                           f"{max(folds, 2)} needed (attack.folds = {folds})")
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
     model = make_classifier(classifier, seed)
     if evaluation == "cv":
         splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
 from dpclip.data.splits import largest_remainder
 from dpclip.errors import DpclipError
@@ -105,4 +104,6 @@ def label_only_auc(y_members: np.ndarray, y_nonmembers: np.ndarray) -> float:
     y_members, y_nonmembers = np.asarray(y_members), np.asarray(y_nonmembers)
     labels = np.concatenate([y_members, y_nonmembers])
     truth = np.concatenate([np.ones(len(y_members)), np.zeros(len(y_nonmembers))])
+    from sklearn.metrics import roc_auc_score  # on use: scikit-learn loads slowly
+
     return float(roc_auc_score(truth, label_only_scores(labels, y_members, y_nonmembers)))

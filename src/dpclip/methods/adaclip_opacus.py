@@ -16,8 +16,6 @@ divides by the expected batch size and moves C.
 from __future__ import annotations
 
 import torch
-from opacus import GradSampleModule
-from opacus.optimizers import AdaClipDPOptimizer
 
 from dpclip.methods.base import Method, clip_factors, register
 from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, check_clip_range
@@ -55,6 +53,9 @@ class AdaClipOpacus(Method):
         return clip_factors(layer_norms, self.clip_threshold)
 
     def attach(self, model, optimizer, noise_gen):
+        from opacus import GradSampleModule  # on use: opacus loads slowly
+        from opacus.optimizers import AdaClipDPOptimizer
+
         wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
         dp_optimizer = AdaClipDPOptimizer(
             optimizer, noise_multiplier=self.sigma_eff,

@@ -51,8 +51,6 @@ import math
 from collections import OrderedDict
 
 import torch
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
-from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
 from dpclip.methods.base import Method, Option, register
@@ -99,6 +97,8 @@ def record_epsilon(sigma_eff: float, uses: int, delta: float) -> float:
     """Epsilon of ``uses`` Gaussian releases of one record (multiplier sigma_eff), by RDP."""
     if uses == 0:
         return 0.0
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent  # on use
+
     rdp = compute_rdp(q=1.0, noise_multiplier=sigma_eff, steps=uses, orders=RDP_ORDERS)
     epsilon, _ = get_privacy_spent(orders=RDP_ORDERS, rdp=rdp, delta=delta)
     return float(epsilon)
@@ -108,6 +108,8 @@ def noise_for_record_epsilon(target_epsilon: float, delta: float, uses: int,
                              tolerance: float = 0.01) -> float:
     """The smallest sigma_eff (within ``tolerance`` in epsilon) whose ``uses`` releases stay
     within the target: Opacus's search, at sampling rate 1."""
+    from opacus.accountants.utils import get_noise_multiplier  # on use: opacus loads slowly
+
     sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
                                  sample_rate=1.0, steps=uses, accountant="rdp",
                                  epsilon_tolerance=tolerance)

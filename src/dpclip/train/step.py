@@ -23,11 +23,10 @@ bias together).
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 from torch import nn
 
 from dpclip.errors import DpclipError
@@ -65,7 +64,7 @@ def linear_norms(layer: nn.Linear, activations: list[torch.Tensor], backprops: t
     bias, as row sums of squares (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by
     d x 1 products instead). Sequence inputs (3-D) take Opacus's Gram form."""
     if backprops.dim() != 2:
-        return OPACUS_NORM_SAMPLERS[nn.Linear](layer, activations, backprops)
+        return opacus_samplers()[0][nn.Linear](layer, activations, backprops)
     a = activations[0].to(backprops.dtype)
     delta_sq = backprops.square().sum(dim=1)
     out = {}
@@ -82,13 +81,25 @@ def per_sample_norms(module: nn.Module, activations: list[torch.Tensor],
     per-sample gradients of the layer (its registered grad sampler, or functorch)."""
     if type(module) is nn.Linear:
         return linear_norms(module, activations, backprops)
-    sampler = GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+    sampler = grad_sampler(type(module))
     return {p: g.reshape(len(g), -1).norm(2, dim=1)
             for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
 
 
-OPACUS_NORM_SAMPLERS = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
-GRAD_SAMPLERS = GradSampleModuleFastGradientClipping.GRAD_SAMPLERS
+@functools.cache
+def opacus_samplers() -> tuple[dict, dict]:
+    """Opacus's registries (norm samplers, grad samplers), imported on first use: importing
+    Opacus loads about a second of modules that the stages without a DP step do not need."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping as Registry
+
+    return Registry.NORM_SAMPLERS, Registry.GRAD_SAMPLERS
+
+
+def grad_sampler(layer_type: type):
+    """Opacus's per-sample gradient function for a layer type (functorch for the others)."""
+    from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
+
+    return opacus_samplers()[1].get(layer_type, ft_compute_per_sample_gradient)
 # layers whose output for one record depends on the other records of the batch
 BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
@@ -200,7 +211,7 @@ def _layer_sum(module: nn.Module, activations, backprops, weights: torch.Tensor)
             out[module.bias] = weighted.sum(dim=[0, *range(2, weighted.dim())])
         return {p: g for p, g in out.items() if p.requires_grad}
     # other layers: Opacus's per-sample gradients (linear in the output gradient), summed
-    sampler = GRAD_SAMPLERS.get(type(module), ft_compute_per_sample_gradient)
+    sampler = grad_sampler(type(module))
     return {p: g.sum(dim=0) for p, g in sampler(module, activations, weighted).items()
             if p.requires_grad}
 

@@ -9,7 +9,6 @@ import math
 import time
 
 import torch
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dpclip.privacy import (BudgetGuard, early_stop_privacy, epsilon_of, noise_for_epsilon,
                             split_sigma, stopped_epsilon)
@@ -53,6 +52,8 @@ class PrivateRun(Run):
         return loss
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
+        from opacus.utils.uniform_sampler import UniformWithReplacementSampler  # on use
+
         sampler = UniformWithReplacementSampler(num_samples=len(x), sample_rate=self.q,
                                                 generator=self.rng.sampling,
                                                 steps=self.steps_per_epoch)
