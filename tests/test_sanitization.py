@@ -308,3 +308,13 @@ def test_public_pretraining_stops_on_the_held_out_split_and_keeps_the_best_weigh
     # without a held-out split the budget alone bounds the pre-training
     run = build_run((6,), 3, len(x), _sanitize_cfg(public_steps=37), (noise_x, noise_y))
     assert run.public_fit == {"public_steps_run": 37}
+
+
+def test_a_retired_option_names_what_replaced_it(tiny_raw):
+    from dpclip.config import parse_params
+    from dpclip.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_params(tiny_raw(methods={"sanitize": {"public_epochs": 100}}))
+    assert "methods.sanitize.public_epochs: 100 is no longer an option: the public " \
+           "pre-training is sized by public_steps" in str(err.value)

@@ -110,6 +110,8 @@ class Method:
     # sections this method read before it had its own (still read, with a warning, when its
     # own is absent)
     OLD_SECTIONS: ClassVar[tuple[str, ...]] = ()
+    # options a release removed: {name: what replaced it}, named when an old params.yaml has one
+    RETIRED_OPTIONS: ClassVar[dict[str, str]] = {}
     # How the method's training runs (dpclip.train.runs.RUN_KINDS): "private" = the shared DP
     # step (dpclip.train.step); "plain" = no privacy; "opacus_optimizer" = the method brings an
     # Opacus DPOptimizer of its own through attach() and opacus_step(); a method with a
@@ -297,6 +299,12 @@ def read_method_options(raw: object, layer_names: list[str], problems: list[str]
                           FutureWarning, stacklevel=3)
             old_section = raw[old] if isinstance(raw[old], dict) else {}
             key, section = old, {k: v for k, v in old_section.items() if k in cls.OPTIONS}
+        if isinstance(section, dict):
+            retired = {k: v for k, v in section.items() if k in cls.RETIRED_OPTIONS}
+            problems += [bad_value(f"methods.{key}.{k}", v, f"is no longer an option: "
+                                                         f"{cls.RETIRED_OPTIONS[k]}")
+                         for k, v in retired.items()]
+            section = {k: v for k, v in section.items() if k not in retired}
         try:
             values = cls.options_model().model_validate(section or {}).model_dump()
         except ValidationError as exc:
