@@ -214,3 +214,42 @@ def test_noiseless_cnn_step_equals_independent_per_example_clipping():
             torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1)
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r / 2.0, rtol=1e-4, atol=1e-6)
+
+
+def test_a_layer_used_twice_and_batch_norm_are_refused():
+    """Per-use norms would understate a shared layer's per-sample gradient (the sum over its
+    uses), and batch norm mixes records: both fail loudly instead of clipping wrongly."""
+    from dpclip.errors import DpclipError
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.fc(x)))
+
+    model = Twice()
+    groups = LayerGroups.of(model)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(DpclipError, match="used more than once"):
+        dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
+                get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
+                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1)
+    with pytest.raises(DpclipError, match="batch-normalisation"):
+        wrap_for_dp(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
+
+
+def test_the_step_computes_no_weight_gradient_in_its_backward_pass():
+    """Book-keeping: autograd is asked for dL/dz only, so no parameter's .grad is written
+    before the step sets the noisy one (the weight gradients it would throw away)."""
+    model = _tiny_model()
+    groups = LayerGroups.of(model)
+    wrapped = wrap_for_dp(model)
+    x, y = torch.randn(5, 5), torch.tensor([0, 1, 2, 0, 1])
+    out, uses = wrapped.forward_keeping(x)
+    from dpclip.train.step import backward_keeping
+
+    kept = backward_keeping(wrapped, nn.functional.cross_entropy(out, y, reduction="none"), uses)
+    assert all(p.grad is None for p in groups.flat())
+    assert [type(m) for m, _, _ in kept] == [nn.Linear, nn.Linear]

@@ -100,6 +100,8 @@ def grad_sampler(layer_type: type):
     from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
 
     return opacus_samplers()[1].get(layer_type, ft_compute_per_sample_gradient)
+
+
 # layers whose output for one record depends on the other records of the batch
 BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
@@ -120,13 +122,12 @@ class BookKeeping(nn.Module):
                               f"output would depend on the other records of its batch, so "
                               f"per-sample gradients are undefined (use GroupNorm)")
         self._module = model
-        self._layer_of = {id(m): k for k, m in enumerate(groups.modules)}
-        self._uses: list | None = None  # (layer index, activations, output) while capturing
+        self._uses: list | None = None  # (module, activations, output) while capturing
         self._handles = [m.register_forward_hook(self._keep) for m in groups.modules]
 
     def _keep(self, module, inputs, output) -> None:
         if self._uses is not None and torch.is_grad_enabled():
-            self._uses.append((self._layer_of[id(module)],
+            self._uses.append((module,
                                [t.detach() for t in inputs if isinstance(t, torch.Tensor)],
                                output))
 
@@ -134,7 +135,7 @@ class BookKeeping(nn.Module):
         return self._module(*args, **kwargs)
 
     def forward_keeping(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """The model's output on ``x`` and the layers' (index, activations, output) uses."""
+        """The model's output on ``x`` and the layers' (module, activations, output) uses."""
         self._uses = []
         try:
             return self._module(x), self._uses
@@ -148,29 +149,33 @@ def wrap_for_dp(model: nn.Module) -> BookKeeping:
 
 
 def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
-                     ) -> list[tuple[int, list, torch.Tensor]]:
-    """(layer index, activations, dL/dz) per use, from one backward pass of sum(losses) that
+                     ) -> list[tuple[nn.Module, list, torch.Tensor]]:
+    """(module, activations, dL/dz) per use, from one backward pass of sum(losses) that
     computes no weight gradient. A layer used twice in one forward is refused: its per-sample
     gradient is the sum over uses, which the per-use norms below do not give."""
-    layers = [k for k, _, _ in uses]
+    layers = [id(m) for m, _, _ in uses]
     if len(set(layers)) != len(layers):
         raise DpclipError("a parameterised layer is used more than once in one forward pass; "
                           "the DP step's per-sample norms need one use per layer")
     grads = torch.autograd.grad(losses.sum(), [z for _, _, z in uses], allow_unused=True)
-    return [(k, a, torch.zeros_like(z) if g is None else g.detach())
-            for (k, a, z), g in zip(uses, grads)]
+    return [(m, a, torch.zeros_like(z) if g is None else g.detach())
+            for (m, a, z), g in zip(uses, grads)]
 
 
 def per_layer_norms(groups: LayerGroups, kept: list) -> torch.Tensor:
     """n_i^(l) = ||g_i^(l)||, shape (B, L): each layer's parameters' per-sample norms
-    combined (weight and bias together)."""
+    combined (weight and bias together). A trainable layer without one (not seen by the
+    forward hooks) is an error: its gradient would go unclipped."""
     columns: list = [None] * len(groups.modules)
-    for k, activations, backprops in kept:
-        norms = per_sample_norms(groups.modules[k], activations, backprops)
-        columns[k] = sum(n.square() for n in norms.values()).sqrt()
+    for module, activations, backprops in kept:
+        k = _layer_index(groups, module)
+        if k is not None:
+            norms = per_sample_norms(module, activations, backprops)
+            columns[k] = sum(n.square() for n in norms.values()).sqrt()
     if any(c is None for c in columns):
         missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
-        raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the forward")
+        raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the "
+                           f"forward, or not hooked (wrap the model after freezing layers)")
     return torch.stack(columns, dim=1)
 
 
@@ -179,11 +184,18 @@ def scaled_sum(groups: LayerGroups, kept: list, factors: torch.Tensor) -> list[t
     activations and output gradients."""
     factors = factors.detach()
     totals: dict[int, torch.Tensor] = {}
-    for k, activations, backprops in kept:
+    for module, activations, backprops in kept:
+        k = _layer_index(groups, module)
+        if k is None:
+            continue  # not trained by this step (frozen since the model was wrapped)
         weights = factors if factors.dim() == 1 else factors[:, k]
-        totals.update({id(p): g for p, g in _layer_sum(groups.modules[k], activations,
-                                                       backprops, weights).items()})
+        totals.update({id(p): g for p, g in _layer_sum(module, activations, backprops,
+                                                       weights).items()})
     return [totals[id(p)] if id(p) in totals else torch.zeros_like(p) for p in groups.flat()]
+
+
+def _layer_index(groups: LayerGroups, module: nn.Module) -> int | None:
+    return next((k for k, m in enumerate(groups.modules) if m is module), None)
 
 
 def _layer_sum(module: nn.Module, activations, backprops, weights: torch.Tensor) -> dict:
