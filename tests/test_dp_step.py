@@ -238,6 +238,16 @@ def test_a_layer_used_twice_and_batch_norm_are_refused():
                 torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1)
     with pytest.raises(DpclipError, match="batch-normalisation"):
         wrap_for_dp(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
+    shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    shared[2].weight = shared[0].weight
+    with pytest.raises(DpclipError, match="share a parameter"):
+        wrap_for_dp(shared)
+    in_place = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 3))
+    groups = LayerGroups.of(in_place)
+    with pytest.raises(DpclipError, match="modified in place"):
+        dp_step(wrap_for_dp(in_place), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
+                get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
+                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1)
 
 
 def test_the_step_computes_no_weight_gradient_in_its_backward_pass():

@@ -267,7 +267,7 @@ def test_private_phase_beats_chance_and_the_public_only_model(head_fit):
     held_x, held_y = _separable_records(600, seed=1)
     relabel = (2, 0, 1)  # the public task's class c is the private task's class relabel[c]
     public = PublicData(*_separable_records(600, 2, relabel),
-                        held_out=_separable_records(300, 3, relabel), same_classes=False)
+                        held_out=_separable_records(300, 3, relabel))
     cfg = _sanitize_cfg(head_fit=head_fit, public_steps=300, epochs=4, drop_p=0.1, n=4)
     cfg = _with(cfg, target_epsilon=2.0, batch_size=64)
     run = build_run((6,), 3, len(x), cfg, public)
@@ -297,7 +297,7 @@ def test_public_pretraining_stops_on_the_held_out_split_and_keeps_the_best_weigh
     # a public train split whose labels are noise: held-out loss stops improving early
     noise_x, _ = _separable_records(400, seed=2)
     noise_y = np.random.default_rng(5).integers(0, 3, size=400)
-    public = PublicData(noise_x, noise_y, held_out=_separable_records(300, 3), same_classes=True)
+    public = PublicData(noise_x, noise_y, held_out=_separable_records(300, 3))
     cfg = _sanitize_cfg(public_steps=5000, public_check_every=10, public_patience=3)
     run = build_run((6,), 3, len(x), cfg, public)
     steps = run.public_fit["public_steps_run"]

@@ -81,7 +81,7 @@ def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes)
     cfg = cfg.with_train(epochs=1_000)  # a long plan, so the budget never stops the benchmark
     public = None
     if get_method(method).needs_public_data(cfg.method_options):
-        public = load_public(layout, read_json(layout.prepared_meta))
+        public = load_public(layout)
         if "public_steps" in cfg.method_options:  # sanitize: its pre-training is not timed
             cfg = dataclasses.replace(cfg, method_options={**cfg.method_options,
                                                            "public_steps": 1})

@@ -43,13 +43,11 @@ def train_config(params: Params, method: str, epsilon, seed: int,
                        params.method_options(method), risk)
 
 
-def load_public(layout: Layout, meta: dict) -> PublicData:
-    """The public shadow splits: train, and holdout as the held-out check of public fitting.
-    Their labels name the private classes unless a separate public dataset has other ones."""
+def load_public(layout: Layout) -> PublicData:
+    """The public shadow splits: train, and holdout as the held-out check of public fitting."""
     x, y, _ = load_split(layout, "shadow_train")
     held_x, held_y, _ = load_split(layout, "shadow_holdout")
-    same = meta.get("public_classes", meta["classes"]) == meta["classes"]
-    return PublicData(x, y, (held_x, held_y), same_classes=same)
+    return PublicData(x, y, (held_x, held_y))
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -63,7 +61,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     # public data: a method's own use (a public pre-training) or early stopping's watched series
     needs_public = get_method(method).needs_public_data(cfg.method_options) or \
         cfg.train.early_stopping.rule != "none"
-    public = load_public(layout, meta) if needs_public else None
+    public = load_public(layout) if needs_public else None
     result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
                          int(meta["n_classes"]), cfg, progress=progress, desc=run,
                          checkpoint_path=layout.checkpoint(run),

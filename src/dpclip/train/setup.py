@@ -70,16 +70,13 @@ class TrainResult:
 
 
 class PublicData(NamedTuple):
-    """The public data a run may use without noise: the shadow train split (x, y), the
-    shadow holdout split (a held-out check for public pre-training; None when not loaded), and
-    whether the public labels name the private task's classes (False for a separate public
-    dataset with other classes: a head trained on its labels predicts the wrong classes).
+    """The public data a run may use without noise: the shadow train split (x, y) and the
+    shadow holdout split (a held-out check for public pre-training; None when not loaded).
     Indexing ``[0]``, ``[1]`` gives (x, y), as the plain tuple it replaces did."""
 
     x: np.ndarray
     y: np.ndarray
     held_out: tuple[np.ndarray, np.ndarray] | None = None
-    same_classes: bool = True
 
 
 @dataclass

@@ -121,6 +121,14 @@ class BookKeeping(nn.Module):
             raise DpclipError(f"the model has batch-normalisation layers {mixing}: a record's "
                               f"output would depend on the other records of its batch, so "
                               f"per-sample gradients are undefined (use GroupNorm)")
+        owners: dict[int, str] = {}
+        for name, module in zip(groups.names, groups.modules):
+            for p in module.parameters(recurse=False):
+                if id(p) in owners:
+                    raise DpclipError(f"layers {owners[id(p)]!r} and {name!r} share a parameter: "
+                                      f"its per-sample gradient is the sum over both, which "
+                                      f"per-layer norms do not give")
+                owners[id(p)] = name
         self._module = model
         self._uses: list | None = None  # (module, activations, output) while capturing
         self._handles = [m.register_forward_hook(self._keep) for m in groups.modules]
@@ -129,7 +137,7 @@ class BookKeeping(nn.Module):
         if self._uses is not None and torch.is_grad_enabled():
             self._uses.append((module,
                                [t.detach() for t in inputs if isinstance(t, torch.Tensor)],
-                               output))
+                               output, output._version))
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
@@ -153,13 +161,18 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
     """(module, activations, dL/dz) per use, from one backward pass of sum(losses) that
     computes no weight gradient. A layer used twice in one forward is refused: its per-sample
     gradient is the sum over uses, which the per-use norms below do not give."""
-    layers = [id(m) for m, _, _ in uses]
+    layers = [id(m) for m, _, _, _ in uses]
     if len(set(layers)) != len(layers):
         raise DpclipError("a parameterised layer is used more than once in one forward pass; "
                           "the DP step's per-sample norms need one use per layer")
-    grads = torch.autograd.grad(losses.sum(), [z for _, _, z in uses], allow_unused=True)
+    if any(z._version != version for _, _, z, version in uses):
+        # an in-place op (e.g. ReLU(inplace=True)) overwrote z: the gradient autograd would
+        # return is that of the op's output, not dL/dz, and the norms would be wrong
+        raise DpclipError("a layer's output was modified in place in the forward pass (e.g. "
+                          "nn.ReLU(inplace=True)): use the out-of-place op for DP training")
+    grads = torch.autograd.grad(losses.sum(), [z for _, _, z, _ in uses], allow_unused=True)
     return [(m, a, torch.zeros_like(z) if g is None else g.detach())
-            for (m, a, z), g in zip(uses, grads)]
+            for (m, a, z, _), g in zip(uses, grads)]
 
 
 def per_layer_norms(groups: LayerGroups, kept: list) -> torch.Tensor:
