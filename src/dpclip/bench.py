@@ -18,7 +18,6 @@ period is reported.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -38,7 +37,7 @@ from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
 from dpclip.models import build_model, layer_names
 from dpclip.stages.prepare import load_split
-from dpclip.stages.train import load_public, train_config
+from dpclip.stages.train import train_config
 from dpclip.train import TrainConfig, build_run
 from dpclip.train.runs import run_class
 
@@ -79,13 +78,7 @@ def _config(params: Params, layout: Layout, method: str) -> TrainConfig:
 def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
     cfg = _config(params, layout, method)
     cfg = cfg.with_train(epochs=1_000)  # a long plan, so the budget never stops the benchmark
-    public = None
-    if get_method(method).needs_public_data(cfg.method_options):
-        public = load_public(layout)
-        if "public_steps" in cfg.method_options:  # sanitize: its pre-training is not timed
-            cfg = dataclasses.replace(cfg, method_options={**cfg.method_options,
-                                                           "public_steps": 1})
-    run = build_run(shape, n_classes, len(x), cfg, public)
+    run = build_run(shape, n_classes, len(x), cfg)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
 
 
