@@ -59,6 +59,41 @@ def test_run_outside_the_configured_matrix_is_refused(tmp_path, tiny_raw, write_
     assert code == 2 and "privacy.target_epsilons: 3" in capsys.readouterr().err
 
 
+def test_part_of_a_runs_options_is_refused(tmp_path, tiny_raw, write_params, capsys):
+    base = _prepared(tmp_path, tiny_raw, write_params)
+    code = main([*base, "train", "--method", "dp_sgd"])
+    err = capsys.readouterr().err
+    assert code == 2 and "missing --epsilon, --alpha, --seed" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_run_in_one_process_gives_the_models_of_single_runs(tmp_path, tiny_raw,
+                                                                    write_params, capsys):
+    """``dpclip train`` without run options trains the configured runs one after another in
+    one process (dvc.yaml); each run seeds itself, so its model is the one a run alone gives,
+    and a second call finds every run up to date."""
+    import json
+
+    batch, alone = tmp_path / "batch", tmp_path / "alone"
+    batch.mkdir(), alone.mkdir()
+    base = prepared_project(batch, tiny_raw(), write_params)
+    assert main([*base, "train"]) == 0
+    assert main([*base, "evaluate"]) == 0
+    assert main([*base, "train"]) == 0
+    out = capsys.readouterr().out
+    assert "[2/2] dp_sgd-eps8-iid-seed0: epsilon=" in out
+    assert out.count("up to date") == 2  # the second call
+    base = prepared_project(alone, tiny_raw(), write_params)
+    assert main([*base, "train", "--method", "dp_sgd", "--epsilon", "8", "--alpha", "iid",
+                 "--seed", "0"]) == 0
+
+    def weights(root):
+        return json.loads((root / "runs" / "dp_sgd-eps8-iid-seed0" / "record.json")
+                          .read_text())["weights_sha256"]
+
+    assert weights(batch) == weights(alone)
+
+
 def test_missing_csv_file_names_data_path(tmp_path, tiny_raw, write_params, capsys):
     params = write_params(tiny_raw(data={"dataset": "csv", "path": str(tmp_path / "x.csv"),
                                          "target": "y"}))

@@ -90,8 +90,9 @@ def test_second_repro_is_up_to_date_and_a_param_change_reruns_only_dependents(dv
     raw["evaluate"] = {"ece_bins": 10}
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     changed = _sh([str(BIN / "dvc"), "repro"], project, env)
-    assert "Running stage 'evaluate@" in changed and "Running stage 'report'" in changed
-    assert "Running stage 'train@" not in changed and "Running stage 'prepare'" not in changed
+    assert "Running stage 'evaluate'" in changed and "Running stage 'report'" in changed
+    assert "Running stage 'train'" not in changed and "Running stage 'prepare'" not in changed
+    assert "[2/2] dp_sgd-eps8-iid-seed0: accuracy=" in changed
 
 
 def test_dvc_metrics_and_plots(dvc_project):
@@ -169,3 +170,23 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
     inside = tmp_path / "proj" / ".dvc" / "tmp" / "exps" / "tmpabc123"
     assert project_home(inside) == (tmp_path / "proj").resolve()
     assert project_home(tmp_path / "proj") == (tmp_path / "proj").resolve()
+
+
+def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
+    """The train and evaluate stages run every configuration in one process, but a run whose
+    inputs did not change is not run again (dpclip.stages.provenance). Last in this module: it
+    adds a configuration to the shared project."""
+    _, project, env, _ = dvc_project
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["train"]["methods"] = ["non_private", "dp_sgd", "auto_s"]
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
+    for stage_runs in (out.split("Running stage 'train'")[1].split("Running stage")[0],
+                       out.split("Running stage 'evaluate'")[1].split("Running stage")[0]):
+        assert "[1/3] non_private-eps8-iid-seed0: up to date" in stage_runs
+        assert "[2/3] dp_sgd-eps8-iid-seed0: up to date" in stage_runs
+        assert "[3/3] auto_s-eps8-iid-seed0: up to date" not in stage_runs
+    assert (project / "metrics" / "auto_s-eps8-iid-seed0.json").exists()
+    status = _sh([str(BIN / "dvc"), "status"], project, env)
+    assert "up to date" in status

@@ -11,27 +11,34 @@ from dpclip.stage_times import main, stage_seconds, summarise
 
 
 def test_each_stage_lasts_until_the_next_one_starts():
-    events = [(1.0, "prepare"), (3.0, "train@a-8-iid-0"), (7.0, "train@b-8-iid-0"),
+    events = [(1.0, "prepare"), (3.0, "partition@iid"), (7.0, "partition@0.5"),
               (8.5, "report")]
     assert stage_seconds(events, end=10.0) == [
-        ("prepare", 2.0), ("train@a-8-iid-0", 4.0), ("train@b-8-iid-0", 1.5), ("report", 1.5)]
+        ("prepare", 2.0), ("partition@iid", 4.0), ("partition@0.5", 1.5), ("report", 1.5)]
 
 
-def test_matrix_cells_are_summed_per_stage_kind():
-    rows = summarise([("prepare", 2.0), ("train@a", 4.0), ("train@b", 2.0)], total=10.0)
+def test_matrix_cells_are_summed_per_stage_kind_and_reported_runs_counted():
+    rows = summarise([("prepare", 2.0), ("partition@a", 4.0), ("partition@b", 2.0),
+                      ("train", 1.0), ("evaluate", 0.5)], total=10.0,
+                     runs={"train": 4, "evaluate": 0})
     assert rows == [
-        {"stage": "prepare", "cells": 1, "seconds": 2.0, "per_cell": 2.0, "share": 0.2},
-        {"stage": "train", "cells": 2, "seconds": 6.0, "per_cell": 3.0, "share": 0.6}]
+        {"stage": "prepare", "runs": 1, "seconds": 2.0, "per_run": 2.0, "share": 0.2},
+        {"stage": "partition", "runs": 2, "seconds": 6.0, "per_run": 3.0, "share": 0.6},
+        {"stage": "train", "runs": 4, "seconds": 1.0, "per_run": 0.25, "share": 0.1},
+        {"stage": "evaluate", "runs": 0, "seconds": 0.5, "per_run": None, "share": 0.05}]
 
 
 def test_output_passes_through_and_the_table_is_written(tmp_path):
-    dvc = ("Running stage 'prepare':\n> dpclip prepare\nRunning stage 'train@a-8-iid-0':\n"
+    dvc = ("Running stage 'prepare':\n> dpclip prepare\nRunning stage 'train':\n"
+           "[1/3] a-eps8-iid-seed0: up to date\n[2/3] b-eps8-iid-seed0: epsilon=7.9, 1.0 s\n"
+           "c:  50%|#####  \r[3/3] c-eps8-iid-seed0: epsilon=inf, 0.5 s\n"
            "Stage 'shadow' didn't change, skipping\n")
     out = io.StringIO()
     assert main(io.StringIO(dvc), out, reports=tmp_path) == 0
     assert out.getvalue().startswith(dvc)  # DVC's own output, unchanged
     record = json.loads((tmp_path / "stage_times.json").read_text())
     assert [r["stage"] for r in record["stages"]] == ["dvc start-up", "prepare", "train"]
+    assert [r["runs"] for r in record["stages"]] == [1, 1, 2]
     assert sum(r["seconds"] for r in record["stages"]) == pytest.approx(record["total_s"],
                                                                          abs=0.2)
     assert "Where the time went" in out.getvalue()

@@ -60,24 +60,18 @@ def test_no_private_name_is_imported_from_another_module():
     assert private == []
 
 
-def test_a_method_cell_depends_on_its_own_module_and_section_only():
-    """Editing one method's module or options re-runs only its DVC cells: the train and
-    evaluate cells name ``methods/${item.method}.py`` (never the whole folder) and the train
-    cell ``methods.${item.method}``; every registered method has its section in params.yaml
-    (DVC refuses a missing one) and its own module."""
+def test_every_method_has_its_own_params_section_and_module():
+    """A method's runs record its own ``methods.<method>`` section and ``methods/<method>.py``
+    (dpclip.stages.provenance: editing one re-runs only that method's runs); every registered
+    method has both."""
     import yaml
 
     from dpclip.methods import available_methods
+    from dpclip.stages.provenance import TRAIN
 
-    root = SRC.parent
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    for stage in ("train", "evaluate"):
-        deps = [str(d) for d in stages[stage]["deps"]]
-        assert "src/dpclip/methods/${item.method}.py" in deps
-        assert "src/dpclip/methods" not in deps
-    assert "methods.${item.method}" in stages["train"]["params"]
-    assert "methods" not in stages["train"]["params"]
-    sections = yaml.safe_load((root / "params.yaml").read_text())["methods"]
+    assert "methods/{method}.py" in TRAIN.code and "methods" not in TRAIN.code
+    assert TRAIN.reads_method_options and not any(k.startswith("methods") for k in TRAIN.params)
+    sections = yaml.safe_load((SRC.parent / "params.yaml").read_text())["methods"]
     for name in available_methods():
         assert name in sections, f"params.yaml has no methods.{name} section"
         assert (SRC / "dpclip" / "methods" / f"{name}.py").exists()

@@ -18,12 +18,18 @@ from dpclip.layout import Layout
 from dpclip.naming import parse_scalar
 
 
-def _run_args(p: argparse.ArgumentParser, *, with_method: bool = True) -> None:
-    if with_method:
-        p.add_argument("--method", required=True)
-        p.add_argument("--epsilon", required=True, help="target epsilon, as in params.yaml")
-        p.add_argument("--seed", required=True, type=int)
-    p.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
+RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """One run's options: all four name one run; none means every configured run that is not
+    up to date (one process for all, dpclip.stages.provenance)."""
+    p.add_argument("--method")
+    p.add_argument("--epsilon", help="target epsilon, as in params.yaml")
+    p.add_argument("--alpha", help="'iid' or a Dirichlet alpha")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--force", action="store_true",
+                   help="without run options: also the runs that are up to date")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,11 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="the JSON schema of params.yaml (for editors)")
     schema.add_argument("--out", help="write it to this file (default: standard output)")
     sub.add_parser("prepare", help="build the target and shadow splits")
-    _run_args(sub.add_parser("partition", help="Dirichlet label skew for one alpha"),
-              with_method=False)
+    partition = sub.add_parser("partition", help="Dirichlet label skew for one alpha")
+    partition.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
     sub.add_parser("shadow", help="per-layer MIA risk from a shadow model on public data")
-    _run_args(sub.add_parser("train", help="train one configuration"))
-    _run_args(sub.add_parser("evaluate", help="evaluate one trained configuration"))
+    _run_args(sub.add_parser("train", help="train one run, or every run that is not up to "
+                                           "date"))
+    _run_args(sub.add_parser("evaluate", help="evaluate one trained run, or every run that is "
+                                              "not up to date"))
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
                                          "as ratios to the non-private step, Opacus's ghost "
                                          "clipping and dp_sgd (needs `dpclip prepare`)")
@@ -121,29 +129,58 @@ def _dispatch(args, params, layout) -> int:
 
             print(describe(result.mlflow))
         return 0
-    alpha = parse_scalar(args.alpha)
-    _check_choice("partition.alphas", alpha, params.partition.alphas)
     if args.command == "partition":
+        alpha = parse_scalar(args.alpha)
+        _check_choice("partition.alphas", alpha, params.partition.alphas)
         rec = stages.partition(params, alpha, layout)
         print(f"partition {rec['tag']}: {rec['size']} records, histogram {rec['histogram']}")
         return 0
-    epsilon = parse_scalar(args.epsilon)
+    given = [name for name in RUN_OPTIONS if getattr(args, name) is not None]
+    if given:
+        return _one_run(args, params, layout, given)
+    runs = stages.configured_runs(params)
+    if args.command == "train":
+        done = stages.train_all(params, layout, progress=not args.quiet, force=args.force)
+    else:
+        done = stages.evaluate_all(params, layout, force=args.force)
+    for i, (key, result) in enumerate(done, 1):
+        line = "up to date" if result is None else _summary(args.command, result)
+        print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
+    return 0
+
+
+def _one_run(args, params, layout, given: list[str]) -> int:
+    from dpclip import stages
+
+    missing = [f"--{name}" for name in RUN_OPTIONS if name not in given]
+    if missing:
+        raise DpclipError(f"{args.command}: one run needs --method, --epsilon, --alpha and "
+                          f"--seed (missing {', '.join(missing)}); give none of them for every "
+                          f"configured run")
+    alpha, epsilon = parse_scalar(args.alpha), parse_scalar(args.epsilon)
+    _check_choice("partition.alphas", alpha, params.partition.alphas)
     _check_choice("train.methods", args.method, params.train.methods)
     _check_choice("privacy.target_epsilons", epsilon, params.privacy.target_epsilons)
     _check_choice("train.seeds", args.seed, params.train.seeds)
     if args.command == "train":
-        rec = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
-                           progress=not args.quiet)
-        eps = rec["privacy"]["epsilon"]
-        print(f"{rec['run']}: epsilon={'inf' if eps is None else f'{eps:.3f}'}, "
-              f"{rec['time']['train_s']:.1f} s")
-        return 0
-    m = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
-    ir = m["mia"].get("ir")
-    peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
-    print(f"{m['run']}: accuracy={m['utility']['accuracy']:.4f} ece={m['utility']['ece']:.4f} "
-          f"mia_auc={m['mia']['loss']['auc']:.4f}{peak}")
+        result = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
+                              progress=not args.quiet)
+    else:
+        result = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
+    print(f"{result['run']}: {_summary(args.command, result)}")
     return 0
+
+
+def _summary(command: str, result: dict) -> str:
+    """One line on a trained run's record or an evaluated run's metrics."""
+    if command == "train":
+        eps = result["privacy"]["epsilon"]
+        eps_text = "inf" if eps is None else f"{eps:.3f}"
+        return f"epsilon={eps_text}, {result['time']['train_s']:.1f} s"
+    ir = result["mia"].get("ir")
+    peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
+    return (f"accuracy={result['utility']['accuracy']:.4f} ece={result['utility']['ece']:.4f} "
+            f"mia_auc={result['mia']['loss']['auc']:.4f}{peak}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,12 @@ def roc_figure(path: Path, curves: dict[str, dict], title: str,
         ax.plot(np.clip(fpr, 1e-4, 1), np.clip(tpr, 1e-4, 1), label=name)
     ax.set(xscale="log", yscale="log", xlabel="false positive rate",
            ylabel="true positive rate", title=title, xlim=(1e-4, 1), ylim=(1e-4, 1))
+    # a grid per decade instead of minor ticks: 64 minor ticks doubled the drawing time
+    from matplotlib.ticker import NullLocator
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_locator(NullLocator())
+    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return write_figure(path, fig)
 

@@ -157,12 +157,15 @@ def early_stop_privacy(planned_epsilon: float, odometer_epsilon: float) -> dict:
             "epsilon_bound": "odometer" if odometer_epsilon < planned_epsilon else "planned"}
 
 
+@functools.lru_cache(maxsize=64)
 def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                       kind: str, tolerance: float = 0.01) -> float:
     """Smallest-found sigma whose epsilon after ``steps`` is <= target (Opacus binary search).
 
     Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
-    narrowed until epsilon is within ``tolerance`` of the target.
+    narrowed until epsilon is within ``tolerance`` of the target. The search takes about a
+    second and its result depends on the arguments only, so it is remembered: the runs of one
+    train stage that share (epsilon, delta, q, steps) search once.
     """
     from opacus.accountants.utils import get_noise_multiplier
 

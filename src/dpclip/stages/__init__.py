@@ -1,11 +1,13 @@
 """Stage functions: params + input files -> output files. The CLI (DVC), the Prefect flows and
 the tests all call these, and nothing else holds stage logic."""
 
-from dpclip.stages.evaluate import evaluate
+from dpclip.stages.evaluate import evaluate, evaluate_all
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.stages.report import RunKey, configured_runs, report
+from dpclip.naming import RunKey, configured_runs
+from dpclip.stages.report import report
 from dpclip.stages.shadow import shadow
-from dpclip.stages.train import train
+from dpclip.stages.train import train, train_all
 
-__all__ = ["prepare", "partition", "shadow", "train", "evaluate", "report", "configured_runs", "RunKey"]
+__all__ = ["prepare", "partition", "shadow", "train", "train_all", "evaluate", "evaluate_all",
+           "report", "configured_runs", "RunKey"]

@@ -13,7 +13,8 @@ claim is checked against the DP bound of the run's neighbouring notion
 (:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
 
 Writes ``metrics/<run>.json`` (the metrics contract), ROC, reliability and per-layer IR-attack
-CSVs for ``dvc plots``, and PNG figures.
+CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json`` (the inputs it was
+made from, :mod:`dpclip.stages.provenance`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)
 from dpclip.config import Params
-from dpclip.naming import alpha_tag, run_name
+from dpclip.naming import RunKey, alpha_tag
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
@@ -41,6 +42,7 @@ from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figur
                           reliability_figure, roc_figure)
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
+from dpclip.stages.provenance import EVALUATE
 from dpclip.stages.train import load_model
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,13 @@ def clip_summary(trace: pd.DataFrame) -> dict:
 
 def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
              layout: Layout = Layout()) -> dict:
-    run = run_name(method, epsilon, alpha, seed)
+    key = RunKey(method, epsilon, alpha, int(seed))
+    run = key.name
     record_path = layout.run_dir(run) / "record.json"
     if not record_path.exists():
         raise DpclipError(f"run {run!r} has no trained model at {str(record_path)!r}: run the "
                           f"train stage first")
+    inputs = EVALUATE.inputs(params, key, layout)
     record = read_json(record_path)
     model = load_model(layout, run)
     x_train, y_train, _ = load_split(layout, "target_train")
@@ -127,7 +131,17 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
+    EVALUATE.record(layout, key, inputs)
     return metrics
+
+
+def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False):
+    """Evaluate every configured run that is not up to date (all with ``force``), in this
+    process; yields (run, its metrics, or None when they were up to date)."""
+    # dvc.yaml declares the folder even when evaluate.ir_attack is off and it stays empty
+    layout.ir_attack("any").parent.mkdir(parents=True, exist_ok=True)
+    return EVALUATE.each_run(params, layout, lambda key: evaluate(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
 
 
 def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,

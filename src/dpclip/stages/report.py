@@ -3,36 +3,16 @@ regenerated from the metrics files; then the MLflow record of this pipeline exec
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import pandas as pd
 
 from dpclip.config import Params
-from dpclip.naming import run_name
+from dpclip.naming import RunKey, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.plots import clip_figure, comparison_figure, roc_figure
-
-
-@dataclass(frozen=True)
-class RunKey:
-    method: str
-    epsilon: object
-    alpha: object
-    seed: int
-
-    @property
-    def name(self) -> str:
-        return run_name(self.method, self.epsilon, self.alpha, self.seed)
-
-
-def configured_runs(params: Params) -> list[RunKey]:
-    """Every (method, target epsilon, alpha, seed) the parameters ask for (the DVC matrix)."""
-    return [RunKey(m, e, a, s) for m, e, a, s in itertools.product(
-        params.train.methods, params.privacy.target_epsilons, params.partition.alphas,
-        params.train.seeds)]
 
 
 def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:

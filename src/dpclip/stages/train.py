@@ -1,7 +1,8 @@
 """train: one configuration (method, target epsilon, alpha, seed) on its partition.
 
 Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
-record, timing, training facts) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
+record, timing, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
+:mod:`dpclip.stages.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
 spent, method signals). The trace's loss and batch-size columns are diagnostics for the data
 owner, computed from the private batch without noise: they are not part of the DP release (the
 weights and C_t are) and reach MLflow only with ``tracking.private_diagnostics: true``.
@@ -18,13 +19,14 @@ import pandas as pd
 import torch
 
 from dpclip.config import IID, Params
-from dpclip.naming import run_name
+from dpclip.naming import RunKey
 from dpclip.io import read_json, write_csv_frame, write_json, write_with
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model, layer_names
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
+from dpclip.stages.provenance import TRAIN
 from dpclip.stages.shadow import load_risk
 from dpclip.train import PublicData, TrainConfig, train_model
 
@@ -52,7 +54,9 @@ def load_public(layout: Layout) -> PublicData:
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
           progress: bool = True) -> dict:
-    run = run_name(method, epsilon, alpha, seed)
+    key = RunKey(method, epsilon, alpha, int(seed))
+    run = key.name
+    inputs = TRAIN.inputs(params, key, layout)  # before training: what this run was made from
     x, y, _ = load_split(layout, "target_train")
     part = load_partition(layout, alpha)
     meta = read_json(layout.prepared_meta)
@@ -83,7 +87,16 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
                                           len(members), alpha)
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
+    TRAIN.record(layout, key, inputs)
     return record
+
+
+def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
+              force: bool = False):
+    """Train every configured run that is not up to date (all with ``force``), in this process;
+    yields (run, its record, or None when it was up to date)."""
+    return TRAIN.each_run(params, layout, lambda key: train(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout, progress), force)
 
 
 def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha) -> dict:

@@ -1,0 +1,192 @@
+"""Per-run caching inside the ``train`` and ``evaluate`` stages, which DVC starts once for all
+configured runs.
+
+Why one process for all runs: starting Python with torch, Opacus and scikit-learn costs about
+5 s on a 2-core machine, while a default run trains in about 1 s, so one DVC stage per run
+spent most of the pipeline importing. Merging the runs into one stage must not lose what the
+per-run stages gave: adding a method, or changing one method's options or module, re-runs only
+that method's runs.
+
+So every run records its ``provenance.json`` after its outputs are complete: the parameters and
+the hashes of the files it read (the keys and paths a per-run DVC stage would list) and the
+hashes of what it wrote. A run is up to date when its recorded inputs equal the current ones and
+its outputs are unchanged, the rule ``dvc status`` applies to a stage, applied per run.
+``dvc.yaml`` lists the union of every run's inputs, so DVC starts the stage whenever any run may
+be stale, and the stage recomputes only the stale runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from dpclip.io import read_json, write_json
+from dpclip.layout import Layout
+from dpclip.naming import RunKey, alpha_tag, configured_runs
+
+PACKAGE = Path(__file__).resolve().parents[1]  # src/dpclip: code inputs are the package's files
+SKIPPED_NAMES = {"__pycache__", "provenance.json"}
+
+
+def file_hash(path: Path) -> str | None:
+    """SHA-256 of a file, or of a folder (its files' relative paths and contents, in sorted
+    order; caches, provenance and temporary files left out); None when ``path`` is missing.
+
+    A file's hash is remembered for its (size, modification time), as DVC does, so the data
+    every run reads is hashed once per process."""
+    if path.is_file():
+        stat = path.stat()
+        key = (path.resolve(), stat.st_size, stat.st_mtime_ns)
+        if key not in _KNOWN:
+            _KNOWN[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return _KNOWN[key]
+    if not path.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for child in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = child.relative_to(path)
+        if SKIPPED_NAMES.intersection(rel.parts) or child.name.endswith((".pyc", ".tmp")):
+            continue
+        digest.update(f"{rel.as_posix()}\0{file_hash(child)}\0".encode())
+    return digest.hexdigest()
+
+
+_KNOWN: dict[tuple, str] = {}
+
+
+def _lookup(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+@dataclass(frozen=True)
+class RunStage:
+    """What one run of a stage reads and writes.
+
+    ``params``: keys of params.yaml every run reads, dotted; each run also reads its own method's
+    ``methods.<method>`` section when ``reads_method_options``. ``code``: paths inside the
+    package; ``{method}`` is the run's method. ``data``: the run's input files under the project
+    root, ``outputs``: its output files, ``provenance``: where its record goes.
+    """
+
+    name: str
+    params: tuple[str, ...]
+    code: tuple[str, ...]
+    reads_method_options: bool
+    data: Callable[[Layout, object], dict[str, Path]]
+    outputs: Callable[[Layout, object], dict[str, Path]]
+    provenance: Callable[[Layout, object], Path]
+
+    def inputs(self, params, key, layout: Layout) -> dict:
+        """The run's inputs: parameter values and file hashes (``key``: a
+        :class:`~dpclip.stages.report.RunKey`)."""
+        tree = params.to_dict()
+        values = {k: _lookup(tree, k) for k in self.params}
+        if self.reads_method_options:
+            values[f"methods.{key.method}"] = params.method_options(key.method)
+        files = {f"src/dpclip/{p.format(method=key.method)}":
+                 file_hash(PACKAGE / p.format(method=key.method)) for p in self.code}
+        files.update({label: file_hash(path) for label, path in self.data(layout, key).items()})
+        run = {"method": key.method, "epsilon": key.epsilon, "alpha": key.alpha,
+               "seed": key.seed}
+        # JSON round trip: the values compare equal to what a provenance file holds
+        return json.loads(json.dumps({"run": run, "params": values, "files": files},
+                                     default=str))
+
+    def record(self, layout: Layout, key, inputs: dict) -> Path:
+        """Write the run's provenance: ``inputs`` (taken before it ran) and its outputs' hashes."""
+        outputs = {label: file_hash(path) for label, path in self.outputs(layout, key).items()}
+        missing = [label for label, digest in outputs.items() if digest is None]
+        if missing:
+            raise RuntimeError(f"{self.name} of {key.name} did not write {missing}")
+        return write_json(self.provenance(layout, key),
+                          {"stage": self.name, "inputs": inputs, "outputs": outputs})
+
+    def is_current(self, params, key, layout: Layout) -> bool:
+        """Whether the run's recorded inputs equal the current ones and its outputs are as
+        recorded (a missing or edited output makes the run stale, as in DVC)."""
+        path = self.provenance(layout, key)
+        if not path.is_file():
+            return False
+        try:
+            recorded = read_json(path)
+        except ValueError:
+            return False
+        if recorded.get("inputs") != self.inputs(params, key, layout):
+            return False
+        outputs = self.outputs(layout, key)
+        return recorded.get("outputs", {}).keys() == outputs.keys() and all(
+            file_hash(path) == recorded["outputs"][label] for label, path in outputs.items())
+
+    def each_run(self, params, layout: Layout, run: Callable[[RunKey], dict],
+                 force: bool = False) -> Iterator[tuple[RunKey, dict | None]]:
+        """Call ``run`` on every configured run that is not up to date (every run with
+        ``force``); yield (run, its result, or None when it was up to date)."""
+        for key in configured_runs(params):
+            if not force and self.is_current(params, key, layout):
+                yield key, None
+            else:
+                yield key, run(key)
+
+
+def _train_data(layout: Layout, key) -> dict[str, Path]:
+    from dpclip.methods import get_method
+
+    tag = alpha_tag(key.alpha)
+    data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag)}
+    if get_method(key.method).needs_shadow_risk:
+        data["shadow/risk.json"] = layout.shadow_risk
+    return data
+
+
+def _train_outputs(layout: Layout, key) -> dict[str, Path]:
+    return {f"runs/{key.name}/model.pt": layout.run_dir(key.name) / "model.pt",
+            f"runs/{key.name}/record.json": layout.run_dir(key.name) / "record.json",
+            f"traces/{key.name}.csv": layout.trace(key.name)}
+
+
+TRAIN = RunStage(
+    name="train",
+    params=("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
+            "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
+            "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
+            "train.clip_norm", "train.early_stopping"),
+    code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
+          "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "stages/train.py"),
+    reads_method_options=True,
+    data=_train_data,
+    outputs=_train_outputs,
+    provenance=lambda layout, key: layout.run_dir(key.name) / "provenance.json",
+)
+
+
+def _evaluate_data(layout: Layout, key) -> dict[str, Path]:
+    tag = alpha_tag(key.alpha)
+    return {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag),
+            f"runs/{key.name}": layout.run_dir(key.name),
+            f"traces/{key.name}.csv": layout.trace(key.name)}
+
+
+def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
+    outputs = {f"metrics/{key.name}.json": layout.metrics(key.name),
+               f"plots/roc/{key.name}.csv": layout.roc(key.name),
+               f"plots/reliability/{key.name}.csv": layout.reliability(key.name),
+               f"figures/{key.name}": layout.figures(key.name)}
+    if layout.ir_attack(key.name).exists():  # written when evaluate.ir_attack is on
+        outputs[f"plots/ir_mia/{key.name}.csv"] = layout.ir_attack(key.name)
+    return outputs
+
+
+EVALUATE = RunStage(
+    name="evaluate",
+    params=("evaluate", "attack", "data.seed"),
+    code=("metrics.py", "attacks", "data/splits.py", "methods/{method}.py", "stages/evaluate.py"),
+    reads_method_options=False,
+    data=_evaluate_data,
+    outputs=_evaluate_outputs,
+    provenance=lambda layout, key: layout.figures(key.name) / "provenance.json",
+)

@@ -1,0 +1,153 @@
+"""Per-run caching inside the batched train and evaluate stages (dpclip.stages.provenance): a
+change re-runs exactly the runs a per-run DVC stage would have re-run, and dvc.yaml's stages
+list every input of every run, so DVC starts them whenever a run may be stale."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PROJECT
+from dpclip.config import parse_params
+from dpclip.layout import Layout
+from dpclip.naming import configured_runs
+from dpclip.stages import provenance
+from dpclip.stages.provenance import EVALUATE, TRAIN
+
+METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
+
+
+@pytest.fixture
+def project(tmp_path, tiny_raw):
+    """Hand-made inputs and outputs of three trained runs, each with its provenance."""
+    layout = Layout(tmp_path)
+    layout.prepared.mkdir(parents=True)
+    (layout.prepared / "target_train.npz").write_bytes(b"records")
+    layout.partition("iid").mkdir(parents=True)
+    (layout.partition("iid") / "positions.json").write_text("[0, 1, 2]")
+    layout.shadow.mkdir()
+    layout.shadow_risk.write_text("{}")
+    raw = tiny_raw(train={"methods": METHODS})
+
+    def params(**sections):
+        from conftest import merged
+
+        return parse_params(merged(raw, sections))
+
+    for key in configured_runs(params()):
+        inputs = TRAIN.inputs(params(), key, layout)
+        layout.run_dir(key.name).mkdir(parents=True)
+        (layout.run_dir(key.name) / "model.pt").write_bytes(b"weights")
+        (layout.run_dir(key.name) / "record.json").write_text("{}")
+        layout.trace(key.name).parent.mkdir(exist_ok=True)
+        layout.trace(key.name).write_text("step\n1\n")
+        TRAIN.record(layout, key, inputs)
+    return layout, params
+
+
+def stale(layout, params) -> list[str]:
+    return [key.method for key in configured_runs(params) if not TRAIN.is_current(
+        params, key, layout)]
+
+
+def test_recorded_runs_are_current(project):
+    layout, params = project
+    assert stale(layout, params()) == []
+
+
+def test_one_methods_options_rerun_its_runs_only(project):
+    layout, params = project
+    assert stale(layout, params(methods={"auto_s": {"gamma": 0.02}})) == ["auto_s"]
+
+
+def test_a_shared_training_key_reruns_every_run(project):
+    layout, params = project
+    assert stale(layout, params(train={"lr": 0.1})) == METHODS
+
+
+def test_an_evaluation_key_reruns_no_training(project):
+    layout, params = project
+    assert stale(layout, params(attack={"folds": 3})) == []
+
+
+def test_the_shadow_risk_reruns_only_the_method_that_reads_it(project):
+    layout, params = project
+    layout.shadow_risk.write_text('{"layers": {}}')
+    assert stale(layout, params()) == ["lm_dp_sgd"]
+
+
+def test_new_data_reruns_every_run(project):
+    layout, params = project
+    (layout.prepared / "target_train.npz").write_bytes(b"other records")
+    assert stale(layout, params()) == METHODS
+
+
+def test_an_edited_or_missing_output_makes_its_run_stale(project):
+    layout, params = project
+    (layout.run_dir("dp_sgd-eps8-iid-seed0") / "model.pt").write_bytes(b"edited weights")
+    layout.trace("auto_s-eps8-iid-seed0").unlink()
+    assert stale(layout, params()) == ["dp_sgd", "auto_s"]
+
+
+def test_editing_a_methods_module_reruns_its_runs_and_shared_code_every_run(
+        project, monkeypatch, tmp_path):
+    layout, params = project
+    package = tmp_path / "package"
+    shutil.copytree(provenance.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "PACKAGE", package)
+    assert stale(layout, params()) == []  # the same files, elsewhere
+    with open(package / "methods" / "auto_s.py", "a") as module:
+        module.write("\n# an edit\n")
+    assert stale(layout, params()) == ["auto_s"]
+    with open(package / "train" / "loop.py", "a") as module:
+        module.write("\n# an edit\n")
+    assert stale(layout, params()) == METHODS
+
+
+def test_each_run_runs_the_stale_runs_and_force_runs_all(project):
+    layout, params = project
+    changed = params(methods={"auto_s": {"gamma": 0.02}})
+    ran = []
+    done = list(TRAIN.each_run(changed, layout, lambda key: ran.append(key.method) or {}))
+    assert ran == ["auto_s"] and [r is None for _, r in done] == [True, False, True]
+    ran.clear()
+    list(TRAIN.each_run(changed, layout, lambda key: ran.append(key.method) or {}, force=True))
+    assert ran == METHODS
+
+
+def test_a_run_that_did_not_write_its_outputs_records_nothing(project):
+    layout, params = project
+    key = configured_runs(params())[0]
+    layout.trace(key.name).unlink()
+    with pytest.raises(RuntimeError, match="did not write"):
+        TRAIN.record(layout, key, TRAIN.inputs(params(), key, layout))
+
+
+def _covered(path: str, declared: list[str]) -> bool:
+    """Whether a dvc.yaml entry names ``path`` or a folder (or section) above it."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") or path.startswith(d + ".")
+               for d in declared)
+
+
+@pytest.mark.parametrize("stage", [TRAIN, EVALUATE], ids=lambda s: s.name)
+def test_dvc_yaml_lists_every_input_of_every_run(stage, tiny_raw, tmp_path):
+    """Else DVC would skip the stage although a run's recorded inputs changed."""
+    declared = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"][stage.name]
+    deps = [str(d).split("#")[0].strip() for d in declared["deps"]]
+    params = parse_params(tiny_raw(train={"methods": METHODS}))
+    for key in configured_runs(params):
+        inputs = stage.inputs(params, key, Layout(tmp_path))
+        for path in inputs["files"]:
+            folder = path if not path.startswith(("runs/", "traces/", "data/partitions/")) \
+                else str(Path(path).parent)
+            assert _covered(folder, deps), f"dvc.yaml {stage.name}: no dependency on {path}"
+        for name in inputs["params"]:
+            assert _covered(name, declared["params"]), f"dvc.yaml {stage.name}: no {name}"
+    for axis in ("train.methods", "privacy.target_epsilons", "partition.alphas",
+                 "train.seeds"):
+        assert _covered(axis, declared["params"])
+    outs = declared.get("outs", []) + declared.get("metrics", []) + declared.get("plots", [])
+    assert all(next(iter(o.values()))["persist"] for o in outs), "DVC would delete current runs"
