@@ -34,7 +34,7 @@ def reduce_map(output: torch.Tensor, max_features: int) -> torch.Tensor:
 
 @torch.no_grad()
 def layer_representations(model: nn.Module, x: np.ndarray, max_features: int = 512,
-                          batch: int = 1024) -> dict[str, np.ndarray]:
+                          batch: int = 512) -> dict[str, np.ndarray]:
     """{layer name: float32 array (records x features)} for every parameterised layer."""
     names = parameterised_layers(model)
     modules = dict(model.named_modules())
