@@ -34,9 +34,9 @@ def test_output_passes_through_and_the_table_is_written(tmp_path):
            "c:  50%|#####  \r[3/3] c-eps8-iid-seed0: epsilon=inf, 0.5 s\n"
            "Stage 'shadow' didn't change, skipping\n")
     out = io.StringIO()
-    assert main(io.StringIO(dvc), out, reports=tmp_path) == 0
+    assert main(io.StringIO(dvc), out, record=tmp_path / "times.json") == 0
     assert out.getvalue().startswith(dvc)  # DVC's own output, unchanged
-    record = json.loads((tmp_path / "stage_times.json").read_text())
+    record = json.loads((tmp_path / "times.json").read_text())
     assert [r["stage"] for r in record["stages"]] == ["dvc start-up", "prepare", "train"]
     assert [r["runs"] for r in record["stages"]] == [1, 1, 2]
     assert sum(r["seconds"] for r in record["stages"]) == pytest.approx(record["total_s"],
@@ -46,6 +46,23 @@ def test_output_passes_through_and_the_table_is_written(tmp_path):
 
 def test_nothing_run_means_no_table(tmp_path):
     out = io.StringIO()
-    assert main(io.StringIO("Data and pipelines are up to date.\n"), out, reports=tmp_path) == 0
+    assert main(io.StringIO("Data and pipelines are up to date.\n"), out,
+                record=tmp_path / "times.json") == 0
     assert out.getvalue() == "Data and pipelines are up to date.\n"
-    assert not (tmp_path / "stage_times.json").exists()
+    assert not (tmp_path / "times.json").exists()
+
+
+def test_the_record_is_outside_every_dvc_output():
+    """A file added to a stage's output after DVC recorded it makes the stage stale: the
+    next ``dvc repro`` would re-run the report for nothing."""
+    import yaml
+
+    from conftest import PROJECT
+    from dpclip.stage_times import RECORD
+
+    stages = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]
+    outputs = [str(next(iter(o)) if isinstance(o, dict) else o).split("$")[0]
+               for stage in stages.values()
+               for kind in ("outs", "metrics", "plots") for o in stage.get(kind, [])]
+    assert outputs and not any(RECORD.as_posix().startswith(out.rstrip("/"))
+                               for out in outputs), outputs

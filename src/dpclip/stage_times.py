@@ -6,7 +6,8 @@ the stage's process start and imports and DVC's own bookkeeping for it. At the e
 time per stage kind (matrix cells summed: ``partition`` is every ``partition@...`` cell), how
 many runs it computed (the ``[i/n] <run>: ...`` lines of ``dpclip train`` and ``dpclip
 evaluate``, runs that were up to date left out; the cells for other stages) and the mean per
-run, and writes the table to ``reports/stage_times.json``. Skipped (cached)
+run, and writes the table to ``.dpclip/stage_times.json`` (outside every DVC output: a file
+added to ``reports/`` after DVC recorded it made the report stage stale). Skipped (cached)
 stages take no time and are not listed; DVC's start-up before the first stage is its own row.
 The Makefile runs it under ``pipefail``, so a failed repro still fails ``make run``.
 """
@@ -57,7 +58,10 @@ def format_table(rows: list[dict], total: float) -> str:
     return "\n".join(lines)
 
 
-def main(stream=sys.stdin, out=sys.stdout, reports: Path = Path("reports")) -> int:
+RECORD = Path(".dpclip") / "stage_times.json"
+
+
+def main(stream=sys.stdin, out=sys.stdout, record: Path = RECORD) -> int:
     start = time.monotonic()
     events: list[tuple[float, str]] = []
     runs: dict[str, int] = {}
@@ -76,9 +80,8 @@ def main(stream=sys.stdin, out=sys.stdout, reports: Path = Path("reports")) -> i
                      runs)
     out.write("\nWhere the time went (stage start to the next stage's start, imports and DVC "
               "bookkeeping included):\n" + format_table(rows, total) + "\n")
-    if reports.is_dir():
-        (reports / "stage_times.json").write_text(json.dumps(
-            {"total_s": round(total, 1), "stages": rows}, indent=2) + "\n")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"total_s": round(total, 1), "stages": rows}, indent=2) + "\n")
     return 0
 
 
