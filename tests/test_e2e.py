@@ -127,7 +127,9 @@ def test_mlflow_parent_and_children(dvc_project):
         (dvc_project[1] / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text()
     )["privacy"]["steps"]
     artifacts = {a.path for a in client.list_artifacts(dp.info.run_id)}
-    assert {"trace", "model", "plots", "metrics"} <= artifacts
+    assert {"trace", "checkpoint", "plots", "metrics"} <= artifacts
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    assert mlflow.models.get_model_info(f"runs:/{dp.info.run_id}/model").signature is not None
 
 
 def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):

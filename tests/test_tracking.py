@@ -75,3 +75,51 @@ def test_data_use_says_what_each_component_saw(tmp_path, tiny_raw, write_params,
     assert "public shadow_train split" in use["early_stopping"]
     assert metrics["privacy"]["adjacency"] == "add_remove"
     assert metrics["privacy"]["secure_noise"] is False
+
+
+def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, write_params,
+                                                         monkeypatch):
+    """What a user of the MLflow UI compares: the parameters that produced the run (``lr``,
+    the method's options), the model as an MLflow model that predicts the holdout with the
+    reported accuracy, the prepared splits as inputs, the standard source tags; and a second
+    report links the (reused) child to its own parent instead of leaving it empty."""
+    import mlflow
+    import numpy as np
+
+    from dpclip.layout import Layout
+    from dpclip.stages.prepare import load_split
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_EXP_NAME", "tidy-knot")
+    raw = tiny_raw(train={"methods": ["adaclip"], "epochs": 1}, evaluate={"ir_attack": False},
+                   methods={"adaclip": {"target_quantile": 0.7}, "adaclip_opacus": {}})
+    base = prepared_project(tmp_path, raw, write_params)
+    for stage in ("train", "evaluate", "report", "report"):
+        assert main([*base, stage]) == 0
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dpclip-digits")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("dpclip.kind") == "pipeline"]
+    (child,) = [r for r in runs if r.data.tags.get("dpclip.kind") == "configuration"]
+    params, tags = child.data.params, child.data.tags
+    assert params["lr"] == "0.5" and params["epochs"] == "1" and params["method"] == "adaclip"
+    assert params["option.target_quantile"] == "0.7" and params["option.clip_lr"] == "0.05"
+    assert params["delta"] == "1e-05" and params["seed"] == "0" and params["alpha"] == "iid"
+    assert "noise_multiplier" in child.data.metrics and "noise_multiplier" not in params
+    assert tags["mlflow.source.git.commit"] == tags["git_commit"]
+    assert tags["dvc.exp_name"] == "tidy-knot"
+    inputs = {d.dataset.name: d for d in child.inputs.dataset_inputs}
+    assert set(inputs) == {"target_train", "target_holdout", "shadow_train", "shadow_holdout"}
+    assert all(d.dataset.digest for d in inputs.values())
+    # both pipeline executions list the child: the second reused it
+    assert len(parents) == 2 and all(
+        [c.info.run_id for c in client.search_runs(
+            [experiment.experiment_id], p.data.tags["dpclip.children_filter"])]
+        == [child.info.run_id] for p in parents)
+    # the logged model predicts the holdout with the accuracy the run reports
+    model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/model")
+    x, y, _ = load_split(Layout(tmp_path), "target_holdout")
+    accuracy = float(np.mean(np.asarray(model.predict(x)).argmax(axis=1) == y))
+    assert accuracy == pytest.approx(child.data.metrics["accuracy"], abs=1e-9)

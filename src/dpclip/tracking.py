@@ -1,10 +1,15 @@
 """MLflow logging (the only module that imports mlflow), per the tracking contract.
 
-One experiment per dataset (``dpclip-<dataset>``); a parent run per pipeline execution; one
-child run per trained configuration, tagged with dataset, method, alpha, seed and the git
-commit. A configuration already logged with the same model (same run name and weights SHA-256)
-is not logged again: the parent records it as reused, so re-running the report, or running the
-same configuration through the other front door, gives one record per trained model.
+One experiment per dataset (``dpclip-<dataset>``, opened by the UI as a model-training
+experiment); a parent run per pipeline execution; one child run per trained configuration. A
+child describes itself: the parameters that produced it as params (its axes and the training
+inputs its provenance recorded, :mod:`dpclip.stages.provenance`), the model as an MLflow
+PyTorch model (signature and input example from public data), the prepared splits as dataset
+inputs, and the standard source tags (git commit, the DVC experiment's name when one runs). A
+configuration already logged with the same model (same run name and weights SHA-256) is not
+logged again: it is linked to the new parent instead (tag ``dpclip.pipelines``, which the UI's
+search filters on), so re-running the report, or running the same configuration through the
+other front door, gives one record per trained model and no parent without its children.
 
 Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
 ``<project>/mlflow/artifacts`` (with any SQLite URI, artifacts go beside the database). Inside a DVC temporary experiment folder
@@ -23,6 +28,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +37,8 @@ from dpclip.config import Params
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
+from dpclip.naming import RunKey
+from dpclip.stages.provenance import TRAIN
 from dpclip.train.setup import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,10 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "mia_dp_bound_margin": ("mia", "loss", "dp_bound", "worst_margin"),
     "ir_mia_dp_bound_margin": ("mia", "ir", "dp_bound", "worst_margin"),
     "train_s": ("time", "train_s"),
+    # results of the accounting (the parameters that produced them are params)
+    "noise_multiplier": ("privacy", "noise_multiplier"),
+    "sample_rate": ("privacy", "sample_rate"),
+    "steps": ("privacy", "steps"),
     "epsilon_saved": ("privacy", "epsilon_saved"),  # only when early stopping ended the run
     "stopped_epoch": ("training", "stopped_epoch"),
 }
@@ -61,6 +73,11 @@ STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # written by the run itself for every method that early-stops (the method adds its own:
 # Method.step_metrics)
 RUN_STEP_METRICS = ("monitored_std", "early_stop_signal")
+# the UI opens an experiment with this tag as model training (not GenAI)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+PIPELINES_TAG = "dpclip.pipelines"  # every parent a child belongs to (it may be reused)
+SPLIT_CONTEXTS = {"target_train": "training", "target_holdout": "evaluation",
+                  "shadow_train": "public", "shadow_holdout": "public"}
 
 
 def project_home(root: Path) -> Path:
@@ -117,12 +134,25 @@ def _flatten(prefix: str, value, out: dict) -> dict:
 def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
+        for key, value in EXPERIMENT_KIND.items():
+            if found.tags.get(key) is None:  # made by an older version
+                mlflow.tracking.MlflowClient().set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
     location = (artifact_root / name).as_uri() if artifact_root else None
-    return mlflow.create_experiment(name, artifact_location=location)
+    return mlflow.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
 
 
-def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
+def source_tags(commit: str) -> dict:
+    """MLflow's standard source tags, and the DVC experiment's name when ``dvc exp run`` runs
+    the pipeline (DVC sets ``DVC_EXP_NAME``)."""
+    tags = {"mlflow.source.git.commit": commit, "mlflow.source.type": "PROJECT",
+            "mlflow.source.name": "dpclip", "git_commit": commit}
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    return tags
+
+
+def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
     """Log one pipeline execution; returns the parent run id and what was new or reused."""
     import mlflow
 
@@ -133,8 +163,8 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline-{stamp}",
-                         tags={"dpclip.kind": "pipeline", "git_commit": commit,
-                               "dataset": params.data.dataset}) as parent:
+                         tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
+                               **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
         for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
                      "roc.png", "data_use.md"):
@@ -143,13 +173,17 @@ def log_pipeline(params: Params, layout: Layout, runs: list[str]) -> dict:
         _log_shadow(mlflow, layout)
         reused = []
         diagnostics = params.tracking.private_diagnostics
-        for run in runs:
-            if not _log_configuration(mlflow, experiment_id, layout, run, commit, diagnostics):
-                reused.append(run)
-        mlflow.set_tag("dpclip.reused_runs", ",".join(reused)[:5000])
-        summary = {"parent_run_id": parent.info.run_id, "experiment": f"dpclip-"
+        splits = _Splits(layout)
+        for key in runs:
+            if not _log_configuration(mlflow, experiment_id, layout, key, commit, diagnostics,
+                                      splits):
+                reused.append(key.name)
+        parent_id = parent.info.run_id
+        mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
+                         "dpclip.children_filter": _children_filter(parent_id)})
+        summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
                    f"{params.data.dataset}", "tracking_uri": mlflow.get_tracking_uri(),
-                   "new": [r for r in runs if r not in reused], "reused": reused}
+                   "new": [k.name for k in runs if k.name not in reused], "reused": reused}
         log.debug("%s", describe(summary))
         return summary
 
@@ -174,35 +208,97 @@ def describe(summary: dict) -> str:
             f"{len(summary['reused'])} already logged ({summary['tracking_uri']})")
 
 
-def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, commit: str,
-                       private_diagnostics: bool = False) -> bool:
-    """Log one configuration as a child run unless its model is already logged. The trace's
-    private diagnostics go along only when ``private_diagnostics`` asks for them."""
+def _children_filter(parent_id: str) -> str:
+    """The search (UI or ``search_runs``) that lists every configuration of one pipeline
+    execution, the reused ones included."""
+    return f"tags.`{PIPELINES_TAG}` LIKE '%{parent_id}%'"
+
+
+def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
+    """The parameters that produced one run, under short names for the compare view: its axes
+    (dataset, method, target epsilon, alpha, seed) and the training inputs its provenance
+    recorded (``lr``, ``epochs``, ..., the method's options as ``option.<name>``)."""
+    out = {"dataset": metrics["dataset"], "method": key.method, "target_epsilon": key.epsilon,
+           "alpha": key.alpha, "seed": key.seed}
+    path = TRAIN.provenance(layout, key)
+    if not path.exists():  # trained before runs recorded their provenance
+        return {**out, "provenance": "not recorded"}
+    for name, value in read_json(path)["inputs"]["params"].items():
+        section, _, rest = name.partition(".")
+        if section == "methods":
+            _flatten("option", value, out)
+        else:
+            _flatten(rest, value, out)  # train.lr -> lr, privacy.delta -> delta
+    return out
+
+
+class _Splits:
+    """The prepared splits as MLflow datasets (name, digest, size), each loaded once."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout, self._datasets = layout, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._datasets:
+            import mlflow.data
+
+            from dpclip.stages.prepare import load_split
+
+            x, y, _ = load_split(self.layout, name)
+            with warnings.catch_warnings():  # MLflow registers two sources for local paths
+                warnings.filterwarnings("ignore", "The specified dataset source can be")
+                self._datasets[name] = mlflow.data.from_numpy(
+                    x, targets=y, name=name, source=str(self.layout.split(name).resolve()))
+        return self._datasets[name]
+
+    def example(self):
+        """Two public records: the logged model's input example (no private record leaves
+        the data owner's store)."""
+        from dpclip.stages.prepare import load_split
+
+        return load_split(self.layout, "shadow_holdout")[0][:2]
+
+
+def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, commit: str,
+                       private_diagnostics: bool, splits: _Splits) -> bool:
+    """Log one configuration as a child run unless its model is already logged (then link the
+    logged child to the current parent). The trace's private diagnostics go along only when
+    ``private_diagnostics`` asks for them."""
+    run = key.name
     record = read_json(layout.run_dir(run) / "record.json")
     fingerprint = record["weights_sha256"]
     existing = mlflow.search_runs(
         experiment_ids=[experiment_id], output_format="list", max_results=1,
         filter_string=f"tags.`dpclip.fingerprint` = '{fingerprint}' and "
                       f"tags.`dpclip.run` = '{run}'")
+    parent_id = mlflow.active_run().info.run_id
     if existing:
+        child = existing[0]
+        pipelines = child.data.tags.get(PIPELINES_TAG, child.data.tags.get(
+            "mlflow.parentRunId", ""))
+        mlflow.tracking.MlflowClient().set_tag(child.info.run_id, PIPELINES_TAG,
+                                               f"{pipelines},{parent_id}".strip(",")[-5000:])
         return False
     metrics = read_json(layout.metrics(run))
     privacy = metrics["privacy"]
     tags = {"dpclip.kind": "configuration", "dpclip.run": run, "dpclip.fingerprint": fingerprint,
             "dataset": metrics["dataset"], "method": metrics["method"],
             "alpha": "iid" if metrics["alpha"] is None else str(metrics["alpha"]),
-            "seed": str(metrics["seed"]), "git_commit": commit,
+            "seed": str(metrics["seed"]), **source_tags(commit),
             "dp_guarantee": str(privacy["dp_guarantee"]).lower(),
             "adjacency": str(privacy.get("adjacency")),
             "secure_noise": str(bool(privacy.get("secure_noise"))).lower(),
-            "dpclip.private_diagnostics": str(private_diagnostics).lower()}
+            "dpclip.private_diagnostics": str(private_diagnostics).lower(),
+            PIPELINES_TAG: parent_id}
     with mlflow.start_run(experiment_id=experiment_id, run_name=run, nested=True, tags=tags):
-        mlflow.log_params(_flatten("", {k: v for k, v in privacy.items() if v is not None}, {}))
+        mlflow.log_params(run_params(layout, key, metrics))
         mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
                             SUMMARY_METRICS.items() if _get(metrics, path) is not None})
         for layer, values in (_get(metrics, ("mia", "ir", "layers")) or {}).items():
             mlflow.log_metrics({f"ir_mia_accuracy_{layer}": values["accuracy"],
                                 f"ir_mia_auc_{layer}": values["auc"]})
+        for name, context in SPLIT_CONTEXTS.items():
+            mlflow.log_input(splits[name], context=context)
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
@@ -212,11 +308,29 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, run: str, com
             trace.to_csv(released, index=False)
             mlflow.log_artifact(str(released), artifact_path="trace")
         mlflow.log_artifact(str(layout.metrics(run)), artifact_path="metrics")
-        mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="model")
+        _log_model(mlflow, layout, run, splits.example())
         figures = layout.figures(run)
         for png in sorted(figures.glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")
     return True
+
+
+def _log_model(mlflow, layout: Layout, run: str, example) -> None:
+    """The trained model as an MLflow PyTorch model (``mlflow.pyfunc.load_model`` predicts
+    class scores from float32 records), and the checkpoint file as it is."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    from dpclip.stages.train import load_model
+
+    model = load_model(layout, run)
+    with torch.no_grad():
+        scores = model(torch.as_tensor(example)).numpy()
+    mlflow.pytorch.log_model(model, name="model", signature=infer_signature(example, scores),
+                             input_example=example,
+                             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="checkpoint")
 
 
 def _log_trace(mlflow, trace: pd.DataFrame, method: str, chunk: int = 900) -> None:

@@ -196,5 +196,5 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     if track:
         from dpclip.tracking import log_pipeline
 
-        logged = log_pipeline(params, layout, [k.name for k in runs])
+        logged = log_pipeline(params, layout, runs)
     return ReportResult(table, logged)
