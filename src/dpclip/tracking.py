@@ -299,6 +299,9 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
                                 f"ir_mia_auc_{layer}": values["auc"]})
         for name, context in SPLIT_CONTEXTS.items():
             mlflow.log_input(splits[name], context=context)
+        # before the step metrics: the logged model copies the run's metrics so far (the
+        # summary, shown in the UI's model list), and thousands of step values took a second
+        _log_model(mlflow, layout, run, splits.example())
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
@@ -308,7 +311,6 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
             trace.to_csv(released, index=False)
             mlflow.log_artifact(str(released), artifact_path="trace")
         mlflow.log_artifact(str(layout.metrics(run)), artifact_path="metrics")
-        _log_model(mlflow, layout, run, splits.example())
         figures = layout.figures(run)
         for png in sorted(figures.glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")
