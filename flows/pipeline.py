@@ -3,60 +3,144 @@
     python -m flows.pipeline [--params params.yaml] [--root .] [--no-track]
 
 Configurations run one after another: the stages seed torch's global generator, so running them
-in threads would make results depend on scheduling.
+in threads would make results depend on scheduling. A configuration whose inputs did not change
+is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
+that ``dvc repro`` uses (:mod:`dpclip.stages.provenance`), and completes as "up to date". The
+dependency edges are the real ones (a run's training waits for its partition and the shadow
+stage; its evaluation for its training; the report for every evaluation), and the comparison
+table and report are the flow run's artifacts.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import flows  # noqa: F401  (environment defaults before prefect is imported)
 from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE as NO_CACHE
+from prefect.states import Completed
+from prefect.tasks import exponential_backoff
+from prefect.utilities.annotations import quote
 
 from dpclip import stages
 from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
+from dpclip.naming import RunKey
+from dpclip.stages.provenance import EVALUATE, TRAIN
 
-# DVC caches stage outputs; Prefect only orders and retries the calls.
-TASK = dict(cache_policy=NO_CACHE, retries=0)
+UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """Retry what may pass on a second try (a killed process, a full disk, a locked database),
+    never a rejected input (:class:`DpclipError`): the same input fails the same way."""
+    try:
+        state.result()
+    except DpclipError:
+        return False
+    except Exception:  # noqa: BLE001 (any other failure may be transient)
+        return True
+    return True
+
+
+# DVC and the provenance files decide what is current, so Prefect keeps no cache of its own.
+TASK = dict(cache_policy=NO_CACHE)
+RETRIED = dict(TASK, retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=10),
+               retry_condition_fn=retry_unless_bad_input)
 
 prepare_task = task(name="prepare", **TASK)(stages.prepare)
 partition_task = task(name="partition", task_run_name="partition-{alpha}", **TASK)(
     stages.partition)
 shadow_task = task(name="shadow", **TASK)(stages.shadow)
-train_task = task(name="train", task_run_name="train-{method}-eps{epsilon}-{alpha}-seed{seed}",
-                  **TASK)(stages.train)
-evaluate_task = task(name="evaluate",
-                     task_run_name="evaluate-{method}-eps{epsilon}-{alpha}-seed{seed}",
-                     **TASK)(stages.evaluate)
 report_task = task(name="report", **TASK)(stages.report)
+
+
+@task(name="train", task_run_name="train-{key.name}", **RETRIED)
+def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
+    record = TRAIN.reuse(params, key, layout)
+    if record is not None:
+        return Completed(message=UP_TO_DATE, data=record)
+    return stages.train(params, key.method, key.epsilon, key.alpha, key.seed, layout, progress)
+
+
+@task(name="evaluate", task_run_name="evaluate-{key.name}", **RETRIED)
+def evaluate_task(params, key: RunKey, layout: Layout):
+    metrics = EVALUATE.reuse(params, key, layout)
+    if metrics is not None:
+        return Completed(message=UP_TO_DATE, data=metrics)
+    return stages.evaluate(params, key.method, key.epsilon, key.alpha, key.seed, layout)
+
+
+def overrides(dataset: str | None = None, methods: list[str] | None = None,
+              target_epsilons: list[float] | None = None,
+              seeds: list[int] | None = None) -> dict:
+    """The run form's changes as params sections. An integral epsilon is written as YAML
+    writes it (8, not 8.0), so a run keeps its name (``dp_sgd-eps8-...``) across front doors."""
+    out: dict = {}
+    if dataset is not None:
+        out["data"] = {"dataset": dataset}
+    if methods is not None:
+        out.setdefault("train", {})["methods"] = list(methods)
+    if seeds is not None:
+        out.setdefault("train", {})["seeds"] = list(seeds)
+    if target_epsilons is not None:
+        out["privacy"] = {"target_epsilons": [
+            int(e) if isinstance(e, float) and e.is_integer() else e for e in target_epsilons]}
+    return out
+
+
+def _table_rows(table) -> list[dict]:
+    """The comparison table as JSON-safe rows (a missing value is None, not NaN)."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in table.to_dict(orient="records")]
 
 
 @flow(name="dpclip-pipeline", log_prints=True)
 def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = True,
-             progress: bool = False) -> list[dict]:
+             progress: bool = False, dataset: str | None = None,
+             methods: list[str] | None = None, target_epsilons: list[float] | None = None,
+             seeds: list[int] | None = None) -> list[dict]:
     """prepare -> partition (per alpha) -> shadow -> train, evaluate (per configuration)
-    -> report."""
-    params = load_params(params_path)  # every bad key is reported before any work
+    -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
+    parameter file for this run (validated by the same schema)."""
+    params = load_params(params_path, overrides(dataset, methods, target_epsilons, seeds))
     layout = Layout(Path(root))
-    prepare_task(params, layout)
-    for alpha in params.partition.alphas:
-        partition_task(params, alpha, layout)
-    shadow_task(params, layout, progress)
-    summary = []
+    # quote(): Prefect must not look through the parameters for upstream results, which gave
+    # every task edges to unrelated runs; wait_for states the real edges
+    p, out = quote(params), quote(layout)
+    prepared = prepare_task(p, out, return_state=True)
+    prepared.result()
+    partitioned = {alpha: partition_task(p, alpha, out, wait_for=[prepared],
+                                         return_state=True)
+                   for alpha in params.partition.alphas}
+    shadowed = shadow_task(p, out, progress, wait_for=[prepared], return_state=True)
+    for state in [*partitioned.values(), shadowed]:
+        state.result()
+    summary, evaluated = [], []
     for key in stages.configured_runs(params):
-        train_task(params, key.method, key.epsilon, key.alpha, key.seed, layout, progress)
-        m = evaluate_task(params, key.method, key.epsilon, key.alpha, key.seed, layout)
+        trained = train_task(p, key, out, progress,
+                             wait_for=[partitioned[key.alpha], shadowed], return_state=True)
+        trained.result()
+        state = evaluate_task(p, key, out, wait_for=[trained], return_state=True)
+        m = state.result()
+        evaluated.append(state)
         summary.append({"run": m["run"], "epsilon": m["privacy"]["epsilon"],
                         "accuracy": m["utility"]["accuracy"], "ece": m["utility"]["ece"],
                         "mia_auc": m["mia"]["loss"]["auc"],
-                        "peak_ir_mia": m["mia"].get("ir", {}).get("peak_accuracy")})
+                        "peak_ir_mia": m["mia"].get("ir", {}).get("peak_accuracy"),
+                        "trained": trained.message != UP_TO_DATE,
+                        "evaluated": state.message != UP_TO_DATE})
         print(summary[-1])
-    result = report_task(params, layout, track)
+    result = report_task(p, out, track, wait_for=evaluated)
+    create_table_artifact(table=_table_rows(result.table), key="dpclip-comparison",
+                          description=f"dpclip comparison ({params.data.dataset})")
+    create_markdown_artifact(markdown=(layout.reports / "comparison.md").read_text(),
+                             key="dpclip-report", description="dpclip report")
     if result.mlflow:
         from dpclip.tracking import describe
 

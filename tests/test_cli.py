@@ -134,3 +134,23 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
         rows["opacus_ghost"]["step_ms_median"] / rows["dp_sgd"]["step_ms_median"])
     assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["mlp/ww_dp_sgd"]["share"] < 1
     assert (tmp_path / "reports" / "bench.md").exists()
+
+
+def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, tiny_raw,
+                                                                     write_params):
+    """The deployment's run form (methods, target epsilons, seeds, dataset) goes through the
+    same schema; an integral epsilon keeps YAML's spelling, so run names match DVC's."""
+    from dpclip.config import load_params
+    from dpclip.naming import configured_runs
+    from flows.pipeline import overrides
+
+    path = write_params(tiny_raw())
+    params = load_params(path, overrides(methods=["dp_sgd"], target_epsilons=[8.0, 0.5],
+                                         seeds=[3]))
+    assert [k.name for k in configured_runs(params)] == ["dp_sgd-eps8-iid-seed3",
+                                                          "dp_sgd-eps0.5-iid-seed3"]
+    assert params.train.epochs == 2  # the rest of the file is kept
+    with pytest.raises(DpclipError, match="train.methods: 'dp_magic'"):
+        load_params(path, overrides(methods=["dp_magic"]))
+    with pytest.raises(DpclipError, match="data.dataset"):
+        load_params(path, overrides(dataset="svhn"))

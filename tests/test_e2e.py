@@ -148,6 +148,25 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
         assert a["mia"]["loss"]["auc"] == b["mia"]["loss"]["auc"]
     # same models -> the Prefect execution reuses the DVC execution's child runs
     assert "0 new configuration(s), 2 already logged" in out
+    assert "'trained': True" in out  # a new root: everything ran
+    again = _sh([sys.executable, "-m", "flows.pipeline", "--params", str(params), "--root",
+                 str(other)], PROJECT, env)
+    assert again.count("'trained': False, 'evaluated': False") == len(RUNS)  # provenance
+    listed = _sh([sys.executable, "-c", ARTIFACTS], PROJECT, env)
+    assert "dpclip-comparison table" in listed and "dpclip-report markdown" in listed
+
+
+ARTIFACTS = """
+import asyncio
+from prefect.client.orchestration import get_client
+
+async def main():
+    async with get_client() as client:
+        for artifact in await client.read_artifacts():
+            print(artifact.key, artifact.type)
+
+asyncio.run(main())
+"""
 
 
 def test_prefect_serve_takes_the_schedule_from_params(tmp_path, write_params, tiny_raw):

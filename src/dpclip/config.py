@@ -227,8 +227,9 @@ def parse_params(raw: dict | None) -> Params:
     return params.model_copy(update={"methods": methods})
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml``."""
+def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
+    """Read ``params.yaml``, set the ``overrides`` (nested sections, e.g. ``{"train":
+    {"methods": [...]}}``: what a Prefect run form changes) and validate the result."""
     path = Path(path)
     if not path.exists():
         raise DpclipError(f"parameter file {str(path)!r} does not exist")
@@ -236,7 +237,19 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise DpclipError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
+    if overrides and isinstance(raw, dict):
+        raw = _with_overrides(raw, overrides)
     return parse_params(raw)
+
+
+def _with_overrides(raw: dict, overrides: dict) -> dict:
+    out = dict(raw)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _with_overrides(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def json_schema() -> dict:

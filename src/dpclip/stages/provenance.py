@@ -70,7 +70,8 @@ class RunStage:
     ``params``: keys of params.yaml every run reads, dotted; each run also reads its own method's
     ``methods.<method>`` section when ``reads_method_options``. ``code``: paths inside the
     package; ``{method}`` is the run's method. ``data``: the run's input files under the project
-    root, ``outputs``: its output files, ``provenance``: where its record goes.
+    root, ``outputs``: its output files, ``provenance``: where its record goes, ``result``: the
+    output that the stage function returns (as JSON).
     """
 
     name: str
@@ -80,6 +81,7 @@ class RunStage:
     data: Callable[[Layout, object], dict[str, Path]]
     outputs: Callable[[Layout, object], dict[str, Path]]
     provenance: Callable[[Layout, object], Path]
+    result: Callable[[Layout, object], Path]
 
     def inputs(self, params, key, layout: Layout) -> dict:
         """The run's inputs: parameter values and file hashes (``key``: a
@@ -122,6 +124,12 @@ class RunStage:
         return recorded.get("outputs", {}).keys() == outputs.keys() and all(
             file_hash(path) == recorded["outputs"][label] for label, path in outputs.items())
 
+    def reuse(self, params, key, layout: Layout) -> dict | None:
+        """The run's result when it is up to date; None when it must run."""
+        if not self.is_current(params, key, layout):
+            return None
+        return read_json(self.result(layout, key))
+
     def each_run(self, params, layout: Layout, run: Callable[[RunKey], dict],
                  force: bool = False) -> Iterator[tuple[RunKey, dict | None]]:
         """Call ``run`` on every configured run that is not up to date (every run with
@@ -161,6 +169,7 @@ TRAIN = RunStage(
     data=_train_data,
     outputs=_train_outputs,
     provenance=lambda layout, key: layout.run_dir(key.name) / "provenance.json",
+    result=lambda layout, key: layout.run_dir(key.name) / "record.json",
 )
 
 
@@ -189,4 +198,5 @@ EVALUATE = RunStage(
     data=_evaluate_data,
     outputs=_evaluate_outputs,
     provenance=lambda layout, key: layout.figures(key.name) / "provenance.json",
+    result=lambda layout, key: layout.metrics(key.name),
 )
