@@ -3,6 +3,8 @@ half-written output."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import prepared_project
@@ -92,6 +94,8 @@ def test_every_run_in_one_process_gives_the_models_of_single_runs(tmp_path, tiny
                           .read_text())["weights_sha256"]
 
     assert weights(batch) == weights(alone)
+    model = Path("runs") / "dp_sgd-eps8-iid-seed0" / "model.pt"
+    assert (batch / model).read_bytes() == (alone / model).read_bytes()  # DVC sees one model
 
 
 def test_missing_csv_file_names_data_path(tmp_path, tiny_raw, write_params, capsys):
@@ -115,6 +119,21 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
             tmp.write_text("half")
             raise DpclipError("interrupted")
     assert target.read_text().strip().startswith("{") and _files(tmp_path) == ["out.json"]
+
+
+def test_the_same_weights_give_the_same_model_file(tmp_path):
+    """DVC hashes model files: identical weights must give identical bytes, whatever the file
+    is called (torch names the archive's folder after the file)."""
+    import torch
+
+    from dpclip.io import write_torch
+
+    weights = {"w": torch.arange(6.0).reshape(2, 3)}
+    a = write_torch(tmp_path / "a" / "model.pt", weights)
+    b = write_torch(tmp_path / "b" / "other.pt", {"w": torch.arange(6.0).reshape(2, 3)})
+    assert a.read_bytes() == b.read_bytes()
+    assert torch.equal(torch.load(a, weights_only=True)["w"], weights["w"])
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["model.pt"]  # no temp left
 
 
 def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys):

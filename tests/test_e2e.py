@@ -211,3 +211,11 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     assert (project / "metrics" / "auto_s-eps8-iid-seed0.json").exists()
     status = _sh([str(BIN / "dvc"), "status"], project, env)
     assert "up to date" in status
+    # removing it again: its evaluation leaves `dvc metrics show`, its trained model stays
+    raw["train"]["methods"] = ["non_private", "dp_sgd"]
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage 'train'" in out and "[2/2] dp_sgd-eps8-iid-seed0: up to date" in out
+    shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
+    assert "auto_s" not in shown and "dp_sgd-eps8-iid-seed0" in shown
+    assert (project / "runs" / "auto_s-eps8-iid-seed0" / "model.pt").exists()

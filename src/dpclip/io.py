@@ -83,6 +83,19 @@ def write_figure(path: str | Path, fig) -> Path:
         plt.close(fig)
 
 
+def write_torch(path: str | Path, obj) -> Path:
+    """``torch.save`` atomically, with the same bytes for the same tensors: torch names the
+    archive's root folder after the file, so saving to a temporary file put its random name
+    into every model file (and DVC saw a change). In memory the name is always ``archive``."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return write_with(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+
+
 def write_csv_frame(path: str | Path, frame) -> Path:
     """Write a pandas DataFrame as CSV atomically."""
     return write_with(path, lambda tmp: frame.to_csv(tmp, index=False))

@@ -29,7 +29,7 @@ import torch
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)
 from dpclip.config import Params
-from dpclip.naming import RunKey, alpha_tag
+from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
@@ -141,8 +141,32 @@ def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False)
     process; yields (run, its metrics, or None when they were up to date)."""
     # dvc.yaml declares the folder even when evaluate.ir_attack is off and it stays empty
     layout.ir_attack("any").parent.mkdir(parents=True, exist_ok=True)
+    remove_unconfigured_evaluations(params, layout)
     return EVALUATE.each_run(params, layout, lambda key: evaluate(
         params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+
+
+def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]:
+    """Delete the evaluation outputs (metrics, plot tables, figures) of runs that are no longer
+    configured, so ``dvc metrics show`` and the plots list the configured runs only. They are
+    measurements, recomputed in about a second if the run comes back; its trained model in
+    ``runs/`` is kept."""
+    import shutil
+    from types import SimpleNamespace
+
+    configured = {key.name for key in configured_runs(params)}
+    gone = sorted(path.stem for path in layout.metrics("any").parent.glob("*.json")
+                  if path.stem not in configured)
+    for name in gone:
+        # the outputs' paths depend on the run's name only
+        for path in EVALUATE.outputs(layout, SimpleNamespace(name=name)).values():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        log.info("removed the evaluation of %s (no longer configured; runs/%s is kept)",
+                 name, name)
+    return gone
 
 
 def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,

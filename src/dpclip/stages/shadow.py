@@ -27,7 +27,7 @@ from dpclip.config import IID, EarlyStopping, Params
 from dpclip.naming import alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_json, write_with
+from dpclip.io import read_json, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.models import parameterised_layers
 from dpclip.plots import layer_attack_figure
@@ -109,7 +109,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> 
         "layers": layers,
     }
     checkpoint = {"state_dict": model.state_dict(), "architecture": record["architecture"]}
-    write_with(layout.shadow / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
+    write_torch(layout.shadow / "model.pt", checkpoint)
     layer_attack_figure(layout.shadow / "risk.png", layers, metrics=("error_rate", "auc"),
                         title=f"shadow model: per-layer MIA error rate ER "
                               f"({record['risk_eval']}, alpha {alpha_tag(params.shadow.alpha)})")

@@ -20,7 +20,7 @@ import torch
 
 from dpclip.config import IID, Params
 from dpclip.naming import RunKey
-from dpclip.io import read_json, write_csv_frame, write_json, write_with
+from dpclip.io import read_json, write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model, layer_names
@@ -75,7 +75,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
                                    "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
                                    **result.architecture}}
     run_dir = layout.run_dir(run)
-    write_with(run_dir / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
+    write_torch(run_dir / "model.pt", checkpoint)
     record = {
         "run": run, "dataset": params.data.dataset, "method": method,
         "alpha": None if alpha == IID else alpha, "seed": int(seed),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpclip.io import write_with
+from dpclip.io import write_torch
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Checkpoint:
     def maybe_save(self, run, epoch: int) -> None:
         if epoch % self.every == 0:
             state = {"fingerprint": self.fingerprint, "epoch": epoch, "run": run.state_dict()}
-            write_with(self.path, lambda tmp: torch.save(state, tmp))
+            write_torch(self.path, state)
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
