@@ -182,7 +182,8 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
                          "dpclip.children_filter": _children_filter(parent_id)})
         summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
-                   f"{params.data.dataset}", "tracking_uri": mlflow.get_tracking_uri(),
+                   f"{params.data.dataset}", "experiment_id": experiment_id,
+                   "tracking_uri": mlflow.get_tracking_uri(),
                    "new": [k.name for k in runs if k.name not in reused], "reused": reused}
         log.debug("%s", describe(summary))
         return summary
@@ -203,9 +204,13 @@ def _log_shadow(mlflow, layout: Layout) -> None:
 
 
 def describe(summary: dict) -> str:
+    """Two lines: what was logged, and where the UI shows it as model training (MLflow 3.17's
+    UI opens every experiment in its GenAI view unless the address asks for the other)."""
     return (f"MLflow: experiment {summary['experiment']!r}, parent run "
             f"{summary['parent_run_id']}, {len(summary['new'])} new configuration(s), "
-            f"{len(summary['reused'])} already logged ({summary['tracking_uri']})")
+            f"{len(summary['reused'])} already logged ({summary['tracking_uri']})\n"
+            f"MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/"
+            f"{summary['experiment_id']}/runs?workflowType=machine_learning")
 
 
 def _children_filter(parent_id: str) -> str:
