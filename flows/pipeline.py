@@ -95,9 +95,14 @@ def overrides(dataset: str | None = None, methods: list[str] | None = None,
 
 
 def _table_rows(table) -> list[dict]:
-    """The comparison table as JSON-safe rows (a missing value is None, not NaN)."""
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-            for row in table.to_dict(orient="records")]
+    """The comparison table as JSON-safe rows for the UI: a missing value is None (not NaN),
+    numbers are rounded to 6 significant digits (the CSV keeps them all)."""
+    def cell(v):
+        if isinstance(v, float):
+            return None if math.isnan(v) else float(f"{v:.6g}")
+        return v
+
+    return [{k: cell(v) for k, v in row.items()} for row in table.to_dict(orient="records")]
 
 
 @flow(name="dpclip-pipeline", log_prints=True)
