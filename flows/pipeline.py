@@ -1,9 +1,16 @@
 """The dpclip pipeline as a Prefect flow: the same stage functions DVC runs, as tasks.
 
     python -m flows.pipeline [--params params.yaml] [--root .] [--no-track]
+                             [--workers N | --dask-address tcp://host:8786 | --sequential]
 
-Configurations run one after another: the stages seed torch's global generator, so running them
-in threads would make results depend on scheduling. A configuration whose inputs did not change
+Configurations run in parallel on Dask (prefect-dask): a local cluster of N worker processes
+(default: the CPUs divided by ``train.threads``, so the runs fill the machine), or an existing
+cluster by address. Each configuration seeds itself and sets torch's thread count from
+``train.threads`` in its worker process, so the results equal the sequential run's bit for bit
+(:mod:`dpclip.threads`).
+Without Dask (``--sequential``, and the served deployment) they run one after another in the
+flow's process: the stages seed torch's global generator, so running them in threads would make
+results depend on scheduling. A configuration whose inputs did not change
 is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
 that ``dvc repro`` uses (:mod:`dpclip.stages.provenance`), and completes as "up to date". The
 dependency edges are the real ones (a run's training waits for its partition and the shadow
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +32,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE as NO_CACHE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
-from prefect.utilities.annotations import quote
 
 from dpclip import stages
 from dpclip.config import load_params
@@ -105,6 +112,14 @@ def _table_rows(table) -> list[dict]:
     return [{k: cell(v) for k, v in row.items()} for row in table.to_dict(orient="records")]
 
 
+def runs_in_processes() -> bool:
+    """Whether this flow run's tasks go to worker processes (Dask), where configurations may
+    run at the same time; in threads they may not (torch's global generator)."""
+    from prefect.context import get_run_context
+
+    return type(get_run_context().task_runner).__name__ == "DaskTaskRunner"
+
+
 @flow(name="dpclip-pipeline", log_prints=True)
 def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = True,
              progress: bool = False, dataset: str | None = None,
@@ -112,12 +127,12 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
              seeds: list[int] | None = None) -> list[dict]:
     """prepare -> partition (per alpha) -> shadow -> train, evaluate (per configuration)
     -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
-    parameter file for this run (validated by the same schema)."""
+    parameter file for this run (validated by the same schema). On a Dask task runner the
+    configurations run in parallel (:func:`with_dask`)."""
     params = load_params(params_path, overrides(dataset, methods, target_epsilons, seeds))
     layout = Layout(Path(root))
-    # quote(): Prefect must not look through the parameters for upstream results, which gave
-    # every task edges to unrelated runs; wait_for states the real edges
-    p, out = quote(params), quote(layout)
+    # wait_for states the real edges (a task's arguments are no task's result)
+    p, out = params, layout
     prepared = prepare_task(p, out, return_state=True)
     prepared.result()
     partitioned = {alpha: partition_task(p, alpha, out, wait_for=[prepared],
@@ -126,12 +141,28 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     shadowed = shadow_task(p, out, progress, wait_for=[prepared], return_state=True)
     for state in [*partitioned.values(), shadowed]:
         state.result()
+    keys = stages.configured_runs(params)
+    if runs_in_processes():  # every configuration at once; each waits for its own inputs
+        pending = {}
+        for key in keys:
+            trained = train_task.submit(p, key, out, progress,
+                                        wait_for=[partitioned[key.alpha], shadowed])
+            pending[key] = (trained, evaluate_task.submit(p, key, out, wait_for=[trained]))
+        done = []
+        for trained, evaluation in pending.values():
+            trained.wait(), evaluation.wait()
+            done.append((trained.state, evaluation.state))
+    else:
+        done = []
+        for key in keys:
+            trained = train_task(p, key, out, progress,
+                                 wait_for=[partitioned[key.alpha], shadowed], return_state=True)
+            trained.result()
+            done.append((trained, evaluate_task(p, key, out, wait_for=[trained],
+                                                return_state=True)))
     summary, evaluated = [], []
-    for key in stages.configured_runs(params):
-        trained = train_task(p, key, out, progress,
-                             wait_for=[partitioned[key.alpha], shadowed], return_state=True)
-        trained.result()
-        state = evaluate_task(p, key, out, wait_for=[trained], return_state=True)
+    for trained, state in done:
+        trained.result()  # a failed run fails the flow here, after the others finished
         m = state.result()
         evaluated.append(state)
         summary.append({"run": m["run"], "epsilon": m["privacy"]["epsilon"],
@@ -153,15 +184,48 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     return summary
 
 
+def local_workers(threads: int | None) -> int:
+    """Worker processes that fill the machine's CPUs when each run uses ``threads`` of them
+    (``train.threads``; None: all, hence one worker)."""
+    cpus = os.cpu_count() or 1
+    return max(1, cpus // (threads or cpus))
+
+
+def with_dask(workers: int, address: str | None = None):
+    """The flow on a Dask task runner: an existing cluster at ``address``, else a local
+    cluster of ``workers`` processes, one task at a time each (a run sets its own threads)."""
+    from prefect_dask import DaskTaskRunner
+
+    if address:
+        runner = DaskTaskRunner(address=address)
+    else:
+        runner = DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1,
+                                                "processes": True})
+    return pipeline.with_options(task_runner=runner)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow logging")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int,
+                       help="local Dask cluster of this many processes (default: CPUs divided "
+                            "by train.threads)")
+    where.add_argument("--dask-address", help="an existing Dask scheduler, tcp://host:8786")
+    where.add_argument("--sequential", action="store_true",
+                       help="no Dask: configurations one after another in this process")
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        print(f"dpclip: error: --workers: {args.workers} must be at least 1", file=sys.stderr)
+        return 2
     try:
-        load_params(args.params)  # fail fast, before Prefect starts its API
-        pipeline(params_path=args.params, root=args.root, track=not args.no_track)
+        params = load_params(args.params)  # fail fast, before Prefect starts its API
+        workers = args.workers or local_workers(params.train.threads)
+        flow_ = pipeline if args.sequential else with_dask(workers, args.dask_address)
+        flow_(params_path=args.params, root=args.root, track=not args.no_track)
     except DpclipError as exc:
         print(f"dpclip: error: {exc}", file=sys.stderr)
         return 2

@@ -173,3 +173,27 @@ def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, ti
         load_params(path, overrides(methods=["dp_magic"]))
     with pytest.raises(DpclipError, match="data.dataset"):
         load_params(path, overrides(dataset="svhn"))
+
+
+def test_a_local_dask_cluster_fills_the_cpus_without_oversubscribing(monkeypatch):
+    from flows import pipeline
+
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 8)
+    assert pipeline.local_workers(None) == 1  # each run uses every CPU
+    assert pipeline.local_workers(1) == 8 and pipeline.local_workers(3) == 2
+    assert pipeline.local_workers(16) == 1
+
+
+def test_the_thread_count_is_set_from_the_parameters():
+    """Results depend on torch's thread count (dpclip.threads): a Dask worker starts with one,
+    the stages set the configured count."""
+    import torch
+
+    from dpclip.threads import use_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert use_threads(1) == 1 and torch.get_num_threads() == 1
+        assert use_threads(None) >= 1 and torch.get_num_threads() == use_threads(None)
+    finally:
+        torch.set_num_threads(before)

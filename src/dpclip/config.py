@@ -128,6 +128,7 @@ class TrainParams(Section):
     momentum: Annotated[float, Field(ge=0, lt=1), NUMBER] = 0.0
     clip_norm: Positive = 1.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: Count | None = None  # torch's CPU threads (None: one per CPU); results depend on it
     checkpoint_every: Count = 5
     early_stopping: EarlyStopping = EarlyStopping()
 

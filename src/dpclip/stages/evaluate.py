@@ -44,6 +44,7 @@ from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import EVALUATE
 from dpclip.stages.train import load_model
+from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         raise DpclipError(f"run {run!r} has no trained model at {str(record_path)!r}: run the "
                           f"train stage first")
     inputs = EVALUATE.inputs(params, key, layout)
+    use_threads(params.train.threads)
     record = read_json(record_path)
     model = load_model(layout, run)
     x_train, y_train, _ = load_split(layout, "target_train")

@@ -162,7 +162,7 @@ TRAIN = RunStage(
     params=("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
             "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
-            "train.clip_norm", "train.early_stopping"),
+            "train.clip_norm", "train.early_stopping", "train.threads"),
     code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
           "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "stages/train.py"),
     reads_method_options=True,
@@ -192,7 +192,7 @@ def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
 
 EVALUATE = RunStage(
     name="evaluate",
-    params=("evaluate", "attack", "data.seed"),
+    params=("evaluate", "attack", "data.seed", "train.threads"),
     code=("metrics.py", "attacks", "data/splits.py", "methods/{method}.py", "stages/evaluate.py"),
     reads_method_options=False,
     data=_evaluate_data,

@@ -34,6 +34,7 @@ from dpclip.plots import layer_attack_figure
 from dpclip.stages.prepare import load_split
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
+from dpclip.threads import use_threads
 
 
 def architecture(params: Params, meta: dict) -> dict:
@@ -73,6 +74,7 @@ def _at_most(positions: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
 
 
 def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> dict:
+    use_threads(params.train.threads)
     meta = read_json(layout.prepared_meta)
     x_in, y_in, _ = load_split(layout, "shadow_train")
     x_out, _, _ = load_split(layout, "shadow_holdout")

@@ -28,6 +28,7 @@ from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import TRAIN
 from dpclip.stages.shadow import load_risk
+from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, train_model
 
 
@@ -57,6 +58,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
     inputs = TRAIN.inputs(params, key, layout)  # before training: what this run was made from
+    threads = use_threads(params.train.threads)
     x, y, _ = load_split(layout, "target_train")
     part = load_partition(layout, alpha)
     meta = read_json(layout.prepared_meta)
@@ -81,7 +83,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "alpha": None if alpha == IID else alpha, "seed": int(seed),
         "privacy": result.privacy, "time": result.time, "training": result.training,
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
-        "n_members": int(len(members)),
+        "n_members": int(len(members)), "threads": threads,
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
                                           len(members), alpha)
