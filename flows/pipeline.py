@@ -131,7 +131,8 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     configurations run in parallel (:func:`with_dask`)."""
     params = load_params(params_path, overrides(dataset, methods, target_epsilons, seeds))
     layout = Layout(Path(root))
-    # wait_for states the real edges (a task's arguments are no task's result)
+    # wait_for states the real edges (on Dask each run's tasks wait for their own inputs only;
+    # called in order in this process, Prefect also records the tasks that ran before)
     p, out = params, layout
     prepared = prepare_task(p, out, return_state=True)
     prepared.result()
