@@ -75,3 +75,15 @@ def test_every_method_has_its_own_params_section_and_module():
     for name in available_methods():
         assert name in sections, f"params.yaml has no methods.{name} section"
         assert (SRC / "dpclip" / "methods" / f"{name}.py").exists()
+
+
+def test_dvc_draws_each_plot_table_once():
+    """A table declared both as a stage's plot and under the top-level ``plots:`` is drawn
+    twice by ``dvc plots show`` (30 duplicates for ten runs); the top level draws them."""
+    import yaml
+
+    spec = yaml.safe_load((SRC.parent / "dvc.yaml").read_text())
+    top = {next(iter(p)).rstrip("/") for p in spec["plots"]}
+    staged = {str(next(iter(p)) if isinstance(p, dict) else p).rstrip("/")
+              for stage in spec["stages"].values() for p in stage.get("plots", [])}
+    assert top and not top & staged
