@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -26,13 +25,10 @@ TINY = {
 
 
 def merged(base: dict, override: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
+    """``base`` with ``override`` set section by section (what a Prefect run form does)."""
+    from dpclip.config import with_overrides
+
+    return with_overrides(base, override)
 
 
 def tiny_project_params() -> dict:

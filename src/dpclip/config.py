@@ -9,6 +9,7 @@ method's options are its module's model (:meth:`dpclip.methods.base.Method.optio
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -239,17 +240,19 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     except yaml.YAMLError as exc:
         raise DpclipError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
     if overrides and isinstance(raw, dict):
-        raw = _with_overrides(raw, overrides)
+        raw = with_overrides(raw, overrides)
     return parse_params(raw)
 
 
-def _with_overrides(raw: dict, overrides: dict) -> dict:
-    out = dict(raw)
+def with_overrides(raw: dict, overrides: dict) -> dict:
+    """A copy of the raw mapping ``raw`` with ``overrides`` set, section by section (a nested
+    mapping replaces single keys; any other value replaces the whole entry)."""
+    out = copy.deepcopy(raw)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _with_overrides(out[key], value)
+            out[key] = with_overrides(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 
