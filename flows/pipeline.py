@@ -130,7 +130,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     parameter file for this run (validated by the same schema). On a Dask task runner the
     configurations run in parallel (:func:`with_dask`)."""
     params = load_params(params_path, overrides(dataset, methods, target_epsilons, seeds))
-    layout = Layout(Path(root))
+    layout = Layout(Path(root).resolve())  # a Dask worker elsewhere has another cwd
     # wait_for states the real edges (on Dask each run's tasks wait for their own inputs only;
     # called in order in this process, Prefect also records the tasks that ran before)
     p, out = params, layout

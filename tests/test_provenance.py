@@ -151,3 +151,15 @@ def test_dvc_yaml_lists_every_input_of_every_run(stage, tiny_raw, tmp_path):
         assert _covered(axis, declared["params"])
     outs = declared.get("outs", []) + declared.get("metrics", []) + declared.get("plots", [])
     assert all(next(iter(o.values()))["persist"] for o in outs), "DVC would delete current runs"
+
+
+def test_the_thread_count_is_recorded_as_used(tiny_raw, tmp_path):
+    """Results depend on the count, so ``threads: null`` records this machine's count: a run
+    made on a machine with other CPUs is not taken as current."""
+    import os
+
+    params = parse_params(tiny_raw())
+    key = configured_runs(params)[0]
+    recorded = TRAIN.inputs(params, key, Layout(tmp_path))["params"]["train.threads"]
+    assert params.train.threads is None and recorded == os.cpu_count()
+    assert "src/dpclip/threads.py" in TRAIN.inputs(params, key, Layout(tmp_path))["files"]

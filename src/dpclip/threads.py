@@ -12,9 +12,14 @@ import os
 import torch
 
 
+def thread_count(threads: int | None) -> int:
+    """The count ``train.threads`` asks for on this machine (None: one per CPU)."""
+    return int(threads or os.cpu_count() or 1)
+
+
 def use_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count to ``threads`` (None: one per CPU of the machine);
     returns the count."""
-    count = int(threads or os.cpu_count() or 1)
+    count = thread_count(threads)
     torch.set_num_threads(count)
     return count

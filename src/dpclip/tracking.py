@@ -261,7 +261,7 @@ class _Splits:
         the data owner's store)."""
         from dpclip.stages.prepare import load_split
 
-        return load_split(self.layout, "shadow_holdout")[0][:2]
+        return load_split(self.layout, "shadow_holdout")[0][:2].astype("float32")
 
 
 def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, commit: str,
@@ -281,8 +281,10 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
         child = existing[0]
         pipelines = child.data.tags.get(PIPELINES_TAG, child.data.tags.get(
             "mlflow.parentRunId", ""))
-        mlflow.tracking.MlflowClient().set_tag(child.info.run_id, PIPELINES_TAG,
-                                               f"{pipelines},{parent_id}".strip(",")[-5000:])
+        ids = [i for i in pipelines.split(",") if i] + [parent_id]
+        while len(",".join(ids)) > 5000:  # MLflow's tag limit: the oldest parents go first
+            ids.pop(0)
+        mlflow.tracking.MlflowClient().set_tag(child.info.run_id, PIPELINES_TAG, ",".join(ids))
         return False
     metrics = read_json(layout.metrics(run))
     privacy = metrics["privacy"]

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag, configured_runs
+from dpclip.threads import thread_count
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/dpclip: code inputs are the package's files
 SKIPPED_NAMES = {"__pycache__", "provenance.json"}
@@ -88,6 +89,8 @@ class RunStage:
         :class:`~dpclip.stages.report.RunKey`)."""
         tree = params.to_dict()
         values = {k: _lookup(tree, k) for k in self.params}
+        if "train.threads" in values:  # results depend on the count, not on the setting
+            values["train.threads"] = thread_count(values["train.threads"])
         if self.reads_method_options:
             values[f"methods.{key.method}"] = params.method_options(key.method)
         files = {f"src/dpclip/{p.format(method=key.method)}":
@@ -164,7 +167,8 @@ TRAIN = RunStage(
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
             "train.clip_norm", "train.early_stopping", "train.threads"),
     code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
-          "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "stages/train.py"),
+          "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "threads.py",
+          "stages/train.py"),
     reads_method_options=True,
     data=_train_data,
     outputs=_train_outputs,
@@ -193,7 +197,9 @@ def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
 EVALUATE = RunStage(
     name="evaluate",
     params=("evaluate", "attack", "data.seed", "train.threads"),
-    code=("metrics.py", "attacks", "data/splits.py", "methods/{method}.py", "stages/evaluate.py"),
+    code=("metrics.py", "attacks", "data/splits.py", "methods/__init__.py", "methods/base.py",
+          "methods/{method}.py", "models.py", "plots.py", "threads.py", "stages/train.py",
+          "stages/evaluate.py"),
     reads_method_options=False,
     data=_evaluate_data,
     outputs=_evaluate_outputs,
