@@ -77,8 +77,9 @@ def test_data_use_says_what_each_component_saw(tmp_path, tiny_raw, write_params,
     assert metrics["privacy"]["secure_noise"] is False
 
 
+@pytest.mark.parametrize("model_format", ["pickle", "pt2"])
 def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, write_params,
-                                                         monkeypatch):
+                                                         monkeypatch, model_format):
     """What a user of the MLflow UI compares: the parameters that produced the run (``lr``,
     the method's options), the model as an MLflow model that predicts the holdout with the
     reported accuracy, the prepared splits as inputs, the standard source tags; and a second
@@ -93,7 +94,8 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("DVC_EXP_NAME", "tidy-knot")
     raw = tiny_raw(train={"methods": ["adaclip"], "epochs": 1}, evaluate={"ir_attack": False},
-                   methods={"adaclip": {"target_quantile": 0.7}, "adaclip_opacus": {}})
+                   methods={"adaclip": {"target_quantile": 0.7}, "adaclip_opacus": {}},
+                   tracking={"model_format": model_format})
     base = prepared_project(tmp_path, raw, write_params)
     for stage in ("train", "evaluate", "report", "report"):
         assert main([*base, stage]) == 0
@@ -120,6 +122,9 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
         == [child.info.run_id] for p in parents)
     # the logged model predicts the holdout with the accuracy the run reports
     model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/model")
+    stored = {a.path.rsplit("/", 1)[-1] for a in mlflow.artifacts.list_artifacts(
+        f"runs:/{child.info.run_id}/model/data")}
+    assert {"pt2": "model.pt2", "pickle": "model.pth"}[model_format] in stored
     x, y, _ = load_split(Layout(tmp_path), "target_holdout")
     accuracy = float(np.mean(np.asarray(model.predict(x)).argmax(axis=1) == y))
     assert accuracy == pytest.approx(child.data.metrics["accuracy"], abs=1e-9)

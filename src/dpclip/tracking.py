@@ -176,7 +176,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
         splits = _Splits(layout)
         for key in runs:
             if not _log_configuration(mlflow, experiment_id, layout, key, commit, diagnostics,
-                                      splits):
+                                      splits, params.tracking.model_format):
                 reused.append(key.name)
         parent_id = parent.info.run_id
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
@@ -265,7 +265,8 @@ class _Splits:
 
 
 def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, commit: str,
-                       private_diagnostics: bool, splits: _Splits) -> bool:
+                       private_diagnostics: bool, splits: _Splits,
+                       model_format: str = "pt2") -> bool:
     """Log one configuration as a child run unless its model is already logged (then link the
     logged child to the current parent). The trace's private diagnostics go along only when
     ``private_diagnostics`` asks for them."""
@@ -308,7 +309,7 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
             mlflow.log_input(splits[name], context=context)
         # before the step metrics: the logged model copies the run's metrics so far (the
         # summary, shown in the UI's model list), and thousands of step values took a second
-        _log_model(mlflow, layout, run, splits.example())
+        _log_model(mlflow, layout, run, splits.example(), model_format)
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
@@ -324,9 +325,10 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
     return True
 
 
-def _log_model(mlflow, layout: Layout, run: str, example) -> None:
+def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "pt2") -> None:
     """The trained model as an MLflow PyTorch model (``mlflow.pyfunc.load_model`` predicts
-    class scores from float32 records), and the checkpoint file as it is."""
+    class scores from float32 records) in ``tracking.model_format``, and the checkpoint file
+    as it is."""
     import mlflow.pytorch
     import torch
     from mlflow.models import infer_signature
@@ -337,7 +339,7 @@ def _log_model(mlflow, layout: Layout, run: str, example) -> None:
     with torch.no_grad():
         scores = model(torch.as_tensor(example)).numpy()
     mlflow.pytorch.log_model(model, name="model", signature=infer_signature(example, scores),
-                             input_example=example,
+                             input_example=example, serialization_format=model_format,
                              pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
     mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="checkpoint")
 
