@@ -18,7 +18,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 
-.PHONY: install run test bench clean mlflow-ui prefect-ui
+.PHONY: install run test clean mlflow-ui prefect-ui
 
 install: $(STAMP)
 
