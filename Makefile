@@ -30,6 +30,8 @@ $(STAMP): requirements.lock pyproject.toml
 	grep -v '^torch==' requirements.lock > $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet -r $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+	# `dvc plots show` without a network: Vega inline (fetched once from npm, SHA-512 checked)
+	$(BIN)/python -m dpclip.offline_plots || echo "warning: dvc plots show will load Vega from its CDN"
 	touch $(STAMP)
 
 run: install
@@ -49,5 +51,6 @@ mlflow-ui: install
 prefect-ui: install
 	$(BIN)/prefect server start
 
+# the outputs git does not track (dvc.lock, summary/ and overlays/ are committed)
 clean:
-	rm -rf data/prepared data/partitions runs traces metrics plots figures reports dvc.lock
+	rm -rf data/prepared data/partitions shadow runs traces timings metrics plots figures reports

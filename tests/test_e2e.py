@@ -18,14 +18,18 @@ from conftest import PROJECT, tiny_project_params
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
+OVERLAYS = ["clip_threshold.csv", "roc.csv", "reliability.csv", "privacy_utility.csv"]
+OFFLINE_PAGE = Path(".dvc") / "plots" / "offline.html"
 CONTRACT = {
     "privacy": {"dp_guarantee", "accountant", "target_epsilon", "epsilon", "delta",
                 "sample_rate", "noise_multiplier", "steps", "adjacency", "secure_noise",
                 "data_use"},
     "utility": {"accuracy", "ece", "mce", "brier", "nll"},
     "clip": {"c_initial", "c_final", "c_median"},
-    "time": {"train_s", "step_s_median"},
 }
+# outputs git does not track (DVC's cache or nobody's); summary/, overlays/ and dvc.lock it does
+UNTRACKED_OUTPUTS = ["data", "shadow", "runs", "traces", "timings", "metrics", "plots",
+                     "figures", "reports"]
 
 
 def _env(tmp_path):
@@ -33,6 +37,8 @@ def _env(tmp_path):
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    for role in ("AUTHOR", "COMMITTER"):  # the project's commits in the tests
+        env[f"GIT_{role}_NAME"], env[f"GIT_{role}_EMAIL"] = "dpclip tests", "tests@dpclip"
     return env
 
 
@@ -50,12 +56,18 @@ def dvc_project(tmp_path_factory):
     project = tmp / "project"
     project.mkdir()
     shutil.copy(PROJECT / "dvc.yaml", project)
+    shutil.copy(PROJECT / ".gitignore", project)
     shutil.copytree(PROJECT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
     env = _env(tmp)
     _sh(["git", "init", "-q"], project, env)
     _sh([str(BIN / "dvc"), "init", "-q"], project, env)
+    # the plot templates git tracks, and the offline page `make install` wrote (if it could)
+    shutil.copytree(PROJECT / ".dvc" / "plots", project / ".dvc" / "plots")
+    if (project / OFFLINE_PAGE).exists():
+        _sh([str(BIN / "dvc"), "config", "--local", "plots.html_template",
+             "plots/offline.html"], project, env)
     first = _sh([str(BIN / "dvc"), "repro"], project, env)
     return tmp, project, env, first
 
@@ -100,11 +112,29 @@ def test_dvc_metrics_and_plots(dvc_project):
     shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
     data = json.loads(shown[shown.index("{"):])
     files = next(iter(data.values()))["data"]
-    assert {f"metrics/{run}.json" for run in RUNS} <= set(files)
+    assert set(files) == {f"summary/{run}.json" for run in RUNS}  # the summaries only
+    dp = files["summary/dp_sgd-eps8-iid-seed0.json"]["data"]
+    full = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
+    assert dp["accuracy"] == full["utility"]["accuracy"]
+    assert dp["epsilon"] == full["privacy"]["epsilon"]
+    assert dp["mia_auc"] == full["mia"]["loss"]["auc"]
+    out = _sh([str(BIN / "dvc"), "plots", "show", "--json"], project, env)
+    plots = json.loads(out[out.index("{"):])["data"]
+    # four overlays, each with every run in one plot and a title
+    assert sorted(plots) == [f"overlays/{name}" for name in sorted(OVERLAYS)]
+    for name, renderers in plots.items():
+        (renderer,) = renderers
+        spec = renderer["content"]
+        assert spec["title"]["text"], name
+        drawn = {row.get("run") for row in spec["layer"][-1]["data"]["values"]}
+        private = name.endswith(("privacy_utility.csv", "clip_threshold.csv"))
+        assert drawn == ({RUNS[1]} if private else set(RUNS)), name
     out = _sh([str(BIN / "dvc"), "plots", "show", "-o", "dvc_plots"], project, env)
     assert "failed" not in out.lower()
     html = (project / "dvc_plots" / "index.html").read_text()
     assert "clip_threshold" in html and "tpr" in html
+    if (project / OFFLINE_PAGE).exists():  # renders offline: Vega inline, nothing from a CDN
+        assert "cdn.jsdelivr" not in html and "vega-lite" in html.lower()
 
 
 def test_mlflow_parent_and_children(dvc_project):
@@ -126,6 +156,13 @@ def test_mlflow_parent_and_children(dvc_project):
     assert len(history) == json.loads(
         (dvc_project[1] / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text()
     )["privacy"]["steps"]
+    # the child lasts as long as its training did, and each step is logged at its own time
+    timing = json.loads((dvc_project[1] / "timings" / f"{RUNS[1]}.json").read_text())
+    assert dp.data.metrics["train_s"] == timing["train_s"]
+    assert abs(dp.info.end_time - dp.info.start_time - 1000 * timing["train_s"]) <= 2
+    stamps = [m.timestamp for m in sorted(history, key=lambda m: m.step)]
+    assert stamps == sorted(stamps) and len(set(stamps)) > 1
+    assert dp.info.start_time <= stamps[0] and stamps[-1] <= dp.info.end_time + 2
     artifacts = {a.path for a in client.list_artifacts(dp.info.run_id)}
     assert {"trace", "checkpoint", "plots", "metrics"} <= artifacts
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
@@ -201,7 +238,7 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     """The train and evaluate stages run every configuration in one process, but a run whose
     inputs did not change is not run again (dpclip.stages.provenance). Last in this module: it
-    adds a configuration to the shared project."""
+    adds a configuration to the shared project (only the commit-and-compare test follows)."""
     _, project, env, _ = dvc_project
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["train"]["methods"] = ["non_private", "dp_sgd", "auto_s"]
@@ -224,3 +261,40 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
     assert "auto_s" not in shown and "dp_sgd-eps8-iid-seed0" in shown
     assert (project / "runs" / "auto_s-eps8-iid-seed0" / "model.pt").exists()
+
+
+def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiments(dvc_project):
+    """Like DVC's example-get-started: dvc.lock, the summaries and the overlay tables are
+    committed; a repro from scratch gives the same bytes (git status stays clean: no time in a
+    hashed output, no temporary name in a model file, nothing missing from .gitignore); an
+    experiment then compares with the commit in `dvc exp show`, `dvc metrics diff` and
+    `dvc plots diff`."""
+    _, project, env, _ = dvc_project
+    _sh(["git", "add", "-A"], project, env)
+    _sh(["git", "commit", "-q", "-m", "pipeline"], project, env)
+    tracked = _sh(["git", "ls-files"], project, env).split()
+    assert "dvc.lock" in tracked and f"summary/{RUNS[1]}.json" in tracked
+    assert {f"overlays/{name}" for name in OVERLAYS} <= set(tracked)
+    assert not [f for f in tracked if f.split("/")[0] in UNTRACKED_OUTPUTS]
+    for name in UNTRACKED_OUTPUTS + ["summary", "overlays"]:
+        shutil.rmtree(project / name, ignore_errors=True)
+    _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert _sh(["git", "status", "--porcelain"], project, env) == ""
+    _sh([str(BIN / "dvc"), "exp", "run", "-S", "evaluate.ece_bins=5", "-n", "bins5"], project,
+        env)
+    shown = _sh([str(BIN / "dvc"), "exp", "show", "--json"], project, env)
+    (commit,) = json.loads(shown[shown.index("["):])
+    rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]
+    assert len(rows) == 2
+    for row in rows:  # real numbers for the commit and the experiment
+        summary = row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"]
+        assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["ece"] <= 1
+    diff = _sh([str(BIN / "dvc"), "metrics", "diff", "HEAD", "--json"], project, env)
+    changed = json.loads(diff[diff.index("{"):])
+    assert "ece" in changed[f"summary/{RUNS[1]}.json"]  # 5 bins instead of 15
+    assert "accuracy" not in changed[f"summary/{RUNS[1]}.json"]  # same model
+    _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "-o", "diff_plots"], project, env)
+    plots = _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "--json"], project, env)
+    reliability = json.loads(plots[plots.index("{"):])["data"]["overlays/reliability.csv"]
+    revisions = {row["rev"] for row in reliability[0]["content"]["layer"][-1]["data"]["values"]}
+    assert revisions == {"HEAD", "workspace"}

@@ -147,7 +147,7 @@ def _write_prior_run(layout: Layout, privacy: dict) -> np.ndarray:
     torch.save({"state_dict": model.state_dict(), "architecture": arch}, folder / "model.pt")
     write_json(folder / "record.json", {
         "run": RUN, "dataset": "digits", "method": "dp_sgd", "alpha": 0.1, "seed": 0,
-        "privacy": privacy, "time": {"train_s": 0.0, "step_s_median": 0.0}, "training": {}})
+        "privacy": privacy, "device": "cpu", "training": {}})
     write_csv_frame(layout.trace(RUN), pd.DataFrame({"step": [1], "clip_threshold": [1.0]}))
     return prior
 

@@ -9,13 +9,14 @@ import pytest
 from dpclip.config import parse_params
 from dpclip.io import write_csv_frame, write_json
 from dpclip.layout import Layout
+from dpclip.stages.evaluate import run_summary
 from dpclip.stages.report import COLUMNS, data_use_markdown, report
 
 # the columns other tools read, in their order, before this change
 LEGACY = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
           "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
           "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
-          "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s"]
+          "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved"]
 ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
          "label_only_auc", "label_only_auc_unmatched"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
@@ -57,6 +58,9 @@ def reported(tmp_path, tiny_raw):
                              "dp_bound": {"violated": True, "max_excess": 0.7}}})
     for m in (new, old):
         write_json(layout.metrics(m["run"]), m)
+        write_json(layout.summary(m["run"]), run_summary(m))
+        write_csv_frame(layout.reliability(m["run"]), pd.DataFrame(
+            {"confidence": [0.3, 0.9], "accuracy": [0.25, 0.95], "count": [4, 0]}))
         write_csv_frame(layout.trace(m["run"]), pd.DataFrame({"step": [1],
                                                               "clip_threshold": [1.0]}))
         write_csv_frame(layout.roc(m["run"]), pd.DataFrame({"fpr": [0.0, 1.0],

@@ -38,8 +38,24 @@ class Layout:
     def trace(self, run: str) -> Path:
         return self.root / "traces" / f"{run}.csv"
 
+    def timing(self, run: str) -> Path:
+        """Wall-clock times of a run's training (total, per step, each step's end). Not a DVC
+        output: a time differs on every run, and DVC hashes its outputs into ``dvc.lock``."""
+        return self.root / "timings" / f"{run}.json"
+
     def metrics(self, run: str) -> Path:
         return self.root / "metrics" / f"{run}.json"
+
+    def summary(self, run: str) -> Path:
+        """The run's scalar summary, tracked by git: DVC's ``metrics:`` (``dvc exp show``,
+        ``dvc metrics diff``)."""
+        return self.root / "summary" / f"{run}.json"
+
+    @property
+    def overlays(self) -> Path:
+        """Plot tables with every configured run in one file (a ``run`` column), tracked by git:
+        the data of ``dvc plots show`` / ``dvc plots diff``."""
+        return self.root / "overlays"
 
     def roc(self, run: str) -> Path:
         return self.root / "plots" / "roc" / f"{run}.csv"

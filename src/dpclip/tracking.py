@@ -60,7 +60,6 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "mia_n_members": ("mia", "matching", "n_members"),
     "mia_dp_bound_margin": ("mia", "loss", "dp_bound", "worst_margin"),
     "ir_mia_dp_bound_margin": ("mia", "ir", "dp_bound", "worst_margin"),
-    "train_s": ("time", "train_s"),
     # results of the accounting (the parameters that produced them are params)
     "noise_multiplier": ("privacy", "noise_multiplier"),
     "sample_rate": ("privacy", "sample_rate"),
@@ -68,6 +67,8 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "epsilon_saved": ("privacy", "epsilon_saved"),  # only when early stopping ended the run
     "stopped_epoch": ("training", "stopped_epoch"),
 }
+# wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
+TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
 # written by the run itself for every method that early-stops (the method adds its own:
@@ -298,8 +299,13 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
             "secure_noise": str(bool(privacy.get("secure_noise"))).lower(),
             "dpclip.private_diagnostics": str(private_diagnostics).lower(),
             PIPELINES_TAG: parent_id}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run, nested=True, tags=tags):
+    timing = _timing(layout, run)
+    client = mlflow.tracking.MlflowClient()
+    child = client.create_run(experiment_id, run_name=run, start_time=timing.started_ms,
+                              tags={**tags, "mlflow.parentRunId": parent_id})
+    with mlflow.start_run(run_id=child.info.run_id, nested=True):
         mlflow.log_params(run_params(layout, key, metrics))
+        mlflow.log_metrics(timing.metrics)
         mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
                             SUMMARY_METRICS.items() if _get(metrics, path) is not None})
         for layer, values in (_get(metrics, ("mia", "ir", "layers")) or {}).items():
@@ -313,7 +319,7 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
-        _log_trace(mlflow, trace, metrics["method"])
+        _log_trace(mlflow, trace, metrics["method"], timing.step_ms)
         with tempfile.TemporaryDirectory() as folder:
             released = Path(folder) / layout.trace(run).name
             trace.to_csv(released, index=False)
@@ -322,7 +328,31 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
         figures = layout.figures(run)
         for png in sorted(figures.glob("*.png")):
             mlflow.log_artifact(str(png), artifact_path="plots")
+    if timing.ended_ms is not None:  # the child lasts as long as its training did
+        client.set_terminated(child.info.run_id, "FINISHED", end_time=timing.ended_ms)
     return True
+
+
+class _Timing:
+    """A run's wall-clock times from ``timings/<run>.json`` (the train stage's measurement, kept
+    outside DVC's outputs): the child's start and end, and each step's timestamp. A run trained
+    elsewhere without the file gets the logging time."""
+
+    def __init__(self, times: dict | None) -> None:
+        times = times or {}
+        now = int(dt.datetime.now().timestamp() * 1000)
+        ended = [int(t * 1000) for t in times.get("step_ended_at") or []]
+        started = times.get("started_at")
+        self.started_ms = int(started * 1000) if started is not None else now
+        self.ended_ms = (self.started_ms + int(times["train_s"] * 1000)
+                         if started is not None and "train_s" in times else None)
+        self.step_ms = ended or None
+        self.metrics = {name: float(times[name]) for name in TIMING_METRICS if name in times}
+
+
+def _timing(layout: Layout, run: str) -> _Timing:
+    path = layout.timing(run)
+    return _Timing(read_json(path) if path.exists() else None)
 
 
 def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "pt2") -> None:
@@ -344,17 +374,22 @@ def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "p
     mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="checkpoint")
 
 
-def _log_trace(mlflow, trace: pd.DataFrame, method: str, chunk: int = 900) -> None:
+def _log_trace(mlflow, trace: pd.DataFrame, method: str, step_ms: list[int] | None = None,
+               chunk: int = 900) -> None:
     """Per-step metrics (clip_threshold, epsilon_spent, the method's signals, and train_loss
-    when the trace still has it) in batches."""
+    when the trace still has it) in batches, each at the time its step ended (``step_ms``, one
+    per trace row; the logging time when the run's timings are missing)."""
     from mlflow.entities import Metric
 
     client = mlflow.tracking.MlflowClient()
     run_id = mlflow.active_run().info.run_id
     now = int(dt.datetime.now().timestamp() * 1000)
+    stamps = step_ms if step_ms is not None and len(step_ms) == len(trace) else \
+        [now] * len(trace)
     names = [n for n in STEP_METRICS + RUN_STEP_METRICS if n in trace] + \
         get_method(method).step_metrics(list(trace.columns))
-    entries = [Metric(name, float(row[name]), now, int(row["step"]))
-               for _, row in trace.iterrows() for name in names if pd.notna(row[name])]
+    entries = [Metric(name, float(row[name]), stamp, int(row["step"]))
+               for stamp, (_, row) in zip(stamps, trace.iterrows())
+               for name in names if pd.notna(row[name])]
     for i in range(0, len(entries), chunk):
         client.log_batch(run_id, metrics=entries[i:i + chunk])

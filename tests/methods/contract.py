@@ -11,6 +11,7 @@ import functools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import gaussian_records, tiny_train_config
@@ -129,11 +130,17 @@ def check_empty_batch(name: str, device: str = "cpu") -> None:
 
 
 def check_determinism(name: str) -> None:
-    """The same configuration and data give the same weights and the same C_t."""
+    """The same configuration and data give the same weights, the same trace in every column,
+    the same training facts and privacy record: a wall-clock time in any of them would make
+    DVC see a new output on every run. Times live in ``time`` only, one end per step."""
     first, second = reference(name), train(name)
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)
     assert same_thresholds(first.trace, second.trace)
+    assert pd.DataFrame(first.trace).equals(pd.DataFrame(second.trace))
+    assert first.training == second.training and first.privacy == second.privacy
+    assert len(first.time["step_ended_at"]) == len(first.trace)
+    assert first.time["step_ended_at"] == sorted(first.time["step_ended_at"])
 
 
 def check_resume(name: str, monkeypatch, tmp_path, device: str = "cpu") -> None:

@@ -185,7 +185,7 @@ class WWDPSGD(Method):
     def trace_row(self) -> dict:
         return {"ww_zeta": self.zeta if self._probed else math.nan, "ww_zeta_ema": self.zeta_hat,
                 "ww_signal": self.signal, "ww_clamp_hits_min": self.clamp_hits["min"],
-                "ww_clamp_hits_max": self.clamp_hits["max"], "ww_probe_s": self.probe_seconds}
+                "ww_clamp_hits_max": self.clamp_hits["max"]}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "log_c": self.log_c, "zeta_hat": self.zeta_hat,

@@ -12,7 +12,8 @@ classifier per layer on its intermediate representations. Every attack's ROC of 
 claim is checked against the DP bound of the run's neighbouring notion
 (:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
 
-Writes ``metrics/<run>.json`` (the metrics contract), ROC, reliability and per-layer IR-attack
+Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
+scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and per-layer IR-attack
 CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json`` (the inputs it was
 made from, :mod:`dpclip.stages.provenance`).
 """
@@ -124,8 +125,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         "alpha": record["alpha"], "seed": record["seed"],
         "privacy": {k: _finite_or_none(v) for k, v in privacy.items()},
         "utility": utility, "mia": mia, "clip": clip_summary(trace),
-        "time": {k: v for k, v in record["time"].items() if k != "device"},
-        "training": record["training"], "device": record["time"].get("device"),
+        "training": record["training"], "device": record["device"],
     }
     if params.evaluate.ir_attack:
         metrics["mia"]["ir"] = ir_attack(params, model, x_in[pick_in], y_in[pick_in],
@@ -134,8 +134,39 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
+    write_json(layout.summary(run), run_summary(metrics))
     EVALUATE.record(layout, key, inputs)
     return metrics
+
+
+def strongest_attack(mia: dict) -> tuple[str, dict] | None:
+    """The record-level attack (one score per record: loss, and later LiRA, RMIA) with the
+    highest TPR at 0.1% FPR, ties broken by AUC; None when the run has none."""
+    attacks = {name: a for name, a in mia.items() if isinstance(a, dict)
+               and a.get("auc") is not None and a.get("tpr_at_fpr_0.1pct") is not None}
+    if not attacks:
+        return None
+    name = max(attacks, key=lambda n: (attacks[n]["tpr_at_fpr_0.1pct"], attacks[n]["auc"]))
+    return name, attacks[name]
+
+
+def run_summary(metrics: dict) -> dict:
+    """The scalars git tracks for a run (``summary/<run>.json``, DVC's ``metrics:``): epsilon
+    (null without a DP claim), accuracy, ECE, the strongest attack's AUC and TPR at 0.1% and
+    1% FPR, and the largest audited lower bound on epsilon when an audit ran. Flat keys, so
+    that ``dvc exp show`` columns read ``accuracy``, ``mia_auc``."""
+    summary = {"epsilon": metrics["privacy"]["epsilon"],
+               "accuracy": metrics["utility"]["accuracy"], "ece": metrics["utility"]["ece"]}
+    strongest = strongest_attack(metrics["mia"])
+    if strongest is not None:
+        summary.update({"mia_auc": strongest[1]["auc"],
+                        "mia_tpr_at_fpr_0.1pct": strongest[1]["tpr_at_fpr_0.1pct"],
+                        "mia_tpr_at_fpr_1pct": strongest[1].get("tpr_at_fpr_1pct")})
+    bounds = [kind.get("epsilon_lower_bound") for kind in (metrics.get("audit") or {}).values()
+              if isinstance(kind, dict) and kind.get("epsilon_lower_bound") is not None]
+    if bounds:
+        summary["audit_epsilon_lower_bound"] = max(bounds)
+    return summary
 
 
 def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False):
@@ -149,7 +180,7 @@ def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False)
 
 
 def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]:
-    """Delete the evaluation outputs (metrics, plot tables, figures) of runs that are no longer
+    """Delete the evaluation outputs (metrics, summary, plot tables, figures) of runs that are no longer
     configured, so ``dvc metrics show`` and the plots list the configured runs only. They are
     measurements, recomputed in about a second if the run comes back; its trained model in
     ``runs/`` is kept."""
@@ -157,8 +188,9 @@ def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]
     from types import SimpleNamespace
 
     configured = {key.name for key in configured_runs(params)}
-    gone = sorted(path.stem for path in layout.metrics("any").parent.glob("*.json")
-                  if path.stem not in configured)
+    written = [*layout.metrics("any").parent.glob("*.json"),
+               *layout.summary("any").parent.glob("*.json")]
+    gone = sorted({path.stem for path in written} - configured)
     for name in gone:
         # the outputs' paths depend on the run's name only
         for path in EVALUATE.outputs(layout, SimpleNamespace(name=name)).values():

@@ -186,6 +186,7 @@ def _evaluate_data(layout: Layout, key) -> dict[str, Path]:
 
 def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
     outputs = {f"metrics/{key.name}.json": layout.metrics(key.name),
+               f"summary/{key.name}.json": layout.summary(key.name),
                f"plots/roc/{key.name}.csv": layout.roc(key.name),
                f"plots/reliability/{key.name}.csv": layout.reliability(key.name),
                f"figures/{key.name}": layout.figures(key.name)}

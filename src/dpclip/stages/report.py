@@ -1,5 +1,6 @@
-"""report: one comparison table (Markdown + CSV) over every configured run, and figures,
-regenerated from the metrics files; then the MLflow record of this pipeline execution."""
+"""report: one comparison table (Markdown + CSV) over every configured run, figures, and the
+overlay plot tables of ``dvc plots`` (:mod:`dpclip.stages.overlays`), regenerated from the
+metrics files; then the MLflow record of this pipeline execution."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.plots import clip_figure, comparison_figure, roc_figure
+from dpclip.stages.overlays import write_overlays
 
 
 def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
@@ -25,7 +27,7 @@ def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
 COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha", "seed",
            "accuracy", "ece", "mce", "brier", "nll", "mia_auc", "mia_balanced_accuracy",
            "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
-           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved", "train_s",
+           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved",
            # added later, at the end (tools read the columns above by position too)
            "adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
            "label_only_auc", "label_only_auc_unmatched"]
@@ -61,7 +63,6 @@ def table_row(m: dict) -> dict:
             "noise_multiplier": p["noise_multiplier"], "c_final": m["clip"]["c_final"],
             "stopped_epoch": m.get("training", {}).get("stopped_epoch"),
             "epsilon_saved": p.get("epsilon_saved"),
-            "train_s": m["time"]["train_s"],
             "adjacency": p.get("adjacency"), "secure_noise": p.get("secure_noise"),
             "epsilon_bound": p.get("epsilon_bound"),
             "dp_bound_margin": worst_dp_bound_margin(m["mia"]),
@@ -161,7 +162,8 @@ class ReportResult:
 
 def report(params: Params, layout: Layout = Layout(), track: bool = True) -> ReportResult:
     runs = configured_runs(params)
-    missing = [k.name for k in runs if not layout.metrics(k.name).exists()]
+    missing = [k.name for k in runs if not (layout.metrics(k.name).exists()
+                                            and layout.summary(k.name).exists())]
     if missing:
         raise DpclipError(f"metrics missing for {missing}: run the evaluate stage first")
     metrics = [read_json(layout.metrics(k.name)) for k in runs]
@@ -192,6 +194,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
                     {k.method: traces[k.name] for k in keys},
                     title=f"C_t by method (target eps {epsilon}, alpha {alpha}, seed {seed})")
     roc_figure(out / "roc.png", rocs, title="Loss-attack ROC by run")
+    write_overlays(layout, runs)
     logged = None
     if track:
         from dpclip.tracking import log_pipeline

@@ -1,9 +1,11 @@
 """train: one configuration (method, target epsilon, alpha, seed) on its partition.
 
 Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
-record, timing, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
+record, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
 :mod:`dpclip.stages.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
-spent, method signals). The trace's loss and batch-size columns are diagnostics for the data
+spent, method signals). Wall-clock times go to ``timings/<run>.json``, outside DVC's outputs:
+the record, trace and model are the same bytes whenever the inputs are (``dvc.lock`` stays put),
+a time never is. The trace's loss and batch-size columns are diagnostics for the data
 owner, computed from the private batch without noise: they are not part of the DP release (the
 weights and C_t are) and reach MLflow only with ``tracking.private_diagnostics: true``.
 
@@ -81,7 +83,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     record = {
         "run": run, "dataset": params.data.dataset, "method": method,
         "alpha": None if alpha == IID else alpha, "seed": int(seed),
-        "privacy": result.privacy, "time": result.time, "training": result.training,
+        "privacy": result.privacy, "training": result.training, "device": result.time["device"],
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
         "n_members": int(len(members)), "threads": threads,
     }
@@ -89,8 +91,9 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
                                           len(members), alpha)
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
+    write_json(layout.timing(run), {"run": run, **result.time})
     TRAIN.record(layout, key, inputs)
-    return record
+    return {**record, "time": result.time}  # the caller prints the time; the file has no time
 
 
 def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,

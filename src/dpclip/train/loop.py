@@ -66,7 +66,7 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
         if checkpoint_path else None
     x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)
     y_t = torch.as_tensor(y, dtype=torch.int64, device=run.device)
-    started = time.perf_counter()
+    started_at, started = time.time(), time.perf_counter()
     run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method, checkpoint=checkpoint)
     train_s = time.perf_counter() - started
     step_times = np.array(run.step_times) if run.step_times else np.zeros(1)
@@ -76,8 +76,9 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
         run.trace[-1]["epsilon_spent"] = privacy["epsilon"]
     return TrainResult(
         model=run.plain_model().cpu(), trace=run.trace, privacy=privacy,
-        time={"train_s": round(train_s, 4), "step_s_median": float(np.median(step_times)),
-              "device": str(run.device)},
+        time={"started_at": round(started_at, 3), "train_s": round(train_s, 4), "step_s_median": float(np.median(step_times)),
+              "device": str(run.device), **run.timing_extras(),
+              "step_ended_at": [round(t, 3) for t in run.step_ended_at]},
         training={"epochs_planned": run.cfg.train.epochs, "steps_planned": run.total_steps,
                   "steps_per_epoch": run.steps_per_epoch, "n_train": int(len(x)),
                   "stopped_by_budget": run.stopped_by_budget, **run.training_extras()},

@@ -5,6 +5,7 @@ what its privacy record says."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch import nn
@@ -53,7 +54,8 @@ class Run:
         self.rng = NoiseSources.for_run(self.cfg.seed, self.device, self.cfg.privacy.secure_noise)
         self.optimizer = make_optimizer(self.cfg, self.groups.flat())
         self.trace: list[dict] = []
-        self.step_times: list[float] = []
+        self.step_times: list[float] = []  # seconds each step took
+        self.step_ended_at: list[float] = []  # wall clock (Unix seconds) when each step ended
         self.stopped_by_budget = False
         self.monitor: torch.Tensor | None = None  # public features watched by early stopping
         self.std_series: list[float] = []
@@ -70,6 +72,19 @@ class Run:
     def plain_model(self) -> nn.Module:
         """The trained network without Opacus's per-sample-gradient wrapper."""
         return self.network
+
+    def clock_step(self, started: float) -> None:
+        """Record the step that began at ``started`` (``time.perf_counter()``): its duration
+        and the wall-clock time it ended (MLflow's step timestamps)."""
+        self.step_times.append(time.perf_counter() - started)
+        self.step_ended_at.append(time.time())
+
+    def timing_extras(self) -> dict:
+        """Wall-clock measurements beyond the step times (a periodic probe's seconds, a
+        public pre-training's). They go to the run's timings file, never into its record:
+        DVC hashes the record, and a time differs on every run."""
+        cost = self.method.probe_cost()
+        return {"probe_s": round(cost["seconds"], 4)} if cost else {}
 
     def training_extras(self) -> dict:
         """Run facts beyond the common ones (early stopping's epoch, for instance)."""
@@ -138,6 +153,7 @@ class Run:
         return {"model": self.plain_model().state_dict(),
                 "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
                 "trace": self.trace, "step_times": self.step_times,
+                "step_ended_at": self.step_ended_at,
                 "std_series": list(self.std_series),
                 "rng": self.rng.state_dict()}
 
@@ -146,6 +162,7 @@ class Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
         self.trace, self.step_times = list(state["trace"]), list(state["step_times"])
+        self.step_ended_at = list(state.get("step_ended_at", []))
         self.std_series = list(state.get("std_series", []))
         self.rng.load_state_dict(state["rng"])
 

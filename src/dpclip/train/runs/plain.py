@@ -25,7 +25,7 @@ class PlainRun(Run):
             step = len(self.trace) + 1
             tic = time.perf_counter()
             loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
-            self.step_times.append(time.perf_counter() - tic)
+            self.clock_step(tic)
             self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
                                "clip_threshold": float("nan"), "train_loss": loss,
                                "epsilon_spent": float("nan")})

@@ -85,7 +85,7 @@ class PrivateRun(Run):
         idx = torch.as_tensor(batch, dtype=torch.int64, device=self.device)
         tic = time.perf_counter()
         loss = self.apply_step(x[idx], y[idx], step)
-        self.step_times.append(time.perf_counter() - tic)
+        self.clock_step(tic)
         row = {"step": step, "epoch": epoch, "batch_size": len(batch), "clip_threshold": clip,
                "train_loss": loss, "epsilon_spent": self._epsilon_for_trace(step),
                **self.method.trace_row()}

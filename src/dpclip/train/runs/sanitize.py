@@ -103,7 +103,7 @@ class SanitizeRun(Run):
                                                  self.loss_fn)
                 else:
                     loss = plain_step(self.model, self.loss_fn, x[idx], y[idx], self.optimizer)
-                self.step_times.append(time.perf_counter() - tic)
+                self.clock_step(tic)
                 self.epoch_stds.append(self.sanitizer.last_std)
                 step = len(self.trace) + 1
                 self.trace.append({"step": step, "epoch": epoch, "batch_size": len(idx),
@@ -162,9 +162,11 @@ class SanitizeRun(Run):
         return record
 
     def training_extras(self) -> dict:
-        return {"encoder": self.method.options["encoder"],
-                "public_pretrain_s": self.public_pretrain_s, **self.public_fit,
+        return {"encoder": self.method.options["encoder"], **self.public_fit,
                 **super().training_extras()}
+
+    def timing_extras(self) -> dict:
+        return {"public_pretrain_s": self.public_pretrain_s, **super().timing_extras()}
 
     def architecture(self) -> dict:
         return {"hidden": self.hidden,

@@ -1,0 +1,115 @@
+"""Plot tables that overlay every configured run, for ``dvc plots show`` and ``dvc plots diff``.
+
+DVC draws one line per file and field, and its ``y:`` mapping takes files, not folders, so a
+per-run CSV would need every run named in ``dvc.yaml``. Instead each table here holds every
+configured run with a ``run`` (and ``method``) column, and the templates in ``.dvc/plots``
+colour by run (and dash by revision under ``dvc plots diff``). The tables are small, so git
+tracks them (``dvc plots diff main`` reads main's from git):
+
+* ``clip_threshold.csv``: C_t against step, at most :data:`MAX_POINTS` steps per run;
+* ``roc.csv``: the loss attack's ROC with FPR > 0 (log axes), at most :data:`MAX_POINTS`
+  points per run, evenly spaced in log FPR (column ``attack`` names it);
+* ``reliability.csv``: accuracy against confidence per non-empty bin;
+* ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
+  TPR at 0.1% FPR) against the epsilon it spent, one row per run with a DP claim (several
+  target epsilons draw a curve per method).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dpclip.io import read_json, write_csv_frame
+from dpclip.layout import Layout
+from dpclip.naming import RunKey, alpha_tag
+
+MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
+FILES = ("clip_threshold.csv", "roc.csv", "reliability.csv", "privacy_utility.csv")
+
+
+def thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
+    """At most ``limit`` evenly spaced rows, always keeping the first and the last."""
+    if len(frame) <= limit:
+        return frame
+    keep = np.unique(np.linspace(0, len(frame) - 1, limit).round().astype(int))
+    return frame.iloc[keep]
+
+
+def thin_log(frame: pd.DataFrame, column: str, limit: int = MAX_POINTS) -> pd.DataFrame:
+    """At most about ``limit`` rows, spaced evenly in log(``column``) (> 0): a ROC keeps its
+    low-FPR detail, where attacks matter, on log axes."""
+    frame = frame[frame[column] > 0]
+    if len(frame) <= limit:
+        return frame
+    values = np.log(frame[column].to_numpy())
+    targets = np.linspace(values.min(), values.max(), limit)
+    keep = np.unique(np.searchsorted(values, targets).clip(0, len(frame) - 1))
+    return frame.iloc[np.union1d(keep, [len(frame) - 1])]
+
+
+def _labelled(frame: pd.DataFrame, key: RunKey) -> pd.DataFrame:
+    return frame.assign(run=key.name, method=key.method)[
+        ["run", "method", *[c for c in frame.columns if c not in ("run", "method")]]]
+
+
+def clip_threshold_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    parts = []
+    for key in runs:
+        trace = pd.read_csv(layout.trace(key.name), usecols=["step", "clip_threshold"])
+        trace = trace.dropna(subset=["clip_threshold"])  # non-private and sanitize: no C_t
+        if len(trace):
+            parts.append(_labelled(thin(trace), key))
+    return _concat(parts, ["run", "method", "step", "clip_threshold"])
+
+
+def roc_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    parts = []
+    for key in runs:
+        roc = pd.read_csv(layout.roc(key.name)).sort_values(["fpr", "tpr"])
+        parts.append(_labelled(thin_log(roc, "fpr").assign(attack="loss"), key))
+    return _concat(parts, ["run", "method", "fpr", "tpr", "attack"])
+
+
+def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    parts = []
+    for key in runs:
+        bins = pd.read_csv(layout.reliability(key.name))
+        bins = bins[bins["count"] > 0][["confidence", "accuracy", "count"]]
+        parts.append(_labelled(bins, key))
+    return _concat(parts, ["run", "method", "confidence", "accuracy", "count"])
+
+
+PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed", "epsilon",
+                   "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct"]
+
+
+def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    rows = []
+    for key in runs:
+        summary = read_json(layout.summary(key.name))
+        if summary["epsilon"] is None:  # no DP claim: no point on an epsilon axis
+            continue
+        # series: the runs one line joins (same method, alpha and seed; epsilon varies)
+        series = f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}"
+        rows.append({"run": key.name, "method": key.method, "series": series,
+                     "target_epsilon": key.epsilon,
+                     "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary})
+    return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY)
+
+
+def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True)[columns] if parts else \
+        pd.DataFrame(columns=columns)
+
+
+def write_overlays(layout: Layout, runs: list[RunKey]) -> dict[str, pd.DataFrame]:
+    """Write the four overlay tables of ``runs`` into ``overlays/`` (replacing those of runs
+    no longer configured); returns them by file name."""
+    tables = {"clip_threshold.csv": clip_threshold_table(layout, runs),
+              "roc.csv": roc_table(layout, runs),
+              "reliability.csv": reliability_table(layout, runs),
+              "privacy_utility.csv": privacy_utility_table(layout, runs)}
+    for name, table in tables.items():
+        write_csv_frame(layout.overlays / name, table)
+    return tables
