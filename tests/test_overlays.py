@@ -67,8 +67,8 @@ def evaluated(tmp_path, tiny_raw):
         write_csv_frame(layout.trace(key.name), pd.DataFrame({
             "step": np.arange(1, 1001), "train_loss": 1.0,
             "clip_threshold": np.nan if epsilon is None else np.linspace(1, 2, 1000)}))
-        write_csv_frame(layout.roc(key.name), pd.DataFrame({"fpr": [0, 0, 0.5, 1],
-                                                            "tpr": [0, 0.1, 0.6, 1]}))
+        write_csv_frame(layout.roc(key.name), pd.DataFrame({"fpr": [0, 0, 0.2, 0.5, 1],
+                                                            "tpr": [0, 0.1, 0, 0.6, 1]}))
         write_csv_frame(layout.reliability(key.name), pd.DataFrame({
             "confidence": [0.2, 0.5, 0.9], "accuracy": [0.0, 0.4, 0.95], "count": [0, 3, 9]}))
         metrics = _metrics(epsilon, {"loss": {"auc": 0.52, "tpr_at_fpr_0.1pct": 0.0,
@@ -89,7 +89,7 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     assert set(clip["run"]) == {names[1]}  # the non-private run has no C_t
     assert len(clip) <= 400 and clip["step"].iloc[-1] == 1000
     roc = pd.read_csv(layout.overlays / "roc.csv")
-    assert set(roc["run"]) == set(names) and (roc["fpr"] > 0).all()  # log axes
+    assert set(roc["run"]) == set(names) and (roc[["fpr", "tpr"]] > 0).all().all()  # log axes
     assert list(roc[roc["run"] == names[1]]["tpr"]) == [0.6, 1.0]
     reliability = pd.read_csv(layout.overlays / "reliability.csv")
     assert (reliability["count"] > 0).all() and len(reliability) == 4

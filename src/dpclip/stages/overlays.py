@@ -7,7 +7,7 @@ colour by run (and dash by revision under ``dvc plots diff``). The tables are sm
 tracks them (``dvc plots diff main`` reads main's from git):
 
 * ``clip_threshold.csv``: C_t against step, at most :data:`MAX_POINTS` steps per run;
-* ``roc.csv``: the loss attack's ROC with FPR > 0 (log axes), at most :data:`MAX_POINTS`
+* ``roc.csv``: the loss attack's ROC with FPR and TPR > 0 (log axes), at most :data:`MAX_POINTS`
   points per run, evenly spaced in log FPR (column ``attack`` names it);
 * ``reliability.csv``: accuracy against confidence per non-empty bin;
 * ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
@@ -67,6 +67,7 @@ def roc_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     parts = []
     for key in runs:
         roc = pd.read_csv(layout.roc(key.name)).sort_values(["fpr", "tpr"])
+        roc = roc[roc["tpr"] > 0]  # log axes: a zero has no place (Vega drops the whole line)
         parts.append(_labelled(thin_log(roc, "fpr").assign(attack="loss"), key))
     return _concat(parts, ["run", "method", "fpr", "tpr", "attack"])
 
