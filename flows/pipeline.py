@@ -143,6 +143,9 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     for state in [*partitioned.values(), shadowed]:
         state.result()
     keys = stages.configured_runs(params)
+    # as the DVC stages do: outputs of runs no longer configured leave the compared folders
+    stages.set_aside_unconfigured_runs(params, layout)
+    stages.remove_unconfigured_evaluations(params, layout)
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}
         for key in keys:

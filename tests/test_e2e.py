@@ -260,7 +260,10 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     assert "Running stage 'train'" in out and "[2/2] dp_sgd-eps8-iid-seed0: up to date" in out
     shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
     assert "auto_s" not in shown and "dp_sgd-eps8-iid-seed0" in shown
-    assert (project / "runs" / "auto_s-eps8-iid-seed0" / "model.pt").exists()
+    # its trained model waits outside DVC's outputs (runs/ holds the configured runs only)
+    assert not (project / "runs" / "auto_s-eps8-iid-seed0").exists()
+    assert not (project / "traces" / "auto_s-eps8-iid-seed0.csv").exists()
+    assert (project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0" / "model.pt").exists()
 
 
 def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiments(dvc_project):

@@ -163,3 +163,24 @@ def test_the_thread_count_is_recorded_as_used(tiny_raw, tmp_path):
     recorded = TRAIN.inputs(params, key, Layout(tmp_path))["params"]["train.threads"]
     assert params.train.threads is None and recorded == os.cpu_count()
     assert "src/dpclip/threads.py" in TRAIN.inputs(params, key, Layout(tmp_path))["files"]
+
+
+def test_an_unconfigured_run_waits_outside_the_hashed_folders_and_comes_back_current(project):
+    """runs/ and traces/ are hashed as wholes into dvc.lock: they must hold the configured
+    runs only, whatever ran before (else a fresh clone's repro changes dvc.lock)."""
+    from dpclip.stages.train import set_aside_unconfigured_runs
+
+    layout, params = project
+    fewer = params(train={"methods": ["dp_sgd"]})
+    moved = set_aside_unconfigured_runs(fewer, layout)
+    gone = sorted(key.name for key in configured_runs(params()) if key.method != "dp_sgd")
+    assert moved == {"retired": gone, "restored": []}
+    assert sorted(p.name for p in layout.run_dir("x").parent.iterdir()) == \
+        [configured_runs(fewer)[0].name]
+    assert sorted(p.stem for p in layout.trace("x").parent.iterdir()) == \
+        [configured_runs(fewer)[0].name]
+    assert (layout.retired(gone[0]) / "model.pt").read_bytes() == b"weights"
+    # configured again: moved back, and current (not trained again)
+    assert set_aside_unconfigured_runs(params(), layout) == {"retired": [], "restored": gone}
+    assert stale(layout, params()) == []
+    assert not layout.retired(gone[0]).exists()

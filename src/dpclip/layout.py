@@ -35,6 +35,12 @@ class Layout:
         before it runs a stage."""
         return self.root / ".dpclip" / "checkpoints" / f"{run}.pt"
 
+    def retired(self, run: str) -> Path:
+        """Where a trained run no longer configured waits (its ``runs/<run>`` folder and its
+        trace), outside DVC's outputs: ``runs/`` and ``traces/`` hold exactly the configured
+        runs, so their hashes in ``dvc.lock`` depend on the parameters, not on history."""
+        return self.root / ".dpclip" / "retired" / run
+
     def trace(self, run: str) -> Path:
         return self.root / "traces" / f"{run}.csv"
 

@@ -16,12 +16,13 @@ seeded (``secure_noise``) and which data each component saw (``data_use``).
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import pandas as pd
 import torch
 
 from dpclip.config import IID, Params
-from dpclip.naming import RunKey
+from dpclip.naming import RunKey, configured_runs
 from dpclip.io import read_json, write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
@@ -32,6 +33,8 @@ from dpclip.stages.provenance import TRAIN
 from dpclip.stages.shadow import load_risk
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, train_model
+
+log = logging.getLogger(__name__)
 
 
 def train_config(params: Params, method: str, epsilon, seed: int,
@@ -96,10 +99,45 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     return {**record, "time": result.time}  # the caller prints the time; the file has no time
 
 
+def set_aside_unconfigured_runs(params: Params, layout: Layout) -> dict[str, list[str]]:
+    """Move the trained runs no longer configured (model, record, provenance, trace) to
+    ``.dpclip/retired/<run>/``, and bring back configured runs waiting there: DVC hashes
+    ``runs/`` and ``traces/`` as wholes, so they must hold the configured runs only. A run
+    brought back is reused when its inputs did not change (its provenance says so)."""
+    import shutil
+
+    configured = {key.name for key in configured_runs(params)}
+    moved: dict[str, list[str]] = {"retired": [], "restored": []}
+    runs_dir = layout.run_dir("any").parent
+    for folder in sorted(runs_dir.iterdir()) if runs_dir.exists() else []:
+        if folder.is_dir() and folder.name not in configured:
+            target = layout.retired(folder.name)
+            shutil.rmtree(target, ignore_errors=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(folder), str(target))
+            if layout.trace(folder.name).exists():
+                shutil.move(str(layout.trace(folder.name)), str(target / "trace.csv"))
+            moved["retired"].append(folder.name)
+    for run in sorted(configured):
+        waiting = layout.retired(run)
+        if waiting.is_dir() and not layout.run_dir(run).exists():
+            if (waiting / "trace.csv").exists():
+                layout.trace(run).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(waiting / "trace.csv"), str(layout.trace(run)))
+            layout.run_dir(run).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(waiting), str(layout.run_dir(run)))
+            moved["restored"].append(run)
+    for run in moved["retired"]:
+        log.info("set aside %s (no longer configured) in %s", run, layout.retired(run))
+    return moved
+
+
 def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
               force: bool = False):
     """Train every configured run that is not up to date (all with ``force``), in this process;
-    yields (run, its record, or None when it was up to date)."""
+    yields (run, its record, or None when it was up to date). Runs no longer configured are
+    set aside first (:func:`set_aside_unconfigured_runs`)."""
+    set_aside_unconfigured_runs(params, layout)
     return TRAIN.each_run(params, layout, lambda key: train(
         params, key.method, key.epsilon, key.alpha, key.seed, layout, progress), force)
 
