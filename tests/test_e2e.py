@@ -286,9 +286,9 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     _sh([str(BIN / "dvc"), "exp", "run", "-S", "evaluate.ece_bins=5", "-n", "bins5"], project,
         env)
     shown = _sh([str(BIN / "dvc"), "exp", "show", "--json"], project, env)
-    (commit,) = json.loads(shown[shown.index("["):])
+    (commit,) = [r for r in json.loads(shown[shown.index("["):]) if r["rev"] != "workspace"]
     rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]
-    assert len(rows) == 2
+    assert len(rows) == 2 and commit["experiments"][0]["name"] == "bins5"
     for row in rows:  # real numbers for the commit and the experiment
         summary = row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"]
         assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["ece"] <= 1
