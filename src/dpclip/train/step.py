@@ -248,29 +248,39 @@ CONV_WEIGHT_GRADS = {nn.Conv1d: torch.nn.grad.conv1d_weight,
 
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
             method: Method, sigma_train: float, expected_batch: float,
-            optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int
-            ) -> tuple[float, StepRelease]:
+            optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int,
+            canaries=None) -> tuple[float, StepRelease]:
     """One DP step on Poisson batch (x, y); returns (mean batch loss, the release).
 
     An empty batch is a full step, as the accountant models it and as Opacus does: the clipped
     sum is zero, so the update is the noise alone, the extra queries release their noise, and
     the controller reads those releases as usual (skipping the step would reveal that the batch
     was empty). Its loss is NaN. Noise comes from ``rng.noise``, extra answers from the method.
+
+    ``canaries`` (the audit's :class:`~dpclip.audit.canaries.GradientCanaries`, never in a
+    released run): the included canaries sampled into this batch join it as records, after
+    the real ones: the method scales them and counts them in its extra queries.
     """
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
+    n_layers = len(groups.names)
+    chosen, canary_norms = canaries.sample(x.device) if canaries is not None else \
+        ([], torch.zeros((0, n_layers), device=x.device))
     if len(x) == 0:
         loss = float("nan")
-        layer_norms = torch.zeros((0, len(groups.names)), device=x.device)
-        method.scale(layer_norms)  # a rule with state sees the (empty) batch as always
+        layer_norms = torch.cat([torch.zeros((0, n_layers), device=x.device), canary_norms])
+        factors = method.scale(layer_norms)  # a rule with state sees the batch as always
         sums = [torch.zeros_like(p) for p in groups.flat()]
     else:
         out, uses = model.forward_keeping(x)
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
         kept = backward_keeping(model, losses, uses)  # no weight gradients computed
         loss = float(losses.mean().detach())
-        layer_norms = per_layer_norms(groups, kept)
-        sums = scaled_sum(groups, kept, method.scale(layer_norms))
+        layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
+        factors = method.scale(layer_norms)
+        sums = scaled_sum(groups, kept, factors[:len(x)])
+    if len(chosen):
+        canaries.add(sums, chosen, factors[len(x):])
     extras = method.release_extras(layer_norms, rng)
     noisy = []
     for p, total in zip(groups.flat(), sums):

@@ -37,6 +37,7 @@ class PrivateRun(Run):
         self.method.bind_noise(self.sigma_eff, self.sigma_train)
         self.guard = BudgetGuard(cfg.privacy.accountant, cfg.privacy.delta, cfg.target_epsilon)
         self.attach()
+        self.canaries = None  # the audit's white-box canaries (dpclip.audit), never otherwise
         self.trace_every = 1 if cfg.privacy.accountant == "rdp" else \
             max(1, self.total_steps // PRV_TRACE_POINTS)
 
@@ -48,7 +49,7 @@ class PrivateRun(Run):
         """One DP update on the batch ``x, y``; returns the batch's mean loss (local only)."""
         loss, _ = dp_step(self.model, self.groups, self.loss_fn, x, y, self.method,
                           self.sigma_train, self.q * self.n_records, self.optimizer, self.rng,
-                          step)
+                          step, self.canaries)
         return loss
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:

@@ -1,0 +1,87 @@
+"""The audit has power: a mechanism whose noise is secretly a tenth of what its record claims is
+refuted by the white-box audit, the sound mechanism is not; and the black-box audit refutes a
+small epsilon for a non-private model that memorises its canaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_train_config
+
+from dpclip.audit.canaries import GradientCanaries, RAW_NORM
+from dpclip.audit.run import audit_blackbox, audit_whitebox, build_audit_run
+from dpclip.train.step import LayerGroups
+
+CLAIMED = 1.0
+
+
+def sparse_records(n: int = 200, informative: int = 6, zeros: int = 94, seed: int = 0):
+    """Gaussian records padded with always-zero features (like the blank border pixels of
+    digits): the weights on those inputs get no gradient from the data, only noise and
+    canaries."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, informative + zeros), dtype=np.float32)
+    x[:, :informative] = rng.normal(size=(n, informative))
+    return x, rng.integers(0, 3, size=n)
+
+
+def whitebox(weaken: float, method: str = "dp_sgd", **options) -> dict:
+    x, y = sparse_records()
+    cfg = tiny_train_config(method, target_epsilon=CLAIMED, batch_size=20, epochs=20,
+                            hidden=(8,), method_options=options)
+    run = build_audit_run(x, (x.shape[1],), 3, cfg)
+    run.sigma_train /= weaken  # the test-only weakened mechanism; the record still claims 1
+    return audit_whitebox(run, x, y, m=300, seed=1, name=f"{method} / {weaken}")
+
+
+def test_the_weakened_mechanism_is_refuted_and_the_sound_one_is_not(caplog):
+    weakened = whitebox(weaken=10.0)
+    assert weakened["claimed_epsilon"] == pytest.approx(CLAIMED, abs=0.02)
+    assert weakened["violated"] and weakened["epsilon_lower_bound"] > 2 * CLAIMED
+    assert "PRIVACY BUG" in caplog.text
+    caplog.clear()
+    sound = whitebox(weaken=1.0)
+    assert not sound["violated"] and sound["epsilon_lower_bound"] <= CLAIMED
+    assert "PRIVACY BUG" not in caplog.text
+
+
+def test_an_adaptive_method_is_audited_through_its_own_rule():
+    # AdaClip's noisy count of unclipped records counts the canaries too (they are clipped)
+    result = whitebox(weaken=1.0, method="adaclip", count_noise_fraction=1.0)
+    assert result["applicable"] and not result["violated"]
+
+
+def test_gradient_canaries_join_the_sum_clipped_to_the_threshold():
+    import torch
+
+    groups = LayerGroups(["fc1", "head"], [[torch.nn.Parameter(torch.zeros(4, 3))],
+                                           [torch.nn.Parameter(torch.zeros(2))]], [None, None])
+    canaries = GradientCanaries(groups, m=14, q=1.0, seed=0)  # every coordinate, once
+    assert sorted(zip(canaries.param, canaries.offset)) == \
+        [(0, i) for i in range(12)] + [(1, 0), (1, 1)]
+    assert list(canaries.layer) == list(canaries.param)  # one parameter per layer here
+    chosen, norms = canaries.sample("cpu")
+    assert len(chosen) and list(chosen) == list(np.flatnonzero(canaries.included))  # q = 1
+    assert (norms.sum(dim=1) == RAW_NORM).all()
+    assert (norms[torch.arange(len(chosen)), canaries.layer[chosen]] == RAW_NORM).all()
+    sums = [torch.zeros(4, 3), torch.zeros(2)]
+    # per-layer factors, as a layer-wise rule gives them: C = 0.5 in fc1, 0.25 in head
+    factors = torch.tensor([[0.5 / RAW_NORM, 0.25 / RAW_NORM]]).repeat(len(chosen), 1)
+    canaries.add(sums, chosen, factors)
+    expected = [0.5 if canaries.layer[i] == 0 else 0.25 for i in chosen]
+    total = torch.cat([s.reshape(-1) for s in sums])
+    assert total.sum().item() == pytest.approx(sum(expected))
+    assert sorted(total[total > 0].tolist()) == pytest.approx(sorted(expected))
+
+
+def test_a_memorising_non_private_model_fails_a_small_epsilon_black_box():
+    # 50 features: 60 records and about 100 mislabelled canaries are easy to memorise
+    x, y = sparse_records(n=60, informative=50, zeros=0)
+    public_x, public_y = sparse_records(n=200, informative=50, zeros=0, seed=2)
+    cfg = tiny_train_config("non_private", target_epsilon=None, batch_size=10, epochs=60,
+                            hidden=(64,), lr=0.5)
+    result = audit_blackbox(x, y, public_x, public_y, (50,), 3, cfg, m=200, seed=3)
+    assert result["applicable"] and result["claimed_epsilon"] is None
+    assert not result["violated"]  # no claim, nothing to violate
+    # but the canaries are plainly memorised: at least 95 of the 100 surest guesses right
+    assert result["correct"] >= 0.95 * result["guesses"] and result["epsilon_lower_bound"] > 2
