@@ -13,8 +13,9 @@ flow's process: the stages seed torch's global generator, so running them in thr
 results depend on scheduling. A configuration whose inputs did not change
 is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
 that ``dvc repro`` uses (:mod:`dpclip.stages.provenance`), and completes as "up to date". The
-dependency edges are the real ones (a run's training waits for its partition and the shadow
-stage; its evaluation for its training; the report for every evaluation), and the comparison
+dependency edges are the real ones (a run's training and its audit wait for its partition and
+the shadow stage; its evaluation for its training and audit; the report for every evaluation),
+and the comparison
 table and report are the flow run's artifacts.
 """
 
@@ -38,7 +39,7 @@ from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey
-from dpclip.stages.provenance import EVALUATE, TRAIN
+from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 
@@ -73,6 +74,14 @@ def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
     if record is not None:
         return Completed(message=UP_TO_DATE, data=record)
     return stages.train(params, key.method, key.epsilon, key.alpha, key.seed, layout, progress)
+
+
+@task(name="audit", task_run_name="audit-{key.name}", **RETRIED)
+def audit_task(params, key: RunKey, layout: Layout):
+    audit = AUDIT.reuse(params, key, layout)
+    if audit is not None:
+        return Completed(message=UP_TO_DATE, data=audit)
+    return stages.audit(params, key.method, key.epsilon, key.alpha, key.seed, layout)
 
 
 @task(name="evaluate", task_run_name="evaluate-{key.name}", **RETRIED)
@@ -125,8 +134,8 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
              progress: bool = False, dataset: str | None = None,
              methods: list[str] | None = None, target_epsilons: list[float] | None = None,
              seeds: list[int] | None = None) -> list[dict]:
-    """prepare -> partition (per alpha) -> shadow -> train, evaluate (per configuration)
-    -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
+    """prepare -> partition (per alpha) -> shadow -> train, audit, evaluate (per
+    configuration) -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
     parameter file for this run (validated by the same schema). On a Dask task runner the
     configurations run in parallel (:func:`with_dask`)."""
     params = load_params(params_path, overrides(dataset, methods, target_epsilons, seeds))
@@ -149,9 +158,11 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}
         for key in keys:
-            trained = train_task.submit(p, key, out, progress,
-                                        wait_for=[partitioned[key.alpha], shadowed])
-            pending[key] = (trained, evaluate_task.submit(p, key, out, wait_for=[trained]))
+            inputs = [partitioned[key.alpha], shadowed]
+            trained = train_task.submit(p, key, out, progress, wait_for=inputs)
+            audited = audit_task.submit(p, key, out, wait_for=inputs)
+            pending[key] = (trained, evaluate_task.submit(p, key, out,
+                                                          wait_for=[trained, audited]))
         done = []
         for trained, evaluation in pending.values():
             trained.wait(), evaluation.wait()
@@ -159,10 +170,12 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     else:
         done = []
         for key in keys:
-            trained = train_task(p, key, out, progress,
-                                 wait_for=[partitioned[key.alpha], shadowed], return_state=True)
+            inputs = [partitioned[key.alpha], shadowed]
+            trained = train_task(p, key, out, progress, wait_for=inputs, return_state=True)
             trained.result()
-            done.append((trained, evaluate_task(p, key, out, wait_for=[trained],
+            audited = audit_task(p, key, out, wait_for=inputs, return_state=True)
+            audited.result()
+            done.append((trained, evaluate_task(p, key, out, wait_for=[trained, audited],
                                                 return_state=True)))
     summary, evaluated = [], []
     for trained, state in done:

@@ -21,6 +21,7 @@ TINY = {
     "privacy": {"target_epsilons": [8], "delta": 1.0e-5, "accountant": "rdp"},
     "train": {"methods": ["non_private", "dp_sgd"], "model": "mlp", "hidden": [32],
               "seeds": [0], "epochs": 2, "batch_size": 64, "lr": 0.5, "momentum": 0.0},
+    "audit": {"kinds": ["whitebox", "blackbox"], "canaries": 300, "input_canaries": 100},
 }
 
 

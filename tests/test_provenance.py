@@ -15,7 +15,7 @@ from dpclip.config import parse_params
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
 from dpclip.stages import provenance
-from dpclip.stages.provenance import EVALUATE, TRAIN
+from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN
 
 METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
 
@@ -132,7 +132,7 @@ def _covered(path: str, declared: list[str]) -> bool:
                for d in declared)
 
 
-@pytest.mark.parametrize("stage", [TRAIN, EVALUATE], ids=lambda s: s.name)
+@pytest.mark.parametrize("stage", [TRAIN, AUDIT, EVALUATE], ids=lambda s: s.name)
 def test_dvc_yaml_lists_every_input_of_every_run(stage, tiny_raw, tmp_path):
     """Else DVC would skip the stage although a run's recorded inputs changed."""
     declared = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"][stage.name]

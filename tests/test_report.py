@@ -18,7 +18,8 @@ LEGACY = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha",
           "mia_tpr_at_fpr_1pct", "mia_tpr_at_fpr_0.1pct", "peak_ir_mia", "peak_ir_layer",
           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved"]
 ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
-         "label_only_auc", "label_only_auc_unmatched"]
+         "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
+         "audit_violated"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 

@@ -15,7 +15,7 @@ from dpclip.config import json_schema, load_params
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
-from dpclip.naming import parse_scalar
+from dpclip.naming import parse_scalar, run_name
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("shadow", help="per-layer MIA risk from a shadow model on public data")
     _run_args(sub.add_parser("train", help="train one run, or every run that is not up to "
                                            "date"))
+    _run_args(sub.add_parser("audit", help="one-run privacy audit (lower bound on epsilon) of "
+                                           "one run, or of every run that is not up to date"))
     _run_args(sub.add_parser("evaluate", help="evaluate one trained run, or every run that is "
                                               "not up to date"))
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
@@ -141,6 +143,8 @@ def _dispatch(args, params, layout) -> int:
     runs = stages.configured_runs(params)
     if args.command == "train":
         done = stages.train_all(params, layout, progress=not args.quiet, force=args.force)
+    elif args.command == "audit":
+        done = stages.audit_all(params, layout, force=args.force)
     else:
         done = stages.evaluate_all(params, layout, force=args.force)
     for i, (key, result) in enumerate(done, 1):
@@ -165,14 +169,23 @@ def _one_run(args, params, layout, given: list[str]) -> int:
     if args.command == "train":
         result = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
                               progress=not args.quiet)
+    elif args.command == "audit":
+        result = stages.audit(params, args.method, epsilon, alpha, args.seed, layout)
     else:
         result = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
-    print(f"{result['run']}: {_summary(args.command, result)}")
+    name = run_name(args.method, epsilon, alpha, args.seed)
+    print(f"{name}: {_summary(args.command, result)}")
     return 0
 
 
 def _summary(command: str, result: dict) -> str:
     """One line on a trained run's record or an evaluated run's metrics."""
+    if command == "audit":
+        return "; ".join(
+            f"{kind} " + (f"eps >= {r['epsilon_lower_bound']:.3f} (claimed "
+                          f"{r['claimed_epsilon']:.3f}{', REFUTED' if r['violated'] else ''})"
+                          if r["applicable"] else f"not applicable ({r['reason']})")
+            for kind, r in result.items())
     if command == "train":
         eps = result["privacy"]["epsilon"]
         eps_text = "inf" if eps is None else f"{eps:.3f}"

@@ -169,6 +169,18 @@ class AttackParams(Section):
     max_records: Annotated[int, Field(ge=2), NUMBER] = 2000  # members (and as many non-members)
 
 
+class AuditParams(Section):
+    """The one-run privacy audit of every run with a DP claim (dpclip.audit)."""
+
+    # whitebox: gradient canaries in the DP step; blackbox: mislabelled public records (loose
+    # at moderate epsilon, and one more model per run); [] = off
+    kinds: unique_list(Literal["whitebox", "blackbox"], min_length=0) = ["whitebox"]
+    canaries: Count = 1000  # white-box: gradient canaries (distinct model coordinates)
+    input_canaries: Count = 200  # black-box: mislabelled public records (shadow holdout)
+    confidence: Annotated[float, Field(gt=0, lt=1), NUMBER] = 0.95
+    seed: Seed = 0
+
+
 class TrackingParams(Section):
     private_diagnostics: StrictBool = False  # MLflow also gets train_loss and batch_size
     # how MLflow stores each model: pt2 (torch.export: loads without dpclip and without
@@ -196,6 +208,7 @@ class Params(Section):
     evaluate: EvaluateParams = EvaluateParams()
     shadow: ShadowParams = ShadowParams()
     attack: AttackParams = AttackParams()
+    audit: AuditParams = AuditParams()
     schedule: ScheduleParams = ScheduleParams()
     tracking: TrackingParams = TrackingParams()
     methods: dict[str, dict] = {}  # method -> its validated options (methods.base)

@@ -49,6 +49,11 @@ class Layout:
         output: a time differs on every run, and DVC hashes its outputs into ``dvc.lock``."""
         return self.root / "timings" / f"{run}.json"
 
+    def audit(self, run: str) -> Path:
+        """The run's one-run privacy audit (``audits/<run>/audit.json``), one entry per canary
+        kind; its provenance beside it."""
+        return self.root / "audits" / run / "audit.json"
+
     def metrics(self, run: str) -> Path:
         return self.root / "metrics" / f"{run}.json"
 

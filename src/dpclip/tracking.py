@@ -66,6 +66,9 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "steps": ("privacy", "steps"),
     "epsilon_saved": ("privacy", "epsilon_saved"),  # only when early stopping ended the run
     "stopped_epoch": ("training", "stopped_epoch"),
+    # the one-run audit's lower bounds on epsilon (absent when not applicable)
+    "audit_whitebox_epsilon_lower_bound": ("audit", "whitebox", "epsilon_lower_bound"),
+    "audit_blackbox_epsilon_lower_bound": ("audit", "blackbox", "epsilon_lower_bound"),
 }
 # wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
 TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")

@@ -59,9 +59,17 @@ class GradientCanaries:
     def add(self, sums: list[torch.Tensor], chosen: np.ndarray, factors: torch.Tensor) -> None:
         """Add the chosen canaries' scaled gradients (``factors``: their rows of the method's
         scaling, (k,) or (k, L)) to the clipped sums, in ``groups.flat()`` order."""
-        for row, i in enumerate(chosen):
-            scale = factors[row] if factors.dim() == 1 else factors[row, self.layer[i]]
-            sums[self.param[i]].view(-1)[self.offset[i]] += float(scale) * RAW_NORM
+        if not len(chosen):
+            return
+        factors = factors.detach()
+        if factors.dim() == 2:  # per-layer factors: each canary's own layer
+            factors = factors[torch.arange(len(chosen)), torch.as_tensor(self.layer[chosen])]
+        values = factors * RAW_NORM
+        for index in np.unique(self.param[chosen]):
+            rows = np.flatnonzero(self.param[chosen] == index)
+            target = sums[index].view(-1)
+            target.index_add_(0, torch.as_tensor(self.offset[chosen[rows]], device=target.device),
+                              values[torch.as_tensor(rows)].to(target.dtype))
 
     def scores(self, start: list[torch.Tensor], end: list[torch.Tensor]) -> np.ndarray:
         """-(theta_T - theta_0) at each canary's coordinate: training moves an included

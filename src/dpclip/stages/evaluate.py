@@ -127,6 +127,8 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         "utility": utility, "mia": mia, "clip": clip_summary(trace),
         "training": record["training"], "device": record["device"],
     }
+    if layout.audit(run).exists():  # the audit stage's lower bounds (audit.<kind>)
+        metrics["audit"] = read_json(layout.audit(run))
     if params.evaluate.ir_attack:
         metrics["mia"]["ir"] = ir_attack(params, model, x_in[pick_in], y_in[pick_in],
                                          x_out[pick_out], y_out[pick_out], rng, privacy, run,

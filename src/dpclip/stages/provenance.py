@@ -177,11 +177,24 @@ TRAIN = RunStage(
 )
 
 
+AUDIT = RunStage(
+    name="audit",
+    params=TRAIN.params + ("audit",),
+    code=TRAIN.code + ("audit", "stages/audit.py"),
+    reads_method_options=True,
+    data=_train_data,  # it trains the run's configuration again, with canaries
+    outputs=lambda layout, key: {f"audits/{key.name}/audit.json": layout.audit(key.name)},
+    provenance=lambda layout, key: layout.audit(key.name).parent / "provenance.json",
+    result=lambda layout, key: layout.audit(key.name),
+)
+
+
 def _evaluate_data(layout: Layout, key) -> dict[str, Path]:
     tag = alpha_tag(key.alpha)
     return {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag),
             f"runs/{key.name}": layout.run_dir(key.name),
-            f"traces/{key.name}.csv": layout.trace(key.name)}
+            f"traces/{key.name}.csv": layout.trace(key.name),
+            f"audits/{key.name}/audit.json": layout.audit(key.name)}  # merged into the metrics
 
 
 def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:

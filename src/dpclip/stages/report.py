@@ -30,7 +30,8 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved",
            # added later, at the end (tools read the columns above by position too)
            "adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
-           "label_only_auc", "label_only_auc_unmatched"]
+           "label_only_auc", "label_only_auc_unmatched",
+           "audit_whitebox", "audit_blackbox", "audit_violated"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -68,7 +69,18 @@ def table_row(m: dict) -> dict:
             "dp_bound_margin": worst_dp_bound_margin(m["mia"]),
             "dp_bound_violated": any(c["violated"] for c in checks) if checks else None,
             "label_only_auc": label_only.get("auc"),
-            "label_only_auc_unmatched": label_only.get("auc_unmatched")}
+            "label_only_auc_unmatched": label_only.get("auc_unmatched"),
+            **audit_columns(m.get("audit") or {})}
+
+
+def audit_columns(audit: dict) -> dict:
+    """The audit's lower bound per canary kind (— when not audited or not applicable) and
+    whether any refutes the run's DP claim."""
+    bound = {kind: (audit.get(kind) or {}).get("epsilon_lower_bound")
+             for kind in ("whitebox", "blackbox")}
+    applicable = [r for r in audit.values() if isinstance(r, dict) and r.get("applicable")]
+    return {"audit_whitebox": bound["whitebox"], "audit_blackbox": bound["blackbox"],
+            "audit_violated": any(r["violated"] for r in applicable) if applicable else None}
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -122,6 +134,13 @@ ADDED_NOTES = [
     "non-members, on the class-matched sets the attacks use (0.5 when matching works); "
     "`label_only_auc_unmatched`: the same attacker against the whole holdout, i.e. what the "
     "label shift alone would have given an attack scored without matching.",
+    "`audit_whitebox`, `audit_blackbox`: the one-run audit's lower bound on epsilon (Steinke, "
+    "Nasr and Jagielski 2023) at `audit.confidence`, from an extra model trained with the run's "
+    "own configuration and canaries included with probability 1/2: gradient canaries in the DP "
+    "step (white-box) or mislabelled public records scored by their loss (black-box). Every "
+    "epsilon below it is refuted by the canaries; `audit_violated: True` (a bound above the "
+    "claimed epsilon of a run with a DP guarantee) is a privacy bug. — = not applicable (no DP "
+    "claim, replace-one-features adjacency) or not audited.",
     "— = not recorded (metrics written by an older version).",
 ]
 

@@ -1,0 +1,106 @@
+"""audit: the one-run privacy audit of one configuration (Steinke, Nasr and Jagielski 2023;
+:mod:`dpclip.audit`).
+
+For every run with a DP claim and each kind in ``audit.kinds`` it trains one extra model with
+the run's own configuration (method, options, epsilon, seed) on the run's members plus
+canaries, each included with probability 1/2, and turns the canaries' scores into a lower bound
+on epsilon at ``audit.confidence``:
+
+* ``whitebox``: ``audit.canaries`` gradient canaries in the DP step (:class:`~dpclip.audit.
+  canaries.GradientCanaries`): the bound covers sampling, clipping, the method's rule and the
+  noise. Methods without the shared DP step say why they are not audited.
+* ``blackbox``: ``audit.input_canaries`` records of the public shadow holdout with a wrong
+  label, scored by their loss under the final model.
+
+Runs without a DP claim (``non_private``), and methods whose epsilon is of another neighbouring
+notion (``sanitize``: one record's features replaced, labels public) are "not applicable": the
+canary game above is add/remove of a whole record. A bound above the claimed epsilon of a run
+whose record states ``dp_guarantee: true`` is a privacy bug, logged as an ERROR.
+
+Writes ``audits/<run>/audit.json`` (one entry per kind) and its ``provenance.json``; the
+evaluate stage copies the entries into the metrics (``audit.<kind>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from dpclip.audit.run import audit_blackbox, audit_whitebox, build_audit_run, not_applicable
+from dpclip.config import Params
+from dpclip.io import read_json, write_json
+from dpclip.layout import Layout
+from dpclip.methods import get_method
+from dpclip.naming import RunKey
+from dpclip.stages.partition import load_partition
+from dpclip.stages.prepare import load_split
+from dpclip.stages.provenance import AUDIT
+from dpclip.stages.train import load_public, train_config
+from dpclip.threads import use_threads
+
+KINDS = ("whitebox", "blackbox")
+
+
+def canary_seed(params: Params, run: str, kind: str) -> int:
+    """The canaries' seed: ``audit.seed``, the run and the kind (each run's canaries differ)."""
+    text = f"{params.audit.seed}:{run}:{kind}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
+
+
+def why_not_audited(params: Params, method: str) -> str | None:
+    method_cls = get_method(method)
+    if not method_cls.private:
+        return "no DP claim"
+    if method_cls.adjacency != "add_remove":
+        return (f"{method_cls.adjacency} adjacency (the canaries are added or removed whole "
+                "records)")
+    return None
+
+
+def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout()
+          ) -> dict:
+    key = RunKey(method, epsilon, alpha, int(seed))
+    run = key.name
+    inputs = AUDIT.inputs(params, key, layout)
+    use_threads(params.train.threads)
+    a = params.audit
+    reason = why_not_audited(params, method)
+    results = {}
+    for kind in KINDS:
+        if kind not in a.kinds:
+            results[kind] = not_applicable(kind, "not in audit.kinds")
+        elif reason is not None:
+            results[kind] = not_applicable(kind, reason)
+        else:
+            results[kind] = _audit_kind(params, key, kind, layout)
+    write_json(layout.audit(run), results)
+    AUDIT.record(layout, key, inputs)
+    return results
+
+
+def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
+    a = params.audit
+    x, y, _ = load_split(layout, "target_train")
+    members = load_partition(layout, key.alpha)["positions"]
+    meta = read_json(layout.prepared_meta)
+    shape, n_classes = tuple(meta["feature_shape"]), int(meta["n_classes"])
+    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
+    method_cls = get_method(key.method)
+    needs_public = method_cls.needs_public_data(cfg.method_options) or \
+        cfg.train.early_stopping.rule != "none"
+    public = load_public(layout) if needs_public else None
+    seed = canary_seed(params, key.name, kind)
+    name = f"{key.name} ({kind} audit)"
+    if kind == "whitebox":
+        run = build_audit_run(x[members], shape, n_classes, cfg, public)
+        m = min(a.canaries, sum(p.numel() for p in run.groups.flat()))  # one coordinate each
+        return audit_whitebox(run, x[members], y[members], m, seed, a.confidence, name)
+    px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
+    return audit_blackbox(x[members], y[members], px, py, shape, n_classes, cfg,
+                          min(a.input_canaries, len(px)), seed, a.confidence, name, public)
+
+
+def audit_all(params: Params, layout: Layout = Layout(), force: bool = False):
+    """Audit every configured run that is not up to date (all with ``force``), in this
+    process; yields (run, its audit, or None when it was up to date)."""
+    return AUDIT.each_run(params, layout, lambda key: audit(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
