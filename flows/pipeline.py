@@ -39,7 +39,7 @@ from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey
-from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN
+from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN, RunStage
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 
@@ -68,28 +68,31 @@ shadow_task = task(name="shadow", **TASK)(stages.shadow)
 report_task = task(name="report", **TASK)(stages.report)
 
 
+def unless_current(stage: RunStage, params, key: RunKey, layout: Layout, run):
+    """The run's recorded result, completed as "up to date", when its inputs did not change
+    (the provenance `dvc repro` uses too); else ``run()``."""
+    result = stage.reuse(params, key, layout)
+    if result is not None:
+        return Completed(message=UP_TO_DATE, data=result)
+    return run()
+
+
 @task(name="train", task_run_name="train-{key.name}", **RETRIED)
 def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
-    record = TRAIN.reuse(params, key, layout)
-    if record is not None:
-        return Completed(message=UP_TO_DATE, data=record)
-    return stages.train(params, key.method, key.epsilon, key.alpha, key.seed, layout, progress)
+    return unless_current(TRAIN, params, key, layout, lambda: stages.train(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout, progress))
 
 
 @task(name="audit", task_run_name="audit-{key.name}", **RETRIED)
 def audit_task(params, key: RunKey, layout: Layout):
-    audit = AUDIT.reuse(params, key, layout)
-    if audit is not None:
-        return Completed(message=UP_TO_DATE, data=audit)
-    return stages.audit(params, key.method, key.epsilon, key.alpha, key.seed, layout)
+    return unless_current(AUDIT, params, key, layout, lambda: stages.audit(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
 @task(name="evaluate", task_run_name="evaluate-{key.name}", **RETRIED)
 def evaluate_task(params, key: RunKey, layout: Layout):
-    metrics = EVALUATE.reuse(params, key, layout)
-    if metrics is not None:
-        return Completed(message=UP_TO_DATE, data=metrics)
-    return stages.evaluate(params, key.method, key.epsilon, key.alpha, key.seed, layout)
+    return unless_current(EVALUATE, params, key, layout, lambda: stages.evaluate(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
 def overrides(dataset: str | None = None, methods: list[str] | None = None,
@@ -154,6 +157,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     keys = stages.configured_runs(params)
     # as the DVC stages do: outputs of runs no longer configured leave the compared folders
     stages.set_aside_unconfigured_runs(params, layout)
+    stages.set_aside_unconfigured_audits(params, layout)
     stages.remove_unconfigured_evaluations(params, layout)
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}

@@ -274,7 +274,10 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     # its trained model waits outside DVC's outputs (runs/ holds the configured runs only)
     assert not (project / "runs" / "auto_s-eps8-iid-seed0").exists()
     assert not (project / "traces" / "auto_s-eps8-iid-seed0.csv").exists()
-    assert (project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0" / "model.pt").exists()
+    retired = project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0"
+    assert (retired / "run" / "model.pt").exists() and (retired / "trace.csv").exists()
+    assert (retired / "audit" / "audit.json").exists()
+    assert not (project / "audits" / "auto_s-eps8-iid-seed0").exists()
 
 
 def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiments(dvc_project):

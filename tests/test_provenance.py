@@ -179,7 +179,8 @@ def test_an_unconfigured_run_waits_outside_the_hashed_folders_and_comes_back_cur
         [configured_runs(fewer)[0].name]
     assert sorted(p.stem for p in layout.trace("x").parent.iterdir()) == \
         [configured_runs(fewer)[0].name]
-    assert (layout.retired(gone[0]) / "model.pt").read_bytes() == b"weights"
+    assert (layout.retired(gone[0]) / "run" / "model.pt").read_bytes() == b"weights"
+    assert (layout.retired(gone[0]) / "trace.csv").read_text() == "step\n1\n"
     # configured again: moved back, and current (not trained again)
     assert set_aside_unconfigured_runs(params(), layout) == {"retired": [], "restored": gone}
     assert stale(layout, params()) == []

@@ -30,10 +30,11 @@ from dpclip.config import Params
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey
+from dpclip.naming import RunKey, configured_runs
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import AUDIT
+from dpclip.stages.retire import set_aside
 from dpclip.stages.train import load_public, train_config
 from dpclip.threads import use_threads
 
@@ -99,8 +100,18 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
                           min(a.input_canaries, len(px)), seed, a.confidence, name, public)
 
 
+def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, list[str]]:
+    """``audits/`` holds the configured runs only (DVC hashes it whole); the others wait in
+    ``.dpclip/retired/<run>/audit``."""
+    return set_aside({key.name for key in configured_runs(params)},
+                     layout.audit("any").parent.parent,
+                     lambda run: {"audit": layout.audit(run).parent}, layout)
+
+
 def audit_all(params: Params, layout: Layout = Layout(), force: bool = False):
     """Audit every configured run that is not up to date (all with ``force``), in this
-    process; yields (run, its audit, or None when it was up to date)."""
+    process; yields (run, its audit, or None when it was up to date). The audits of runs no
+    longer configured are set aside first (:mod:`dpclip.stages.retire`)."""
+    set_aside_unconfigured_audits(params, layout)
     return AUDIT.each_run(params, layout, lambda key: audit(
         params, key.method, key.epsilon, key.alpha, key.seed, layout), force)

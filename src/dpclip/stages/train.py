@@ -16,7 +16,6 @@ seeded (``secure_noise``) and which data each component saw (``data_use``).
 from __future__ import annotations
 
 import hashlib
-import logging
 
 import pandas as pd
 import torch
@@ -30,11 +29,10 @@ from dpclip.models import build_model, layer_names
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import TRAIN
+from dpclip.stages.retire import set_aside
 from dpclip.stages.shadow import load_risk
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, train_model
-
-log = logging.getLogger(__name__)
 
 
 def train_config(params: Params, method: str, epsilon, seed: int,
@@ -101,35 +99,12 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
 
 def set_aside_unconfigured_runs(params: Params, layout: Layout) -> dict[str, list[str]]:
     """Move the trained runs no longer configured (model, record, provenance, trace) to
-    ``.dpclip/retired/<run>/``, and bring back configured runs waiting there: DVC hashes
-    ``runs/`` and ``traces/`` as wholes, so they must hold the configured runs only. A run
-    brought back is reused when its inputs did not change (its provenance says so)."""
-    import shutil
-
-    configured = {key.name for key in configured_runs(params)}
-    moved: dict[str, list[str]] = {"retired": [], "restored": []}
-    runs_dir = layout.run_dir("any").parent
-    for folder in sorted(runs_dir.iterdir()) if runs_dir.exists() else []:
-        if folder.is_dir() and folder.name not in configured:
-            target = layout.retired(folder.name)
-            shutil.rmtree(target, ignore_errors=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(folder), str(target))
-            if layout.trace(folder.name).exists():
-                shutil.move(str(layout.trace(folder.name)), str(target / "trace.csv"))
-            moved["retired"].append(folder.name)
-    for run in sorted(configured):
-        waiting = layout.retired(run)
-        if waiting.is_dir() and not layout.run_dir(run).exists():
-            if (waiting / "trace.csv").exists():
-                layout.trace(run).parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(waiting / "trace.csv"), str(layout.trace(run)))
-            layout.run_dir(run).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(waiting), str(layout.run_dir(run)))
-            moved["restored"].append(run)
-    for run in moved["retired"]:
-        log.info("set aside %s (no longer configured) in %s", run, layout.retired(run))
-    return moved
+    ``.dpclip/retired/<run>/``, and bring back configured runs waiting there
+    (:mod:`dpclip.stages.retire`): ``runs/`` and ``traces/`` hold the configured runs only."""
+    return set_aside({key.name for key in configured_runs(params)},
+                     layout.run_dir("any").parent,
+                     lambda run: {"run": layout.run_dir(run), "trace.csv": layout.trace(run)},
+                     layout)
 
 
 def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
