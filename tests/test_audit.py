@@ -85,3 +85,36 @@ def test_a_memorising_non_private_model_fails_a_small_epsilon_black_box():
     assert not result["violated"]  # no claim, nothing to violate
     # but the canaries are plainly memorised: at least 95 of the 100 surest guesses right
     assert result["correct"] >= 0.95 * result["guesses"] and result["epsilon_lower_bound"] > 2
+
+
+@pytest.mark.parametrize("method", ["dp_sgd", "auto_s"])
+@pytest.mark.parametrize("batch", [10, 0], ids=["batch", "empty-batch"])
+def test_the_dp_step_clips_canaries_by_the_methods_rule_before_the_noise(method, batch):
+    """Two identical runs take one step on the same batch, one with every included canary
+    sampled: without noise, the weights differ by exactly lr C / B at the included canaries'
+    coordinates (C: the method's clip, B: the expected batch) and nowhere else."""
+    import torch
+
+    x, y = sparse_records(n=100)
+    cfg = tiny_train_config(method, batch_size=10, hidden=(8,))
+    runs = [build_audit_run(x, (x.shape[1],), 3, cfg) for _ in range(2)]
+    canaries = GradientCanaries(runs[1].groups, m=40, q=1.0, seed=5)
+    runs[1].canaries = canaries
+    seen = []  # the norms the method's extra queries get: the canaries count as records
+    release = runs[1].method.release_extras
+    runs[1].method.release_extras = lambda norms, rng: seen.append(norms) or release(norms, rng)
+    for run in runs:
+        run.sigma_train = 0.0  # the noise would hide nothing here, but it differs per call
+        run.apply_step(torch.as_tensor(x[:batch]), torch.as_tensor(y[:batch]), step=1)
+    flat = [torch.cat([p.detach().reshape(-1) for p in run.groups.flat()]) for run in runs]
+    starts = np.cumsum([0] + [p.numel() for p in runs[0].groups.flat()])
+    at = starts[canaries.param] + canaries.offset
+    moved = (flat[1] - flat[0]).numpy()
+    expected = np.zeros_like(moved)
+    clip, lr, expected_batch = cfg.train.clip_norm, cfg.train.lr, runs[0].q * 100
+    expected[at[canaries.included]] = -lr * clip / expected_batch  # gamma / 1e4 of C: 1e-6
+    assert canaries.included.sum() > 5
+    assert moved == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    (norms,) = seen
+    assert len(norms) == batch + canaries.included.sum()
+    assert (norms[batch:].sum(dim=1) == RAW_NORM).all()

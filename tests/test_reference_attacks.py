@@ -36,6 +36,20 @@ def test_lira_offline_and_online_by_hand():
     assert lira_scores([4.0], phi, member)[0] == pytest.approx(2.25)
 
 
+def test_lira_needs_two_models_for_a_variance():
+    with pytest.raises(ValueError, match="two reference models"):
+        lira_scores([1.0], [[0.0]])
+    # online, record 0 has one OUT model (m0) and two IN (m1, m2), record 1 two OUT and one IN
+    phi = np.array([[0.0, 0.0], [5.0, 2.0], [7.0, 9.0]])
+    inside = np.array([[False, False], [True, False], [True, True]])
+    with pytest.raises(ValueError, match="two reference models"):
+        lira_scores([4.0, 5.0], phi, inside)
+    # the fixed variances pool the records that have two models of the kind: OUT from record 1
+    # (0, 2: variance 2), IN from record 0 (5, 7: variance 2). Record 0: mu_in 6, mu_out 0,
+    # target 4: -(2^2)/4 + (4^2)/4 = 3; record 1: mu_in 9, mu_out 1, target 5: 0
+    assert lira_scores([4.0, 5.0], phi, inside, fixed_variance=True) == pytest.approx([3, 0])
+
+
 def test_lira_fixed_variance_pools_the_records():
     phi = np.array([[0.0, 0.0], [2.0, 4.0]])  # per-record variances 2 and 8, pooled 5
     assert lira_scores([1.0, 2.0], phi, fixed_variance=True) == \
@@ -52,9 +66,14 @@ def test_rmia_by_hand():
     # gamma 2 asks LR(x) > 2 LR(z): only 0.2 / 0.75 is beaten
     assert rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0,
                        gamma=2.0)[0] == pytest.approx(1 / 3)
-    # online: P(x) is the plain mean of the reference models
-    assert rmia_scores([0.8], [[0.4], [0.6]], [0.4], [[0.5], [0.5]],
-                       reference_in=np.array([[True], [False]]))[0] == 1.0
+    # online: P(x) = (mean IN + mean OUT) / 2 = (0.6 + (0.2 + 0.4) / 2) / 2 = 0.45, so
+    # LR(x) = 0.9 / 0.45 = 2; population P(z) = 0.5: LR(z) = 1.8, 2.2 -> one of two beaten
+    reference = np.array([[0.6], [0.2], [0.4]])
+    inside = np.array([[True], [False], [False]])
+    assert rmia_scores([0.9], reference, [0.9, 1.1], [[0.5, 0.5]] * 3,
+                       reference_in=inside)[0] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="IN and an OUT"):
+        rmia_scores([0.9], reference, [0.9], [[0.5]] * 3, reference_in=~inside & False)
 
 
 def test_calibrated_attacks_beat_the_loss_threshold_at_low_fpr():

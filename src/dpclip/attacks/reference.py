@@ -22,7 +22,8 @@ P(x | theta) = p_y(x), the likelihood ratio of a record against the population,
 and the score is the fraction of population records z (non-members) it beats:
     s(x) = #{z : LR(x) / LR(z) > gamma} / #z.
 Offline, the reference models are all OUT for x, so P(x) is estimated from them with the
-paper's linear correction for the missing IN half: P(x) = ((1 + a) P_out(x) + (1 - a)) / 2.
+paper's linear correction for the missing IN half: P(x) = ((1 + a) P_out(x) + (1 - a)) / 2;
+online, P(x) = (P_in(x) + P_out(x)) / 2, the means over the IN and the OUT models.
 """
 
 from __future__ import annotations
@@ -53,14 +54,21 @@ def true_class_probability(logits: np.ndarray, labels: np.ndarray) -> np.ndarray
 
 def _gaussian(phi: np.ndarray, mask: np.ndarray, fixed_variance: bool
               ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-record mean and standard deviation of ``phi`` (K, n) over the models in ``mask``."""
+    """Per-record mean and standard deviation of ``phi`` (K, n) over the models in ``mask``.
+    A per-record variance needs two models of the kind; the fixed variance pools the records
+    that have them."""
     count = mask.sum(axis=0)
     if (count == 0).any():
         raise ValueError("LiRA: a record has no reference model of the kind needed")
     mean = np.where(mask, phi, 0.0).sum(axis=0) / count
     var = np.where(mask, (phi - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count - 1, 1)
     if fixed_variance:
-        var = np.full_like(var, var.mean())
+        if not (count >= 2).any():
+            raise ValueError("LiRA: the fixed variance needs a record with two reference models")
+        var = np.full_like(var, var[count >= 2].mean())
+    elif (count < 2).any():
+        raise ValueError("LiRA: a per-record variance needs two reference models of the kind "
+                         "for every record (or fixed_variance)")
     return mean, np.maximum(np.sqrt(var), MIN_SIGMA)
 
 
@@ -93,8 +101,13 @@ def rmia_scores(target_p: np.ndarray, reference_p: np.ndarray, population_p: np.
     if reference_in is None:
         p_x = 0.5 * ((1 + a) * reference_p.mean(axis=0) + (1 - a))
         p_z = 0.5 * ((1 + a) * np.asarray(population_reference_p, float).mean(axis=0) + (1 - a))
-    else:
-        p_x = reference_p.mean(axis=0)
+    else:  # the paper's P(x) = (P_in(x) + P_out(x)) / 2; the population is OUT everywhere
+        inside = np.asarray(reference_in, bool)
+        if not (inside.any(axis=0) & (~inside).any(axis=0)).all():
+            raise ValueError("RMIA online: every record needs an IN and an OUT reference model")
+        p_in = np.where(inside, reference_p, 0.0).sum(axis=0) / inside.sum(axis=0)
+        p_out = np.where(~inside, reference_p, 0.0).sum(axis=0) / (~inside).sum(axis=0)
+        p_x = (p_in + p_out) / 2
         p_z = np.asarray(population_reference_p, float).mean(axis=0)
     ratio_x = np.asarray(target_p, float) / np.maximum(p_x, 1e-300)
     ratio_z = np.sort(np.asarray(population_p, float) / np.maximum(p_z, 1e-300))

@@ -54,10 +54,8 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float 
     if r == 0 or p_value(m, r, v, 0.0, delta) >= level:
         return 0.0
     low, high = 0.0, 1.0
-    while p_value(m, r, v, high, delta) < level:
+    while p_value(m, r, v, high, delta) < level:  # ends: q -> 1 makes the p-value 1
         low, high = high, 2 * high
-        if high > 1e3:  # v = r = m with delta = 0 refutes every epsilon up to about log(m)
-            return low
     while high - low > tolerance:
         middle = (low + high) / 2
         if p_value(m, r, v, middle, delta) < level:

@@ -4,7 +4,7 @@
 For every run with a DP claim and each kind in ``audit.kinds`` it trains one extra model with
 the run's own configuration (method, options, epsilon, seed) on the run's members plus
 canaries, each included with probability 1/2, and turns the canaries' scores into a lower bound
-on epsilon at ``audit.confidence``:
+on epsilon at ``audit.confidence`` (split over the kinds run, so the larger bound holds at it):
 
 * ``whitebox``: ``audit.canaries`` gradient canaries in the DP step (:class:`~dpclip.audit.
   canaries.GradientCanaries`): the bound covers sampling, clipping, the method's rule and the
@@ -91,13 +91,20 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
     public = load_public(layout) if needs_public else None
     seed = canary_seed(params, key.name, kind)
     name = f"{key.name} ({kind} audit)"
+    confidence = kind_confidence(params)
     if kind == "whitebox":
         run = build_audit_run(x[members], shape, n_classes, cfg, public)
         m = min(a.canaries, sum(p.numel() for p in run.groups.flat()))  # one coordinate each
-        return audit_whitebox(run, x[members], y[members], m, seed, a.confidence, name)
+        return audit_whitebox(run, x[members], y[members], m, seed, confidence, name)
     px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
     return audit_blackbox(x[members], y[members], px, py, shape, n_classes, cfg,
-                          min(a.input_canaries, len(px)), seed, a.confidence, name, public)
+                          min(a.input_canaries, len(px)), seed, confidence, name, public)
+
+
+def kind_confidence(params: Params) -> float:
+    """Each kind's confidence: ``audit.confidence`` split (Bonferroni) over the kinds run, so
+    the larger of their bounds (the summary's) holds at ``audit.confidence``."""
+    return 1.0 - (1.0 - params.audit.confidence) / max(1, len(params.audit.kinds))
 
 
 def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, list[str]]:
