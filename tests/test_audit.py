@@ -9,7 +9,8 @@ import pytest
 from conftest import tiny_train_config
 
 from dpclip.audit.canaries import GradientCanaries, RAW_NORM
-from dpclip.audit.run import audit_blackbox, audit_whitebox, build_audit_run
+from dpclip.audit.run import audit_blackbox, audit_whitebox
+from dpclip.train import build_run
 from dpclip.train.step import LayerGroups
 
 CLAIMED = 1.0
@@ -29,7 +30,7 @@ def whitebox(weaken: float, method: str = "dp_sgd", **options) -> dict:
     x, y = sparse_records()
     cfg = tiny_train_config(method, target_epsilon=CLAIMED, batch_size=20, epochs=20,
                             hidden=(8,), method_options=options)
-    run = build_audit_run(x, (x.shape[1],), 3, cfg)
+    run = build_run((x.shape[1],), 3, len(x), cfg)
     run.sigma_train /= weaken  # the test-only weakened mechanism; the record still claims 1
     return audit_whitebox(run, x, y, m=300, seed=1, name=f"{method} / {weaken}")
 
@@ -97,7 +98,7 @@ def test_the_dp_step_clips_canaries_by_the_methods_rule_before_the_noise(method,
 
     x, y = sparse_records(n=100)
     cfg = tiny_train_config(method, batch_size=10, hidden=(8,))
-    runs = [build_audit_run(x, (x.shape[1],), 3, cfg) for _ in range(2)]
+    runs = [build_run((x.shape[1],), 3, len(x), cfg) for _ in range(2)]
     canaries = GradientCanaries(runs[1].groups, m=40, q=1.0, seed=5)
     runs[1].canaries = canaries
     seen = []  # the norms the method's extra queries get: the canaries count as records

@@ -86,9 +86,3 @@ def audit_blackbox(x: np.ndarray, y: np.ndarray, public_x: np.ndarray, public_y:
             logits, torch.as_tensor(cy, device=run.device), reduction="none").cpu()
     return _verdict("blackbox", audit(-losses.numpy(), included, cfg.privacy.delta,
                                       confidence), run.privacy_record(), name)
-
-
-def build_audit_run(x: np.ndarray, feature_shape, n_classes: int, cfg: TrainConfig,
-                    public=None) -> Run:
-    """The run the white-box audit trains: the configuration's own, on ``len(x)`` records."""
-    return build_run(feature_shape, n_classes, len(x), cfg, public)

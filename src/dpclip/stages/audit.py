@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import hashlib
 
-from dpclip.audit.run import audit_blackbox, audit_whitebox, build_audit_run, not_applicable
+from dpclip.audit.run import audit_blackbox, audit_whitebox, not_applicable
 from dpclip.config import Params
-from dpclip.io import read_json, write_json
+from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import AUDIT
 from dpclip.stages.retire import set_aside
-from dpclip.stages.train import load_public, train_config
+from dpclip.stages.train import run_inputs
 from dpclip.threads import use_threads
+from dpclip.train import build_run
 
 KINDS = ("whitebox", "blackbox")
 
@@ -80,25 +80,17 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
 
 def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
     a = params.audit
-    x, y, _ = load_split(layout, "target_train")
-    members = load_partition(layout, key.alpha)["positions"]
-    meta = read_json(layout.prepared_meta)
-    shape, n_classes = tuple(meta["feature_shape"]), int(meta["n_classes"])
-    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
-    method_cls = get_method(key.method)
-    needs_public = method_cls.needs_public_data(cfg.method_options) or \
-        cfg.train.early_stopping.rule != "none"
-    public = load_public(layout) if needs_public else None
+    data = run_inputs(params, key, layout)  # what the run's training reads
     seed = canary_seed(params, key.name, kind)
     name = f"{key.name} ({kind} audit)"
     confidence = kind_confidence(params)
     if kind == "whitebox":
-        run = build_audit_run(x[members], shape, n_classes, cfg, public)
+        run = build_run(data.shape, data.n_classes, len(data.x), data.cfg, data.public)
         m = min(a.canaries, sum(p.numel() for p in run.groups.flat()))  # one coordinate each
-        return audit_whitebox(run, x[members], y[members], m, seed, confidence, name)
+        return audit_whitebox(run, data.x, data.y, m, seed, confidence, name)
     px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
-    return audit_blackbox(x[members], y[members], px, py, shape, n_classes, cfg,
-                          min(a.input_canaries, len(px)), seed, confidence, name, public)
+    return audit_blackbox(data.x, data.y, px, py, data.shape, data.n_classes, data.cfg,
+                          min(a.input_canaries, len(px)), seed, confidence, name, data.public)
 
 
 def kind_confidence(params: Params) -> float:

@@ -16,7 +16,9 @@ seeded (``secure_noise``) and which data each component saw (``data_use``).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -56,25 +58,48 @@ def load_public(layout: Layout) -> PublicData:
     return PublicData(x, y, (held_x, held_y))
 
 
+@dataclass
+class RunInputs:
+    """What training one run reads: its members, the data's shape, its configuration and the
+    public data it needs (the train stage, and the audit stage training it again)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    meta: dict
+    cfg: TrainConfig
+    public: PublicData | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.meta["feature_shape"])
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.meta["n_classes"])
+
+
+def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
+    x, y, _ = load_split(layout, "target_train")
+    members = load_partition(layout, key.alpha)["positions"]
+    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
+    # public data: a method's own use (a public pre-training) or early stopping's watched series
+    needs_public = get_method(key.method).needs_public_data(cfg.method_options) or \
+        cfg.train.early_stopping.rule != "none"
+    return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
+                     load_public(layout) if needs_public else None)
+
+
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
           progress: bool = True) -> dict:
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
     inputs = TRAIN.inputs(params, key, layout)  # before training: what this run was made from
     threads = use_threads(params.train.threads)
-    x, y, _ = load_split(layout, "target_train")
-    part = load_partition(layout, alpha)
-    meta = read_json(layout.prepared_meta)
-    members = part["positions"]
-    cfg = train_config(params, method, epsilon, seed, layout)
-    # public data: a method's own use (a public pre-training) or early stopping's watched series
-    needs_public = get_method(method).needs_public_data(cfg.method_options) or \
-        cfg.train.early_stopping.rule != "none"
-    public = load_public(layout) if needs_public else None
-    result = train_model(x[members], y[members], tuple(meta["feature_shape"]),
-                         int(meta["n_classes"]), cfg, progress=progress, desc=run,
-                         checkpoint_path=layout.checkpoint(run),
-                         checkpoint_every=params.train.checkpoint_every, public=public)
+    data = run_inputs(params, key, layout)
+    meta, cfg = data.meta, data.cfg
+    result = train_model(data.x, data.y, data.shape, data.n_classes, cfg, progress=progress,
+                         desc=run, checkpoint_path=layout.checkpoint(run),
+                         checkpoint_every=params.train.checkpoint_every, public=data.public)
     checkpoint = {"state_dict": result.model.state_dict(),
                   "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
                                    "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
@@ -86,10 +111,10 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "alpha": None if alpha == IID else alpha, "seed": int(seed),
         "privacy": result.privacy, "training": result.training, "device": result.time["device"],
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
-        "n_members": int(len(members)), "threads": threads,
+        "n_members": int(len(data.x)), "threads": threads,
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
-                                          len(members), alpha)
+                                          len(data.x), alpha)
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
     write_json(layout.timing(run), {"run": run, **result.time})
