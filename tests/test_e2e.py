@@ -190,7 +190,7 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
     # each run sets train.threads itself, so the models equal DVC's sequential ones
     out = _sh([sys.executable, "-m", "flows.pipeline", "--params", str(params), "--root",
                str(other), "--workers", "2"], PROJECT, env)
-    assert "Finished in state Completed" in out and "Traceback" not in out
+    assert "Finished in state Completed" in out and not our_tracebacks(out)
     assert "distributed.scheduler" in out  # it did run on Dask
     for run in RUNS:
         a = json.loads((project / "metrics" / f"{run}.json").read_text())
@@ -207,6 +207,26 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
     assert again.count("'trained': False, 'evaluated': False") == len(RUNS)  # provenance
     listed = _sh([sys.executable, "-c", ARTIFACTS], PROJECT, env)
     assert "dpclip-comparison table" in listed and "dpclip-report markdown" in listed
+
+
+def our_tracebacks(output: str) -> list[str]:
+    """The tracebacks in ``output`` that pass through dpclip or the flows. Dask's distributed
+    sometimes logs one from its own comms while the local cluster shuts down (a worker's
+    stream closes under a pending send, distributed/batched.py) after the flow completed:
+    noise of the engine, not a failure of the pipeline."""
+    found = []
+    for block in output.split("Traceback (most recent call last):")[1:]:
+        lines = block.split("\n")[1:]
+        frames = []
+        for line in lines:  # the indented frame lines, up to the exception's own line
+            if not line.startswith(" "):
+                frames.append(line)
+                break
+            frames.append(line)
+        text = "\n".join(frames)
+        if "dpclip" in text or "flows/" in text:
+            found.append(text)
+    return found
 
 
 ARTIFACTS = """
