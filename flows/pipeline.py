@@ -13,9 +13,10 @@ flow's process: the stages seed torch's global generator, so running them in thr
 results depend on scheduling. A configuration whose inputs did not change
 is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
 that ``dvc repro`` uses (:mod:`dpclip.stages.provenance`), and completes as "up to date". The
-dependency edges are the real ones (a run's training and its audit wait for its partition and
-the shadow stage; its evaluation for its training and audit; the report for every evaluation),
-and the comparison
+dependency edges are the real ones (a run's training, its audit and its reference models wait
+for its partition and the shadow stage; its evaluation for those three; the report for every
+evaluation): on Dask a run's reference models train beside other runs' training, and the
+comparison
 table and report are the flow run's artifacts.
 """
 
@@ -39,7 +40,7 @@ from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey
-from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN, RunStage
+from dpclip.stages.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 
@@ -86,6 +87,14 @@ def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
 @task(name="audit", task_run_name="audit-{key.name}", **RETRIED)
 def audit_task(params, key: RunKey, layout: Layout):
     return unless_current(AUDIT, params, key, layout, lambda: stages.audit(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout))
+
+
+@task(name="reference", task_run_name="reference-{key.name}", **RETRIED)
+def reference_task(params, key: RunKey, layout: Layout):
+    if params.attack.references == 0:
+        return Completed(message="no reference models (attack.references: 0)")
+    return unless_current(REFERENCE, params, key, layout, lambda: stages.reference(
         params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
@@ -137,7 +146,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
              progress: bool = False, dataset: str | None = None,
              methods: list[str] | None = None, target_epsilons: list[float] | None = None,
              seeds: list[int] | None = None) -> list[dict]:
-    """prepare -> partition (per alpha) -> shadow -> train, audit, evaluate (per
+    """prepare -> partition (per alpha) -> shadow -> train, audit, reference, evaluate (per
     configuration) -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
     parameter file for this run (validated by the same schema). On a Dask task runner the
     configurations run in parallel (:func:`with_dask`)."""
@@ -158,6 +167,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     # as the DVC stages do: outputs of runs no longer configured leave the compared folders
     stages.set_aside_unconfigured_runs(params, layout)
     stages.set_aside_unconfigured_audits(params, layout)
+    stages.set_aside_unconfigured_references(params, layout)
     stages.remove_unconfigured_evaluations(params, layout)
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}
@@ -165,8 +175,9 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
             inputs = [partitioned[key.alpha], shadowed]
             trained = train_task.submit(p, key, out, progress, wait_for=inputs)
             audited = audit_task.submit(p, key, out, wait_for=inputs)
-            pending[key] = (trained, evaluate_task.submit(p, key, out,
-                                                          wait_for=[trained, audited]))
+            referenced = reference_task.submit(p, key, out, wait_for=inputs)
+            pending[key] = (trained, evaluate_task.submit(
+                p, key, out, wait_for=[trained, audited, referenced]))
         done = []
         for trained, evaluation in pending.values():
             trained.wait(), evaluation.wait()
@@ -179,7 +190,10 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
             trained.result()
             audited = audit_task(p, key, out, wait_for=inputs, return_state=True)
             audited.result()
-            done.append((trained, evaluate_task(p, key, out, wait_for=[trained, audited],
+            referenced = reference_task(p, key, out, wait_for=inputs, return_state=True)
+            referenced.result()
+            done.append((trained, evaluate_task(p, key, out,
+                                                wait_for=[trained, audited, referenced],
                                                 return_state=True)))
     summary, evaluated = [], []
     for trained, state in done:

@@ -27,6 +27,11 @@ from dpclip.errors import ConfigError
     ("train", {"lr": "fast"}, "train.lr", "'fast'"),
     ("train", {"device": "tpu"}, "train.device", "'tpu'"),
     ("train", {"batchsize": 32}, "train.batchsize", "32"),
+    ("attack", {"references": 3}, "attack.references", "3"),
+    ("attack", {"references": 2, "mode": "online"}, "attack.references", "2"),
+    ("attack", {"references": 2, "fixed_variance": False}, "attack.references", "2"),
+    ("attack", {"mode": "shadow"}, "attack.mode", "'shadow'"),
+    ("attack", {"population": "holdout"}, "attack.population", "'holdout'"),
 ])
 def test_bad_value_names_key_and_value(tiny_raw, section, values, key, shown):
     with pytest.raises(ConfigError) as info:

@@ -18,7 +18,8 @@ from conftest import PROJECT, tiny_project_params
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
-OVERLAYS = ["clip_threshold.csv", "roc.csv", "reliability.csv", "privacy_utility.csv"]
+OVERLAYS = ["clip_threshold.csv", "roc.csv", "roc_lira.csv", "roc_rmia.csv", "reliability.csv",
+            "privacy_utility.csv"]
 OFFLINE_PAGE = Path(".dvc") / "plots" / "offline.html"
 CONTRACT = {
     "privacy": {"dp_guarantee", "accountant", "target_epsilon", "epsilon", "delta",
@@ -29,7 +30,7 @@ CONTRACT = {
 }
 # outputs git does not track (DVC's cache or nobody's); summary/, overlays/ and dvc.lock it does
 UNTRACKED_OUTPUTS = ["data", "shadow", "runs", "traces", "timings", "metrics", "plots",
-                     "figures", "reports", "audits"]
+                     "figures", "reports", "audits", "references", "scores"]
 
 
 def _env(tmp_path):
@@ -83,6 +84,12 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
         assert {"auc", "balanced_accuracy", "tpr_at_fpr_1pct", "tpr_at_fpr_0.1pct"} <= \
             set(metrics["mia"]["loss"])
         assert {"auc", "auc_unmatched"} <= set(metrics["mia"]["label_only"])
+        # LiRA and RMIA against the reference stage's models (two, offline, by default)
+        for attack in ("lira", "rmia"):
+            assert {"auc", "tpr_at_fpr_0.1pct", "tpr_at_fpr_0.1pct_ci95"} <= \
+                set(metrics["mia"][attack])
+        assert metrics["mia"]["references"]["references"] == 2
+        assert (project / "scores" / f"{run}.csv").exists()
     dp = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
     assert dp["privacy"]["dp_guarantee"] is True and dp["privacy"]["epsilon"] <= 8
     # the audit stage's bounds, in the metrics contract's audit.<kind>
@@ -101,6 +108,7 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
     table = (project / "reports" / "comparison.md").read_text()
     assert all(run in table for run in RUNS)
     for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png",
+                 "roc_lira.png", "roc_rmia.png", "claimed_vs_audited_epsilon.png",
                  "data_use.md"):
         assert (project / "reports" / name).exists()
 
@@ -128,11 +136,18 @@ def test_dvc_metrics_and_plots(dvc_project):
     full = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
     assert dp["accuracy"] == full["utility"]["accuracy"]
     assert dp["epsilon"] == full["privacy"]["epsilon"]
-    assert dp["mia_auc"] == full["mia"]["loss"]["auc"]
+    from dpclip.stages.evaluate import strongest_attack
+
+    name, strongest = strongest_attack(full["mia"])  # loss, LiRA or RMIA
+    assert dp["mia_auc"] == strongest["auc"] and name in ("loss", "lira", "rmia")
     out = _sh([str(BIN / "dvc"), "plots", "show", "--json"], project, env)
     plots = json.loads(out[out.index("{"):])["data"]
-    # four overlays, each with every run in one plot and a title
-    assert sorted(plots) == [f"overlays/{name}" for name in sorted(OVERLAYS)]
+    # the overlays, each with every run in one plot and a title, and the claimed-vs-audited
+    # scatter of the private runs
+    assert sorted(plots) == sorted([f"overlays/{name}" for name in OVERLAYS]
+                                   + ["claimed_vs_audited_epsilon"])
+    (audited,) = plots.pop("claimed_vs_audited_epsilon")
+    assert "audit_epsilon_lower_bound" in json.dumps(audited["content"])
     for name, renderers in plots.items():
         (renderer,) = renderers
         spec = renderer["content"]
@@ -199,6 +214,7 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
         model = Path("runs") / run / "model.pt"
         assert (project / model).read_bytes() == (other / model).read_bytes()
         assert a["mia"]["loss"]["auc"] == b["mia"]["loss"]["auc"]
+        assert a["mia"]["lira"] == b["mia"]["lira"]  # reference models trained on Dask
     # same models -> the Prefect execution reuses the DVC execution's child runs
     assert "0 new configuration(s), 2 already logged" in out
     assert "'trained': True" in out  # a new root: everything ran
@@ -297,6 +313,7 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     retired = project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0"
     assert (retired / "run" / "model.pt").exists() and (retired / "trace.csv").exists()
     assert (retired / "audit" / "audit.json").exists()
+    assert (retired / "references" / "signals.npz").exists()
     assert not (project / "audits" / "auto_s-eps8-iid-seed0").exists()
 
 

@@ -67,6 +67,21 @@ def test_tpr_at_low_fpr_hand_case():
     assert m["auc"] == pytest.approx(7 / 9)
 
 
+def test_tpr_at_low_fpr_comes_with_its_exact_binomial_interval():
+    from scipy.stats import binomtest
+
+    # 40 members, 12 of them above every non-member: TPR 0.3 at FPR 0
+    members = np.r_[np.full(12, 10.0), np.zeros(28)]
+    m = attack_metrics(members, np.arange(1.0, 201.0) / 1000)
+    assert m["tpr_at_fpr_0.1pct"] == pytest.approx(0.3)
+    exact = binomtest(12, 40).proportion_ci(0.95, method="exact")  # scipy's Clopper-Pearson
+    assert m["tpr_at_fpr_0.1pct_ci95"] == pytest.approx([exact.low, exact.high])
+    assert m["tpr_at_fpr_1pct_ci95"] == pytest.approx([exact.low, exact.high])  # 2 of 200 > 1%
+    # no member found: the interval still says how many could hide, [0, 1 - 0.025^(1/40)]
+    none = attack_metrics(np.zeros(40), np.ones(200))
+    assert none["tpr_at_fpr_0.1pct_ci95"] == pytest.approx([0.0, 1 - 0.025 ** (1 / 40)])
+
+
 def test_dp_bound_flags_an_impossible_attack_and_not_a_weak_one():
     fpr, tpr = np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0])
     strong = dp_bound_check(fpr, tpr, 1000, 1000, epsilon=0.1, delta=1e-5)

@@ -67,8 +67,12 @@ def evaluated(tmp_path, tiny_raw):
         write_csv_frame(layout.trace(key.name), pd.DataFrame({
             "step": np.arange(1, 1001), "train_loss": 1.0,
             "clip_threshold": np.nan if epsilon is None else np.linspace(1, 2, 1000)}))
-        write_csv_frame(layout.roc(key.name), pd.DataFrame({"fpr": [0, 0, 0.2, 0.5, 1],
-                                                            "tpr": [0, 0.1, 0, 0.6, 1]}))
+        roc = pd.DataFrame({"attack": "loss", "fpr": [0, 0, 0.2, 0.5, 1],
+                            "tpr": [0, 0.1, 0, 0.6, 1]})
+        if epsilon is not None:  # only the private run has reference models: LiRA rows
+            roc = pd.concat([roc, pd.DataFrame({"attack": "lira", "fpr": [0, 0.01, 1],
+                                                "tpr": [0.2, 0.3, 1]})])
+        write_csv_frame(layout.roc(key.name), roc)
         write_csv_frame(layout.reliability(key.name), pd.DataFrame({
             "confidence": [0.2, 0.5, 0.9], "accuracy": [0.0, 0.4, 0.95], "count": [0, 3, 9]}))
         metrics = _metrics(epsilon, {"loss": {"auc": 0.52, "tpr_at_fpr_0.1pct": 0.0,
@@ -91,6 +95,9 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     roc = pd.read_csv(layout.overlays / "roc.csv")
     assert set(roc["run"]) == set(names) and (roc[["fpr", "tpr"]] > 0).all().all()  # log axes
     assert list(roc[roc["run"] == names[1]]["tpr"]) == [0.6, 1.0]
+    lira = pd.read_csv(layout.overlays / "roc_lira.csv")
+    assert set(lira["run"]) == {names[1]} and list(lira["tpr"]) == [0.3, 1.0]
+    assert set(lira["attack"]) == {"lira"} and len(pd.read_csv(layout.overlays / "roc_rmia.csv")) == 0
     reliability = pd.read_csv(layout.overlays / "reliability.csv")
     assert (reliability["count"] > 0).all() and len(reliability) == 4
     utility = pd.read_csv(layout.overlays / "privacy_utility.csv")

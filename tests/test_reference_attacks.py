@@ -59,11 +59,14 @@ def test_lira_fixed_variance_pools_the_records():
 
 
 def test_rmia_by_hand():
-    # a = 0: P(x) = (P_out(x) + 1) / 2 = 0.7, LR(x) = 0.8 / 0.7; population P(z) = 0.75,
-    # LR(z) = 0.5 / 0.75, 0.9 / 0.75, 0.2 / 0.75: LR(x) beats two of three
+    # a = 0: P(x) = (P_out(x) + 1) / 2 = 0.7, LR(x) = 0.8 / 0.7 = 1.14; the population is IN
+    # for half the models, so P(z) = 0.5 (no correction): LR(z) = 1, 1.8, 0.4: two of three
     score = rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0)
     assert score[0] == pytest.approx(2 / 3)
-    # gamma 2 asks LR(x) > 2 LR(z): only 0.2 / 0.75 is beaten
+    # P(z) is not corrected: z with p 0.7 has LR(z) = 0.7 / 0.5 = 1.4 > 1.14, not beaten (the
+    # correction would give P(z) = 0.75, LR(z) = 0.93, beaten)
+    assert rmia_scores([0.8], [[0.4]], [0.7], [[0.5]], a=0.0)[0] == 0.0
+    # gamma 2 asks LR(x) > 2 LR(z): only 0.4 is beaten
     assert rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0,
                        gamma=2.0)[0] == pytest.approx(1 / 3)
     # online: P(x) = (mean IN + mean OUT) / 2 = (0.6 + (0.2 + 0.4) / 2) / 2 = 0.45, so
@@ -101,3 +104,44 @@ def test_calibrated_attacks_beat_the_loss_threshold_at_low_fpr():
     # measured with this seed: loss 0.012, LiRA 0.266, RMIA 0.199 (about 1500 members); a
     # per-record z of about 2.3 predicts a LiRA TPR near 0.2 at the 0.1% threshold
     assert loss < 0.03 and lira > 0.2 and rmia > 0.15
+
+
+def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
+    """Independent check on real models (the issue's test): a non-private MLP trained on a
+    random half of the 1797 digits, four reference models on complementary halves of all of
+    them (online, each record IN for two), each trained as the target was. At 0.1% FPR (no
+    false positive among 898 non-members) the loss threshold finds no member: the easiest
+    non-members have losses as small as any member's. LiRA and RMIA compare each record with
+    its own reference models and find members; measured with this seed: loss 0.0, LiRA 0.019,
+    RMIA 0.022 (AUC 0.514, 0.536, 0.567). The margin asked is 0.01 (nine members)."""
+    from dataclasses import replace
+
+    import torch
+    from sklearn.datasets import load_digits
+
+    from dpclip.attacks.reference import calibrated_scores
+    from dpclip.stages.reference import complementary_halves, logits_of
+    from dpclip.train import TrainConfig, train_model
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16).astype(np.float32)
+    member = complementary_halves(len(x), 2, seed=1)[0]
+    cfg = TrainConfig.of("non_private", None, 0, epochs=40, batch_size=32, lr=0.2,
+                         hidden=[128, 64], threads=1)
+
+    def fitted_logits(mask, seed):
+        result = train_model(x[mask], y[mask], (64,), 10, replace(cfg, seed=seed),
+                             progress=False)
+        return logits_of(result.model, x)
+
+    target = fitted_logits(member, 0)
+    inside = complementary_halves(len(x), 4, seed=2)
+    reference = np.stack([fitted_logits(inside[k], 100 + k) for k in range(4)])
+    scores = calibrated_scores(target, reference, y, inside, target[~member],
+                               reference[:, ~member], y[~member], fixed_variance=True)
+    probs = torch.softmax(torch.as_tensor(target, dtype=torch.float64), 1).numpy()
+    scores["loss"] = np.log(probs[np.arange(len(y)), y])  # higher = member
+    tpr = {name: attack_metrics(s[member], s[~member])["tpr_at_fpr_0.1pct"]
+           for name, s in scores.items()}
+    assert tpr["lira"] >= tpr["loss"] + 0.01
+    assert tpr["rmia"] >= tpr["loss"] + 0.01

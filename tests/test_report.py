@@ -19,7 +19,9 @@ LEGACY = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha",
           "noise_multiplier", "c_final", "stopped_epoch", "epsilon_saved"]
 ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
          "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
-         "audit_violated"]
+         "audit_violated", "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc",
+         "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
+         "tpr_bound_at_fpr_0.1pct"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
@@ -88,7 +90,10 @@ def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
     names = [c.strip() for c in header.strip("|").split("|")]
     old = next(line for line in text.splitlines() if line.startswith(f"| {OLD_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in old.strip("|").split("|"))))
-    assert all(cells[name] == "—" for name in ADDED), cells
+    # the strongest attack and the bound follow from any metrics file with a loss attack
+    derived = {"strongest_attack": "loss", "strongest_tpr_at_fpr_0.1pct": "0",
+               "tpr_bound_at_fpr_0.1pct": "1"}
+    assert all(cells[name] == derived.get(name, "—") for name in ADDED), cells
     new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))
     assert (cells["adjacency"], cells["epsilon_bound"], cells["dp_bound_margin"]) == \
@@ -115,3 +120,28 @@ def test_identical_data_use_is_one_table():
                               {"run": "b", "privacy": {"data_use": dict(use)}}])
     assert page.count("## ") == 1 and "## All runs" in page
     assert page.count("| shadow_model | public shadow_train split |") == 1
+
+
+def test_the_tpr_bound_at_low_fpr_follows_the_adjacency_by_hand():
+    from dpclip.stages.report import tpr_bound_at
+
+    # add/remove, eps 1: the replace-one game allows e^2 FPR + (1 + e) delta
+    add_remove = {"epsilon": 1.0, "delta": 1e-5, "dp_guarantee": True, "adjacency": "add_remove"}
+    assert tpr_bound_at(0.001, add_remove) == pytest.approx(
+        7.38905609893065 * 0.001 + 3.718281828459045 * 1e-5)
+    # replace-one features, eps 1: e FPR + delta
+    assert tpr_bound_at(0.001, {**add_remove, "adjacency": "replace_one_features"}) == \
+        pytest.approx(2.718281828459045e-3 + 1e-5)
+    assert tpr_bound_at(0.001, {**add_remove, "epsilon": 8.0}) == 1.0  # e^16 / 1000 > 1
+    assert tpr_bound_at(0.001, {**add_remove, "dp_guarantee": False}) is None
+    assert tpr_bound_at(0.001, {"epsilon": None, "delta": 1e-5}) is None
+
+
+def test_a_refuted_audit_is_impossible_to_miss():
+    from dpclip.stages.report import markdown_table
+
+    table = pd.DataFrame({"run": ["a", "b"], "audit_violated": [True, False],
+                          "dp_guarantee": [True, True]})
+    lines = markdown_table(table).splitlines()
+    assert lines[2] == "| a | 🔴 **True (REFUTED)** | True |"
+    assert lines[3] == "| b | False | True |"

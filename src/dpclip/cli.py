@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "date"))
     _run_args(sub.add_parser("audit", help="one-run privacy audit (lower bound on epsilon) of "
                                            "one run, or of every run that is not up to date"))
+    _run_args(sub.add_parser("reference", help="the reference models of LiRA and RMIA for one "
+                                               "run, or for every run that is not up to date"))
     _run_args(sub.add_parser("evaluate", help="evaluate one trained run, or every run that is "
                                               "not up to date"))
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
@@ -143,10 +145,10 @@ def _dispatch(args, params, layout) -> int:
     runs = stages.configured_runs(params)
     if args.command == "train":
         done = stages.train_all(params, layout, progress=not args.quiet, force=args.force)
-    elif args.command == "audit":
-        done = stages.audit_all(params, layout, force=args.force)
     else:
-        done = stages.evaluate_all(params, layout, force=args.force)
+        every = {"audit": stages.audit_all, "reference": stages.reference_all,
+                 "evaluate": stages.evaluate_all}[args.command]
+        done = every(params, layout, force=args.force)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else _summary(args.command, result)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
@@ -169,10 +171,10 @@ def _one_run(args, params, layout, given: list[str]) -> int:
     if args.command == "train":
         result = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
                               progress=not args.quiet)
-    elif args.command == "audit":
-        result = stages.audit(params, args.method, epsilon, alpha, args.seed, layout)
     else:
-        result = stages.evaluate(params, args.method, epsilon, alpha, args.seed, layout)
+        one = {"audit": stages.audit, "reference": stages.reference,
+               "evaluate": stages.evaluate}[args.command]
+        result = one(params, args.method, epsilon, alpha, args.seed, layout)
     name = run_name(args.method, epsilon, alpha, args.seed)
     print(f"{name}: {_summary(args.command, result)}")
     return 0
@@ -186,6 +188,9 @@ def _summary(command: str, result: dict) -> str:
                           f"{r['claimed_epsilon']:.3f}{', REFUTED' if r['violated'] else ''})"
                           if r["applicable"] else f"not applicable ({r['reason']})")
             for kind, r in result.items())
+    if command == "reference":
+        return (f"{result['references']} {result['mode']} reference models on halves of "
+                f"{result['pool_size']} records ({result['pool']})")
     if command == "train":
         eps = result["privacy"]["epsilon"]
         eps_text = "inf" if eps is None else f"{eps:.3f}"

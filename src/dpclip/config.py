@@ -162,11 +162,46 @@ class ShadowParams(Section):
     seed: Seed = 0
 
 
+ATTACK_MODES = ("offline", "online")
+POPULATIONS = ("public", "shadow_train", "shadow_holdout")
+
+
 class AttackParams(Section):
+    """Membership attacks: the per-layer classifiers (shadow risk, IR-level MIA) and the
+    reference models of LiRA and RMIA (the ``reference`` stage, :mod:`dpclip.attacks.
+    reference`)."""
+
     classifier: Literal[CLASSIFIERS] = "logistic"
     folds: Annotated[int, Field(ge=2), NUMBER] = 5
     max_features: Count = 512  # conv maps average-pooled to this many
     max_records: Annotated[int, Field(ge=2), NUMBER] = 2000  # members (and as many non-members)
+    # reference models per run, in complementary pairs (each pool record IN for exactly half);
+    # 0 = no LiRA / RMIA
+    references: Annotated[int, Field(ge=0), NUMBER] = 2
+    mode: Literal[ATTACK_MODES] = "offline"  # offline: public pool | online: members + holdout
+    population: Literal[POPULATIONS] = "public"  # offline pool and RMIA's z: public splits
+    fixed_variance: StrictBool = True  # LiRA: one pooled variance (the paper's, few models)
+    rmia_offline_a: Annotated[float, Field(ge=0, le=1), NUMBER] = 0.3  # P(x) from OUT models
+    rmia_gamma: Annotated[float, Field(gt=0), NUMBER] = 1.0  # LR(x) / LR(z) > gamma
+
+    @model_validator(mode="after")
+    def _enough_references(self):
+        k, problems = self.references, []
+        if k % 2:
+            problems.append(bad_value("attack.references", k, "is odd: reference models come "
+                                      "in complementary pairs (each pool record IN for exactly "
+                                      "half of them)"))
+        elif self.mode == "online" and 0 < k < 4:
+            problems.append(bad_value("attack.references", k, "is too few for attack.mode "
+                                      "'online': each record needs two IN and two OUT models; "
+                                      "use 4 or more"))
+        elif not self.fixed_variance and 0 < k < 4:
+            problems.append(bad_value("attack.references", k, "is too few for "
+                                      "attack.fixed_variance false: a per-record variance "
+                                      "needs 4 or more"))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
 
 class AuditParams(Section):

@@ -54,8 +54,18 @@ class Layout:
         kind; its provenance beside it."""
         return self.root / "audits" / run / "audit.json"
 
+    def references(self, run: str) -> Path:
+        """The run's reference models' signals (``references/<run>/``): each model's logits on
+        the run's members, its holdout and the population, which records it trained on, and
+        ``reference.json``; its provenance beside them. The models themselves are not kept."""
+        return self.root / "references" / run
+
     def metrics(self, run: str) -> Path:
         return self.root / "metrics" / f"{run}.json"
+
+    def attack_scores(self, run: str) -> Path:
+        """Per-record membership scores of every attack on the run's evaluation sets."""
+        return self.root / "scores" / f"{run}.csv"
 
     def summary(self, run: str) -> Path:
         """The run's scalar summary, tracked by git: DVC's ``metrics:`` (``dvc exp show``,

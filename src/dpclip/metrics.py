@@ -55,20 +55,27 @@ def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, level: float) -> float:
 def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict:
     """Threshold attack on scores where higher means 'member'.
 
-    AUC, the best balanced accuracy over thresholds max_t (TPR + 1 - FPR) / 2, and TPR at 1%
-    and 0.1% FPR, with the ROC curve itself.
+    AUC, the best balanced accuracy over thresholds max_t (TPR + 1 - FPR) / 2, TPR at 1% and
+    0.1% FPR with their two-sided 95% Clopper-Pearson intervals (``..._ci95``: the members
+    above that threshold are binomial given it; the FPR is taken as measured), and the ROC
+    curve itself. With fewer than 1 / level non-members, "FPR <= level" means no false
+    positive at all.
     """
     scores = np.concatenate([member_scores, nonmember_scores])
     truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
     from sklearn.metrics import roc_auc_score  # on use: scikit-learn loads slowly
 
     fpr, tpr = roc_points(member_scores, nonmember_scores)
-    return {"auc": float(roc_auc_score(truth, scores)),
-            "balanced_accuracy": float(np.max((tpr + 1.0 - fpr) / 2.0)),
-            "tpr_at_fpr_1pct": tpr_at_fpr(fpr, tpr, 0.01),
-            "tpr_at_fpr_0.1pct": tpr_at_fpr(fpr, tpr, 0.001),
-            "roc": {"fpr": fpr, "tpr": tpr},
-            "n_members": int(len(member_scores)), "n_nonmembers": int(len(nonmember_scores))}
+    n = len(member_scores)
+    result = {"auc": float(roc_auc_score(truth, scores)),
+              "balanced_accuracy": float(np.max((tpr + 1.0 - fpr) / 2.0))}
+    for name, level in (("1pct", 0.01), ("0.1pct", 0.001)):
+        rate = tpr_at_fpr(fpr, tpr, level)
+        lo, hi = clopper_pearson_limits(round(rate * n), n, 0.025)
+        result[f"tpr_at_fpr_{name}"] = rate
+        result[f"tpr_at_fpr_{name}_ci95"] = [float(lo), float(hi)]
+    return {**result, "roc": {"fpr": fpr, "tpr": tpr},
+            "n_members": int(n), "n_nonmembers": int(len(nonmember_scores))}
 
 
 def clopper_pearson_limits(successes, trials: int, alpha: float):

@@ -104,6 +104,39 @@ def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
     return write_figure(path, fig)
 
 
+def audit_figure(path: Path, table: pd.DataFrame) -> Path | None:
+    """Claimed against audited epsilon, one row per audited run: the epsilon it claims (hollow)
+    and the largest lower bound of its one-run audit (``audit_whitebox``, ``audit_blackbox``;
+    filled), joined by a line. An audited bound right of the claim (red) refutes it. None (no
+    figure) when no run was audited."""
+    bounds = table[["audit_whitebox", "audit_blackbox"]].astype(float).max(axis=1)
+    audited = table.assign(bound=bounds)[bounds.notna() & table["epsilon"].notna()]
+    if audited.empty:
+        return None
+    fig, ax = _subplots(figsize=(6.5, 0.4 * len(audited) + 1.6))
+    rows = np.arange(len(audited))
+    refuted = audited["audit_violated"].fillna(False).astype(bool).to_numpy()
+    claimed, bound = audited["epsilon"].astype(float), audited["bound"]
+    ax.hlines(rows, bound, claimed, color="lightgrey", zorder=1)
+    ax.scatter(claimed, rows, facecolors="white", edgecolors="black", label="claimed epsilon",
+               zorder=2)
+    ax.scatter(bound[~refuted], rows[~refuted], color="#3b75af", zorder=3,
+               label="audited lower bound")
+    if refuted.any():
+        ax.scatter(bound[refuted], rows[refuted], color="red", zorder=3,
+                   label="lower bound above the claim (privacy bug)")
+    ax.set_yticks(rows, audited["run"])
+    ax.invert_yaxis()
+    ax.set(xlim=(0, float(max(claimed.max(), bound.max())) * 1.08), xlabel="epsilon",
+           title="Claimed vs audited epsilon (one-run audit; the bound may sit far below a "
+                 "sound claim)")
+    ax.title.set_fontsize(9)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5 / (len(audited) + 4)),
+              ncol=3, frameon=False)
+    return write_figure(path, fig)
+
+
 def partition_histogram_figure(path: Path, record: dict) -> Path:
     """Records per class in one partition (label skew at a glance)."""
     fig, ax = _subplots(figsize=(6, 3))

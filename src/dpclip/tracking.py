@@ -69,6 +69,16 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     # the one-run audit's lower bounds on epsilon (absent when not applicable)
     "audit_whitebox_epsilon_lower_bound": ("audit", "whitebox", "epsilon_lower_bound"),
     "audit_blackbox_epsilon_lower_bound": ("audit", "blackbox", "epsilon_lower_bound"),
+    # the attacks calibrated with reference models (absent without them)
+    "mia_tpr_at_fpr_0.1pct": ("mia", "loss", "tpr_at_fpr_0.1pct"),
+    "mia_lira_auc": ("mia", "lira", "auc"),
+    "mia_lira_tpr_at_fpr_1pct": ("mia", "lira", "tpr_at_fpr_1pct"),
+    "mia_lira_tpr_at_fpr_0.1pct": ("mia", "lira", "tpr_at_fpr_0.1pct"),
+    "mia_lira_dp_bound_margin": ("mia", "lira", "dp_bound", "worst_margin"),
+    "mia_rmia_auc": ("mia", "rmia", "auc"),
+    "mia_rmia_tpr_at_fpr_1pct": ("mia", "rmia", "tpr_at_fpr_1pct"),
+    "mia_rmia_tpr_at_fpr_0.1pct": ("mia", "rmia", "tpr_at_fpr_0.1pct"),
+    "mia_rmia_dp_bound_margin": ("mia", "rmia", "dp_bound", "worst_margin"),
 }
 # wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
 TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")
@@ -171,7 +181,8 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
         for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
-                     "roc.png", "data_use.md"):
+                     "roc.png", "roc_lira.png", "roc_rmia.png",
+                     "claimed_vs_audited_epsilon.png", "data_use.md"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         _log_shadow(mlflow, layout)

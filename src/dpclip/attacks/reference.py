@@ -23,7 +23,9 @@ and the score is the fraction of population records z (non-members) it beats:
     s(x) = #{z : LR(x) / LR(z) > gamma} / #z.
 Offline, the reference models are all OUT for x, so P(x) is estimated from them with the
 paper's linear correction for the missing IN half: P(x) = ((1 + a) P_out(x) + (1 - a)) / 2;
-online, P(x) = (P_in(x) + P_out(x)) / 2, the means over the IN and the OUT models.
+online, P(x) = (P_in(x) + P_out(x)) / 2, the means over the IN and the OUT models. The
+population records z must be IN for half of the reference models (the reference stage's
+complementary halves), so P(z) is the plain mean over all of them in both modes.
 """
 
 from __future__ import annotations
@@ -96,20 +98,37 @@ def rmia_scores(target_p: np.ndarray, reference_p: np.ndarray, population_p: np.
     ``target_p`` (n,) and ``population_p`` (p,) are the target model's true-class
     probabilities, ``reference_p`` (K, n) and ``population_reference_p`` (K, p) the reference
     models'. Offline (``reference_in`` None): P(x) with the linear correction ``a``; online:
-    the mean over all reference models (IN and OUT alike)."""
+    (P_in(x) + P_out(x)) / 2. P(z): the mean over all reference models."""
     reference_p = np.asarray(reference_p, float)
     if reference_in is None:
         p_x = 0.5 * ((1 + a) * reference_p.mean(axis=0) + (1 - a))
-        p_z = 0.5 * ((1 + a) * np.asarray(population_reference_p, float).mean(axis=0) + (1 - a))
-    else:  # the paper's P(x) = (P_in(x) + P_out(x)) / 2; the population is OUT everywhere
+    else:  # the paper's P(x) = (P_in(x) + P_out(x)) / 2
         inside = np.asarray(reference_in, bool)
         if not (inside.any(axis=0) & (~inside).any(axis=0)).all():
             raise ValueError("RMIA online: every record needs an IN and an OUT reference model")
         p_in = np.where(inside, reference_p, 0.0).sum(axis=0) / inside.sum(axis=0)
         p_out = np.where(~inside, reference_p, 0.0).sum(axis=0) / (~inside).sum(axis=0)
         p_x = (p_in + p_out) / 2
-        p_z = np.asarray(population_reference_p, float).mean(axis=0)
+    p_z = np.asarray(population_reference_p, float).mean(axis=0)  # z: IN for half the models
     ratio_x = np.asarray(target_p, float) / np.maximum(p_x, 1e-300)
     ratio_z = np.sort(np.asarray(population_p, float) / np.maximum(p_z, 1e-300))
     # LR(x) / LR(z) > gamma  <=>  LR(z) < LR(x) / gamma: count population ratios below it
     return np.searchsorted(ratio_z, ratio_x / gamma, side="left") / len(ratio_z)
+
+
+def calibrated_scores(target_logits: np.ndarray, reference_logits: np.ndarray,
+                      labels: np.ndarray, reference_in: np.ndarray | None,
+                      population_logits: np.ndarray, population_reference_logits: np.ndarray,
+                      population_labels: np.ndarray, *, fixed_variance: bool = True,
+                      a: float = 0.3, gamma: float = 1.0) -> dict[str, np.ndarray]:
+    """LiRA and RMIA scores of n attacked records from logits: the target model's (n, C) and
+    the K reference models' (K, n, C), with ``reference_in`` (K, n; None offline); RMIA's
+    population from the target's (p, C) and the reference models' (K, p, C) logits."""
+    lira = lira_scores(logit_confidence(target_logits, labels),
+                       logit_confidence(reference_logits, labels), reference_in, fixed_variance)
+    rmia = rmia_scores(true_class_probability(target_logits, labels),
+                       true_class_probability(reference_logits, labels),
+                       true_class_probability(population_logits, population_labels),
+                       true_class_probability(population_reference_logits, population_labels),
+                       a=a, gamma=gamma, reference_in=reference_in)
+    return {"lira": lira, "rmia": rmia}

@@ -29,6 +29,7 @@ import torch
 
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)
+from dpclip.attacks.reference import calibrated_scores
 from dpclip.config import Params
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.errors import DpclipError
@@ -44,10 +45,13 @@ from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figur
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import EVALUATE
+from dpclip.stages.reference import load_signals, logits_of, public_population
 from dpclip.stages.train import load_model
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
+
+ATTACK_NAMES = {"loss": "loss threshold", "lira": "LiRA", "rmia": "RMIA"}
 
 
 @torch.no_grad()
@@ -101,24 +105,37 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     pick_in, pick_out = class_matched_indices(y_in, y_out, rng)
     probs_in = predict(model, x_in[pick_in])  # only the members that are attacked
     # loss-threshold attack: a lower loss means "member", so the score is -loss
-    attack = attack_metrics(-per_sample_loss(probs_in, y_in[pick_in]),
-                            -per_sample_loss(probs_out[pick_out], y_out[pick_out]))
-    roc = attack.pop("roc")
+    scores = {"loss": (-per_sample_loss(probs_in, y_in[pick_in]),
+                       -per_sample_loss(probs_out[pick_out], y_out[pick_out]))}
+    signals = load_signals(layout, run)
+    if signals is not None:  # LiRA and RMIA against the reference stage's models
+        scores.update(reference_attack_scores(params, layout, run, model, signals,
+                                              x_in[pick_in], y_in[pick_in], pick_in,
+                                              x_out, y_out, pick_out))
     privacy = record["privacy"]
-    # the run's flag ORs its checks (loss, each IR layer): each gets its share of the 5%
-    checks = 1 + (len(parameterised_layers(model)) if params.evaluate.ir_attack else 0)
+    # the run's flag ORs its checks (each record-level attack, each IR layer): each gets its
+    # share of the 5%
+    checks = len(scores) + (len(parameterised_layers(model)) if params.evaluate.ir_attack else 0)
     confidence = family_confidence(checks)
-    attack["dp_bound"] = checked_bound(run, "loss", roc["fpr"], roc["tpr"],
-                                       attack["n_members"], attack["n_nonmembers"], privacy,
-                                       confidence)
-    mia = {"loss": attack,
-           "label_only": {"auc": label_only_auc(y_in[pick_in], y_out[pick_out]),
-                          "auc_unmatched": label_only_auc(y_in, y_out)},
-           "matching": {"n_members": int(len(pick_in)), "n_nonmembers": int(len(pick_out)),
-                        "class_matched": True, "members_available": int(len(y_in)),
-                        "holdout_available": int(len(y_out))},
-           "dp_bound_family": {"checks": checks, "confidence": RUN_CONFIDENCE,
-                               "confidence_each": confidence}}
+    mia, rocs = {}, {}
+    for name, (member_scores, nonmember_scores) in scores.items():
+        mia[name] = attack_metrics(member_scores, nonmember_scores)
+        rocs[name] = mia[name].pop("roc")
+        mia[name]["dp_bound"] = checked_bound(
+            run, name, rocs[name]["fpr"], rocs[name]["tpr"], mia[name]["n_members"],
+            mia[name]["n_nonmembers"], privacy, confidence)
+    if signals is not None:
+        mia["references"] = signals["facts"]
+    mia.update({
+        "label_only": {"auc": label_only_auc(y_in[pick_in], y_out[pick_out]),
+                       "auc_unmatched": label_only_auc(y_in, y_out)},
+        "matching": {"n_members": int(len(pick_in)), "n_nonmembers": int(len(pick_out)),
+                     "class_matched": True, "members_available": int(len(y_in)),
+                     "holdout_available": int(len(y_out))},
+        "dp_bound_family": {"checks": checks, "confidence": RUN_CONFIDENCE,
+                            "confidence_each": confidence}})
+    _write_scores(layout, run, scores, members[pick_in], y_in[pick_in], pick_out,
+                  y_out[pick_out])
     trace = pd.read_csv(layout.trace(run))
     metrics = {
         "run": run, "dataset": record["dataset"], "method": method,
@@ -134,11 +151,39 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                                          x_out[pick_out], y_out[pick_out], rng, privacy, run,
                                          confidence)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
-    _write_plots(layout, run, roc, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
+    _write_plots(layout, run, rocs, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
     write_json(layout.metrics(run), metrics)
     write_json(layout.summary(run), run_summary(metrics))
     EVALUATE.record(layout, key, inputs)
     return metrics
+
+
+def reference_attack_scores(params: Params, layout: Layout, run: str, model: torch.nn.Module,
+                            signals: dict, x_members: np.ndarray, y_members: np.ndarray,
+                            pick_in: np.ndarray, x_out: np.ndarray, y_out: np.ndarray,
+                            pick_out: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """LiRA and RMIA scores (members, non-members) of the evaluation sets against the run's
+    reference models (:mod:`dpclip.stages.reference`): ``x_members`` are the attacked members
+    (positions ``pick_in`` of the run's members), the non-members positions ``pick_out`` of
+    the holdout ``x_out``."""
+    a = params.attack
+    online = signals["facts"]["mode"] == "online"
+    pop_x, pop_y = (x_out, y_out) if online else public_population(params, layout)
+    if signals["logits_population"].shape[1] != len(pop_x):
+        raise DpclipError(f"references/{run} were made for another population "
+                          f"({signals['logits_population'].shape[1]} records, not "
+                          f"{len(pop_x)}): run the reference stage again")
+    labels = np.concatenate([y_members, y_out[pick_out]])
+    reference = np.concatenate([signals["logits_members"][:, pick_in],
+                                signals["logits_holdout"][:, pick_out]], axis=1)
+    inside = np.concatenate([signals["in_members"][:, pick_in],
+                             signals["in_holdout"][:, pick_out]], axis=1) if online else None
+    result = calibrated_scores(
+        logits_of(model, np.concatenate([x_members, x_out[pick_out]])), reference, labels,
+        inside, logits_of(model, pop_x), signals["logits_population"], pop_y,
+        fixed_variance=a.fixed_variance, a=a.rmia_offline_a, gamma=a.rmia_gamma)
+    n = len(y_members)
+    return {name: (values[:n], values[n:]) for name, values in result.items()}
 
 
 def strongest_attack(mia: dict) -> tuple[str, dict] | None:
@@ -285,8 +330,25 @@ def _write_ir_plots(layout: Layout, run: str, ir: dict) -> None:
                               f"at {ir['peak_layer']})")
 
 
-def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> None:
-    write_csv_frame(layout.roc(run), pd.DataFrame({"fpr": roc["fpr"], "tpr": roc["tpr"]}))
+def _write_scores(layout: Layout, run: str, scores: dict, member_positions: np.ndarray,
+                  member_labels: np.ndarray, holdout_positions: np.ndarray,
+                  holdout_labels: np.ndarray) -> None:
+    """Every attack's score of every attacked record (higher = member), by split and position:
+    the data owner's per-record view (which records leak); never logged to MLflow."""
+    frame = pd.DataFrame({
+        "split": ["target_train"] * len(member_positions) + ["target_holdout"] *
+        len(holdout_positions),
+        "position": np.concatenate([member_positions, holdout_positions]),
+        "label": np.concatenate([member_labels, holdout_labels]),
+        "member": np.r_[np.ones(len(member_positions), int), np.zeros(len(holdout_positions), int)],
+        **{name: np.concatenate(pair) for name, pair in scores.items()}})
+    write_csv_frame(layout.attack_scores(run), frame)
+
+
+def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics) -> None:
+    write_csv_frame(layout.roc(run), pd.concat(
+        [pd.DataFrame({"attack": name, "fpr": roc["fpr"], "tpr": roc["tpr"]})
+         for name, roc in rocs.items()], ignore_index=True))
     bins = reliability_bins(probs.max(axis=1), probs.argmax(axis=1) == labels, n_bins)
     frame = pd.DataFrame({k: bins[k] for k in ("lower", "upper", "count", "confidence",
                                                "accuracy")})
@@ -296,7 +358,8 @@ def _write_plots(layout, run, roc, probs, labels, n_bins, trace, metrics) -> Non
     title = f"{run} (acc {metrics['utility']['accuracy']:.3f})"
     check = metrics["mia"]["loss"]["dp_bound"]
     bound = (check["epsilon_used"], check["delta_used"]) if check["checked"] else None
-    roc_figure(folder / "roc.png", {run: roc}, title=f"Loss-attack ROC: {title}", bound=bound)
+    roc_figure(folder / "roc.png", {ATTACK_NAMES.get(n, n): r for n, r in rocs.items()},
+               title=f"Membership-attack ROC: {title}", bound=bound)
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
     if "monitored_std" in trace:

@@ -7,11 +7,12 @@ colour by run (and dash by revision under ``dvc plots diff``). The tables are sm
 tracks them (``dvc plots diff main`` reads main's from git):
 
 * ``clip_threshold.csv``: C_t against step, at most :data:`MAX_POINTS` steps per run;
-* ``roc.csv``: the loss attack's ROC with FPR and TPR > 0 (log axes), at most :data:`MAX_POINTS`
-  points per run, evenly spaced in log FPR (column ``attack`` names it);
+* ``roc.csv``, ``roc_lira.csv``, ``roc_rmia.csv``: the loss attack's, LiRA's and RMIA's ROC
+  with FPR and TPR > 0 (log axes), at most :data:`MAX_POINTS` points per run, evenly spaced in
+  log FPR (column ``attack`` names it; a run without reference models has no LiRA or RMIA rows);
 * ``reliability.csv``: accuracy against confidence per non-empty bin;
 * ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
-  TPR at 0.1% FPR) against the epsilon it spent, one row per run with a DP claim (several
+  TPR at 0.1% FPR, the audit's lower bound on epsilon) against the epsilon it spent, one row per run with a DP claim (several
   target epsilons draw a curve per method).
 """
 
@@ -25,7 +26,8 @@ from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
-FILES = ("clip_threshold.csv", "roc.csv", "reliability.csv", "privacy_utility.csv")
+ROC_FILES = {"loss": "roc.csv", "lira": "roc_lira.csv", "rmia": "roc_rmia.csv"}
+FILES = ("clip_threshold.csv", *ROC_FILES.values(), "reliability.csv", "privacy_utility.csv")
 
 
 def thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
@@ -63,12 +65,21 @@ def clip_threshold_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     return _concat(parts, ["run", "method", "step", "clip_threshold"])
 
 
-def roc_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+def read_roc(layout: Layout, run: str) -> pd.DataFrame:
+    """The run's ROC points of every attack (``attack``, ``fpr``, ``tpr``); a file written
+    before LiRA and RMIA holds the loss attack's only, without the column."""
+    roc = pd.read_csv(layout.roc(run))
+    return roc if "attack" in roc else roc.assign(attack="loss")
+
+
+def roc_table(layout: Layout, runs: list[RunKey], attack: str = "loss") -> pd.DataFrame:
     parts = []
     for key in runs:
-        roc = pd.read_csv(layout.roc(key.name)).sort_values(["fpr", "tpr"])
+        roc = read_roc(layout, key.name)
+        roc = roc[roc["attack"] == attack][["fpr", "tpr"]].sort_values(["fpr", "tpr"])
         roc = roc[roc["tpr"] > 0]  # log axes: a zero has no place (Vega drops the whole line)
-        parts.append(_labelled(thin_log(roc, "fpr").assign(attack="loss"), key))
+        if len(roc):
+            parts.append(_labelled(thin_log(roc, "fpr").assign(attack=attack), key))
     return _concat(parts, ["run", "method", "fpr", "tpr", "attack"])
 
 
@@ -82,7 +93,8 @@ def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
 
 
 PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed", "epsilon",
-                   "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct"]
+                   "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct",
+                   "audit_epsilon_lower_bound"]
 
 
 def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
@@ -100,15 +112,15 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    return pd.concat(parts, ignore_index=True)[columns] if parts else \
+    return pd.concat(parts, ignore_index=True).reindex(columns=columns) if parts else \
         pd.DataFrame(columns=columns)
 
 
 def write_overlays(layout: Layout, runs: list[RunKey]) -> dict[str, pd.DataFrame]:
-    """Write the four overlay tables of ``runs`` into ``overlays/`` (replacing those of runs
-    no longer configured); returns them by file name."""
+    """Write the overlay tables of ``runs`` into ``overlays/`` (replacing those of runs no
+    longer configured); returns them by file name."""
     tables = {"clip_threshold.csv": clip_threshold_table(layout, runs),
-              "roc.csv": roc_table(layout, runs),
+              **{name: roc_table(layout, runs, attack) for attack, name in ROC_FILES.items()},
               "reliability.csv": reliability_table(layout, runs),
               "privacy_utility.csv": privacy_utility_table(layout, runs)}
     for name, table in tables.items():

@@ -189,12 +189,28 @@ AUDIT = RunStage(
 )
 
 
+REFERENCE = RunStage(
+    name="reference",
+    params=TRAIN.params + ("attack.references", "attack.mode", "attack.population", "data.seed"),
+    code=TRAIN.code + ("stages/reference.py",),
+    reads_method_options=True,
+    data=_train_data,  # it trains the run's configuration on other data
+    outputs=lambda layout, key: {
+        f"references/{key.name}/{name}": layout.references(key.name) / name
+        for name in ("signals.npz", "reference.json")},
+    provenance=lambda layout, key: layout.references(key.name) / "provenance.json",
+    result=lambda layout, key: layout.references(key.name) / "reference.json",
+)
+
+
 def _evaluate_data(layout: Layout, key) -> dict[str, Path]:
     tag = alpha_tag(key.alpha)
     return {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag),
             f"runs/{key.name}": layout.run_dir(key.name),
             f"traces/{key.name}.csv": layout.trace(key.name),
-            f"audits/{key.name}/audit.json": layout.audit(key.name)}  # merged into the metrics
+            f"audits/{key.name}/audit.json": layout.audit(key.name),  # merged into the metrics
+            f"references/{key.name}/signals.npz":  # LiRA and RMIA
+                layout.references(key.name) / "signals.npz"}
 
 
 def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
@@ -202,7 +218,8 @@ def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
                f"summary/{key.name}.json": layout.summary(key.name),
                f"plots/roc/{key.name}.csv": layout.roc(key.name),
                f"plots/reliability/{key.name}.csv": layout.reliability(key.name),
-               f"figures/{key.name}": layout.figures(key.name)}
+               f"figures/{key.name}": layout.figures(key.name),
+               f"scores/{key.name}.csv": layout.attack_scores(key.name)}
     if layout.ir_attack(key.name).exists():  # written when evaluate.ir_attack is on
         outputs[f"plots/ir_mia/{key.name}.csv"] = layout.ir_attack(key.name)
     return outputs
@@ -213,7 +230,7 @@ EVALUATE = RunStage(
     params=("evaluate", "attack", "data.seed", "train.threads"),
     code=("metrics.py", "attacks", "data/splits.py", "methods/__init__.py", "methods/base.py",
           "methods/{method}.py", "models.py", "plots.py", "threads.py", "stages/train.py",
-          "stages/evaluate.py"),
+          "stages/reference.py", "stages/evaluate.py"),
     reads_method_options=False,
     data=_evaluate_data,
     outputs=_evaluate_outputs,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import pandas as pd
 
 from dpclip.config import Params
@@ -13,8 +15,9 @@ from dpclip.naming import RunKey, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
-from dpclip.plots import clip_figure, comparison_figure, roc_figure
-from dpclip.stages.overlays import write_overlays
+from dpclip.metrics import dp_bound_unchecked, membership_game_bound
+from dpclip.plots import audit_figure, clip_figure, comparison_figure, roc_figure
+from dpclip.stages.overlays import read_roc, write_overlays
 
 
 def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
@@ -31,7 +34,9 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            # added later, at the end (tools read the columns above by position too)
            "adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bound_violated",
            "label_only_auc", "label_only_auc_unmatched",
-           "audit_whitebox", "audit_blackbox", "audit_violated"]
+           "audit_whitebox", "audit_blackbox", "audit_violated",
+           "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc", "rmia_tpr_at_fpr_0.1pct",
+           "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -70,7 +75,37 @@ def table_row(m: dict) -> dict:
             "dp_bound_violated": any(c["violated"] for c in checks) if checks else None,
             "label_only_auc": label_only.get("auc"),
             "label_only_auc_unmatched": label_only.get("auc_unmatched"),
-            **audit_columns(m.get("audit") or {})}
+            **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p)}
+
+
+def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
+    """The largest TPR at ``fpr`` any attack may reach in our membership game under the run's
+    DP claim, min(1, e^eps' fpr + delta') with (eps', delta') of its adjacency
+    (:func:`dpclip.metrics.membership_game_bound`: (2 eps, (1 + e^eps) delta) for add/remove,
+    (eps, delta) for replace-one); None without a DP claim."""
+    if dp_bound_unchecked(privacy) is not None:
+        return None
+    eps, delta = membership_game_bound(privacy.get("adjacency"), float(privacy["epsilon"]),
+                                       float(privacy["delta"]))
+    return float(min(1.0, math.exp(min(eps, 700.0)) * fpr + delta))
+
+
+def attack_columns(mia: dict, privacy: dict) -> dict:
+    """LiRA's and RMIA's AUC and TPR at 0.1% FPR (— without reference models), and the
+    strongest record-level attack's TPR at 0.1% FPR next to what the DP claim allows there."""
+    from dpclip.stages.evaluate import strongest_attack
+
+    columns = {}
+    for name in ("lira", "rmia"):
+        attack = mia.get(name) or {}
+        columns[f"{name}_auc"] = attack.get("auc")
+        columns[f"{name}_tpr_at_fpr_0.1pct"] = attack.get("tpr_at_fpr_0.1pct")
+    strongest = strongest_attack(mia)
+    columns["strongest_attack"] = strongest[0] if strongest else None
+    columns["strongest_tpr_at_fpr_0.1pct"] = strongest[1]["tpr_at_fpr_0.1pct"] if strongest \
+        else None
+    columns["tpr_bound_at_fpr_0.1pct"] = tpr_bound_at(0.001, privacy)
+    return columns
 
 
 def audit_columns(audit: dict) -> dict:
@@ -84,16 +119,18 @@ def audit_columns(audit: dict) -> dict:
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    def fmt(v):
+    def fmt(v, column: str):
         if v is None or (isinstance(v, float) and pd.isna(v)):
             return "—"
+        if v is True and column == "audit_violated":  # a privacy bug: impossible to miss
+            return "🔴 **True (REFUTED)**"
         if isinstance(v, float):
             return f"{v:.4g}"
         return str(v)
 
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    rows = ["| " + " | ".join(fmt(v) for v in row) + " |"
+    rows = ["| " + " | ".join(fmt(v, column) for column, v in zip(table.columns, row)) + " |"
             for row in table.astype(object).itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 
@@ -141,6 +178,15 @@ ADDED_NOTES = [
     "epsilon below it is refuted by the canaries; `audit_violated: True` (a bound above the "
     "claimed epsilon of a run with a DP guarantee) is a privacy bug. — = not applicable (no DP "
     "claim, replace-one-features adjacency) or not audited.",
+    "`lira_*`, `rmia_*`: LiRA (Carlini et al. 2022) and RMIA (Zarifzadeh et al. 2024), "
+    "calibrated per record with `attack.references` reference models trained with the run's "
+    "own configuration (`attack.mode`: offline on halves of the public population, online on "
+    "halves of members and holdout); — = no reference models. TPR at 0.1% FPR: with fewer "
+    "than 1000 non-members it is the TPR at no false positive at all. "
+    "`strongest_attack`: the record-level attack (loss, LiRA, RMIA) with the highest TPR at "
+    "0.1% FPR (ties: AUC); `tpr_bound_at_fpr_0.1pct`: the most any attack may reach there "
+    "under the row's DP claim in this evaluation game, min(1, e^eps' 0.001 + delta') with the "
+    "eps', delta' of `dp_bound_margin` (1 = the claim allows anything at this FPR).",
     "— = not recorded (metrics written by an older version).",
 ]
 
@@ -204,7 +250,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     write_text(out / DATA_USE, data_use_markdown(metrics))
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
-    rocs = {k.name: pd.read_csv(layout.roc(k.name)) for k in runs}
+    rocs = {k.name: read_roc(layout, k.name) for k in runs}
+    audit_figure(out / "claimed_vs_audited_epsilon.png", table)
     comparison_figure(out / "comparison.png", table)
     clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
     for (epsilon, alpha, seed), keys in _by_configuration(runs).items():
@@ -212,7 +259,12 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
         clip_figure(out / f"clip_thresholds-eps{epsilon}-{alpha}-seed{seed}.png",
                     {k.method: traces[k.name] for k in keys},
                     title=f"C_t by method (target eps {epsilon}, alpha {alpha}, seed {seed})")
-    roc_figure(out / "roc.png", rocs, title="Loss-attack ROC by run")
+    for attack, label in (("loss", "Loss-attack"), ("lira", "LiRA"), ("rmia", "RMIA")):
+        curves = {run: roc[roc["attack"] == attack] for run, roc in rocs.items()}
+        curves = {run: roc for run, roc in curves.items() if len(roc)}
+        if curves:
+            roc_figure(out / ("roc.png" if attack == "loss" else f"roc_{attack}.png"), curves,
+                       title=f"{label} ROC by run")
     write_overlays(layout, runs)
     logged = None
     if track:

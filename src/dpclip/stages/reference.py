@@ -1,0 +1,159 @@
+"""reference: the reference models of LiRA and RMIA for one configuration
+(:mod:`dpclip.attacks.reference`).
+
+K = ``attack.references`` models are trained with the run's own code and configuration
+(method, options, target epsilon; a seed of their own each) on halves of a pool of records:
+
+* ``attack.mode: offline``: the pool is the public population (``attack.population``: the
+  shadow splits). No reference model sees a member or a holdout record, so every one is OUT
+  for the records the evaluation attacks.
+* ``attack.mode: online``: the pool is the run's members and the target holdout (the data
+  owner evaluates with all its data), so each attacked record is IN for half of the models.
+
+The halves come in complementary pairs: models 2j and 2j+1 split a random permutation of the
+pool, so every pool record is IN for exactly K/2 models. RMIA's population records z are the
+pool's non-members of the run (offline the public pool, online the holdout): IN for exactly
+half of the models, their mean probability over all K is the paper's P(z) = (P_in + P_out) / 2.
+
+The models stay on the data owner's machine and are not kept: ``references/<run>/signals.npz``
+holds each model's logits on the members (K, n_members, C), the holdout (K, n_holdout, C) and the
+population (K, n_population, C) with which of them it trained on (``in_*``, K x n booleans);
+``reference.json`` states the pool, the population and each model's privacy record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from dpclip.config import Params
+from dpclip.io import read_json, write_json, write_npz
+from dpclip.layout import Layout
+from dpclip.naming import RunKey, configured_runs
+from dpclip.stages.prepare import load_split
+from dpclip.stages.provenance import REFERENCE
+from dpclip.stages.retire import set_aside
+from dpclip.stages.train import run_inputs
+from dpclip.threads import use_threads
+from dpclip.train import train_model
+
+POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
+                     "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
+
+
+def reference_seed(params: Params, run: str, what: str) -> int:
+    """A seed of the run's reference models (the pool's halves, or model k's training),
+    from ``data.seed``, the run and ``what``: every run's references differ."""
+    text = f"{params.data.seed}:{run}:reference:{what}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:4], "big") >> 1  # < 2^31
+
+
+def public_population(params: Params, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """The public records of ``attack.population`` (offline pool and RMIA population)."""
+    parts = [load_split(layout, name)[:2] for name in POPULATION_SPLITS[params.attack.population]]
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def complementary_halves(n: int, k: int, seed: int) -> np.ndarray:
+    """(k, n) booleans: model 2j trains on the first half of the j-th random permutation of the
+    n pool records, model 2j+1 on the rest, so each record is IN for exactly k / 2 models."""
+    if k % 2:
+        raise ValueError(f"reference models come in pairs: {k} is odd")
+    rng = np.random.default_rng(seed)
+    inside = np.zeros((k, n), dtype=bool)
+    for j in range(k // 2):
+        first = rng.permutation(n)[: n // 2]
+        inside[2 * j, first] = True
+        inside[2 * j + 1] = ~inside[2 * j]
+    return inside
+
+
+@torch.no_grad()
+def logits_of(model: torch.nn.Module, x: np.ndarray, batch: int = 512) -> np.ndarray:
+    model = model.eval()
+    return torch.cat([model(torch.as_tensor(x[i:i + batch], dtype=torch.float32))
+                      for i in range(0, len(x), batch)]).numpy()
+
+
+def reference(params: Params, method: str, epsilon, alpha, seed: int,
+              layout: Layout = Layout()) -> dict:
+    key = RunKey(method, epsilon, alpha, int(seed))
+    run = key.name
+    inputs = REFERENCE.inputs(params, key, layout)
+    use_threads(params.train.threads)
+    a = params.attack
+    data = run_inputs(params, key, layout)  # the run's members, configuration, public data
+    x_out, y_out, _ = load_split(layout, "target_holdout")
+    n_m, n_h = len(data.x), len(x_out)
+    if a.mode == "offline":
+        pool_x, pool_y = public_population(params, layout)
+        population = slice(0, len(pool_x))
+        population_source = f"public ({' + '.join(POPULATION_SPLITS[a.population])})"
+    else:
+        pool_x, pool_y = np.concatenate([data.x, x_out]), np.concatenate([data.y, y_out])
+        population = slice(n_m, n_m + n_h)  # the holdout: the pool's non-members of the run
+        population_source = "target_holdout"
+    inside = complementary_halves(len(pool_x), a.references, reference_seed(params, run, "halves"))
+    parts = {"members": (data.x, []), "holdout": (x_out, []), "population": (pool_x[population], [])}
+    models = []
+    for k in range(a.references):
+        cfg = replace(data.cfg, seed=reference_seed(params, run, f"model{k}"))
+        result = train_model(pool_x[inside[k]], pool_y[inside[k]], data.shape, data.n_classes,
+                             cfg, progress=False, desc=f"{run} reference {k}",
+                             public=data.public)
+        for x, logits in parts.values():
+            logits.append(logits_of(result.model, x))
+        models.append({"seed": cfg.seed, "n_train": int(inside[k].sum()),
+                       "epsilon": result.privacy["epsilon"],
+                       "noise_multiplier": result.privacy.get("noise_multiplier"),
+                       "steps": result.training["steps_planned"]})
+    if a.mode == "offline":
+        in_members, in_holdout = np.zeros((a.references, n_m), bool), np.zeros((a.references, n_h), bool)
+    else:
+        in_members, in_holdout = inside[:, :n_m], inside[:, n_m:]
+    folder = layout.references(run)
+    write_npz(folder / "signals.npz",
+              **{f"logits_{name}": np.stack(logits) for name, (_, logits) in parts.items()},
+              in_members=in_members, in_holdout=in_holdout, in_population=inside[:, population])
+    facts = {"run": run, "mode": a.mode, "references": a.references,
+             "pool": population_source if a.mode == "offline" else "members + target_holdout",
+             "pool_size": int(len(pool_x)), "population": population_source,
+             "population_size": int(population.stop - population.start), "models": models}
+    write_json(folder / "reference.json", facts)
+    REFERENCE.record(layout, key, inputs)
+    return facts
+
+
+def load_signals(layout: Layout, run: str) -> dict | None:
+    """The run's reference signals (module docstring) and, as ``facts``, its
+    ``reference.json``; None when it has none."""
+    path = layout.references(run) / "signals.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as signals:
+        arrays = {name: signals[name] for name in signals.files}
+    return {**arrays, "facts": read_json(layout.references(run) / "reference.json")}
+
+
+def set_aside_unconfigured_references(params: Params, layout: Layout) -> dict[str, list[str]]:
+    """``references/`` holds the configured runs only (all of them set aside when
+    ``attack.references`` is 0); the others wait in ``.dpclip/retired/<run>/references``."""
+    configured = {key.name for key in configured_runs(params)} if params.attack.references \
+        else set()
+    return set_aside(configured, layout.references("any").parent,
+                     lambda run: {"references": layout.references(run)}, layout)
+
+
+def reference_all(params: Params, layout: Layout = Layout(), force: bool = False):
+    """Train the reference models of every configured run that is not up to date (all with
+    ``force``), in this process; yields (run, its facts, or None when up to date). Nothing is
+    trained with ``attack.references: 0``."""
+    set_aside_unconfigured_references(params, layout)
+    layout.references("any").parent.mkdir(parents=True, exist_ok=True)  # DVC's output
+    if params.attack.references == 0:
+        return iter(())
+    return REFERENCE.each_run(params, layout, lambda key: reference(
+        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)

@@ -1,0 +1,92 @@
+"""The reference stage: complementary halves (each pool record IN for exactly half of the
+models), offline models that never see a member or a holdout record, online models that see
+each of them in exactly half, and the evaluate stage's LiRA and RMIA built on them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from conftest import prepared_project
+from dpclip.cli import main
+from dpclip.config import parse_params
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.stages.prepare import load_split
+from dpclip.stages.reference import complementary_halves, load_signals, reference_seed
+
+
+def test_complementary_halves_put_every_record_in_exactly_half_of_the_models():
+    inside = complementary_halves(11, 6, seed=3)
+    assert inside.shape == (6, 11)
+    assert (inside.sum(axis=0) == 3).all()  # every record IN for K / 2 models
+    assert (inside[0::2] ^ inside[1::2]).all()  # each pair splits the pool
+    assert sorted(inside[0::2].sum(axis=1)) == [5, 5, 5]  # halves of n // 2 and the rest
+    assert (complementary_halves(11, 6, seed=3) == inside).all()
+    assert (complementary_halves(11, 6, seed=4) != inside).any()
+    with pytest.raises(ValueError, match="odd"):
+        complementary_halves(11, 3, seed=0)
+
+
+def test_reference_seeds_differ_by_run_and_model(tiny_raw):
+    params = parse_params(tiny_raw())
+    seeds = {reference_seed(params, run, what) for run in ("a", "b")
+             for what in ("halves", "model0", "model1")}
+    assert len(seeds) == 6 and all(0 <= s < 2 ** 31 for s in seeds)
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_reference_models_and_the_calibrated_attacks(tmp_path, tiny_raw, write_params, mode):
+    raw = tiny_raw(attack={"references": 4, "mode": mode})
+    base = prepared_project(tmp_path, raw, write_params)
+    for stage in ("train", "reference", "evaluate"):
+        assert main([*base, stage]) == 0
+    layout = Layout(tmp_path)
+    run = "dp_sgd-eps8-iid-seed0"
+    signals = load_signals(layout, run)
+    facts = signals["facts"]
+    n_members = read_json(layout.run_dir(run) / "record.json")["n_members"]
+    n_holdout = len(load_split(layout, "target_holdout")[1])
+    assert signals["logits_members"].shape[:2] == (4, n_members)
+    assert signals["logits_holdout"].shape[:2] == (4, n_holdout)
+    assert (signals["in_population"].sum(axis=0) == 2).all()  # z: IN for half the models
+    if mode == "offline":  # public pool: no reference model saw a member or a holdout record
+        assert not signals["in_members"].any() and not signals["in_holdout"].any()
+        public = sum(len(load_split(layout, s)[1]) for s in ("shadow_train", "shadow_holdout"))
+        assert facts["pool_size"] == facts["population_size"] == public
+    else:  # members and holdout: each IN for exactly two of the four
+        assert (signals["in_members"].sum(axis=0) == 2).all()
+        assert (signals["in_holdout"].sum(axis=0) == 2).all()
+        assert facts["pool_size"] == n_members + n_holdout
+        assert facts["population_size"] == n_holdout
+    assert all(m["epsilon"] == pytest.approx(8, abs=0.1) for m in facts["models"])  # same DP
+    assert len({m["seed"] for m in facts["models"]}) == 4
+
+    metrics = read_json(layout.metrics(run))
+    n = metrics["mia"]["matching"]["n_members"]
+    for attack in ("loss", "lira", "rmia"):
+        result = metrics["mia"][attack]
+        assert 0 <= result["auc"] <= 1 and result["dp_bound"]["checked"]
+        lo, hi = result["tpr_at_fpr_1pct_ci95"]
+        assert lo <= result["tpr_at_fpr_1pct"] <= hi
+    assert metrics["mia"]["dp_bound_family"]["checks"] == 3 + 2  # three attacks, two layers
+    scores = pd.read_csv(layout.attack_scores(run))
+    assert list(scores.columns) == ["split", "position", "label", "member", "loss", "lira",
+                                    "rmia"]
+    assert scores["member"].sum() == n and len(scores) == 2 * n
+    assert set(pd.read_csv(layout.roc(run))["attack"]) == {"loss", "lira", "rmia"}
+    # a second pass finds every run's reference models up to date
+    assert main([*base, "reference"]) == 0
+    assert load_signals(layout, run)["facts"] == facts
+
+
+def test_no_reference_models_no_calibrated_attacks(tmp_path, tiny_raw, write_params):
+    base = prepared_project(tmp_path, tiny_raw(attack={"references": 0}), write_params)
+    for stage in ("train", "reference", "evaluate"):
+        assert main([*base, stage]) == 0
+    layout = Layout(tmp_path)
+    assert list((tmp_path / "references").iterdir()) == []
+    mia = read_json(layout.metrics("dp_sgd-eps8-iid-seed0"))["mia"]
+    assert "lira" not in mia and "rmia" not in mia
+    assert list(pd.read_csv(layout.attack_scores("dp_sgd-eps8-iid-seed0")).columns)[-1] == \
+        "loss"
