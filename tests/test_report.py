@@ -21,7 +21,7 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
          "audit_violated", "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc",
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
-         "tpr_bound_at_fpr_0.1pct"]
+         "tpr_bound_at_fpr_0.1pct", "audit_status"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
@@ -145,3 +145,22 @@ def test_a_refuted_audit_is_impossible_to_miss():
     lines = markdown_table(table).splitlines()
     assert lines[2] == "| a | 🔴 **True (REFUTED)** | True |"
     assert lines[3] == "| b | False | True |"
+
+
+def test_the_audit_status_says_why_a_run_has_no_bound():
+    from dpclip.stages.report import audit_status
+
+    def entry(kind, applicable, reason=None):
+        return {"kind": kind, "applicable": applicable, "reason": reason,
+                "epsilon_lower_bound": 1.0 if applicable else None}
+
+    assert audit_status({}) is None
+    assert audit_status({"whitebox": entry("whitebox", True),
+                         "blackbox": entry("blackbox", False, "not in audit.kinds")}) == \
+        "audited (whitebox)"
+    adjacency = "replace_one_features adjacency (the canaries are added or removed whole records)"
+    assert audit_status({"whitebox": entry("whitebox", False, adjacency),
+                         "blackbox": entry("blackbox", False, "not in audit.kinds")}) == \
+        f"not applicable ({adjacency})"
+    assert audit_status({k: entry(k, False, "not in audit.kinds")
+                         for k in ("whitebox", "blackbox")}) == "off (audit.kinds is empty)"

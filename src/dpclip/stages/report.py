@@ -36,7 +36,8 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "label_only_auc", "label_only_auc_unmatched",
            "audit_whitebox", "audit_blackbox", "audit_violated",
            "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc", "rmia_tpr_at_fpr_0.1pct",
-           "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct"]
+           "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
+           "audit_status"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -115,7 +116,21 @@ def audit_columns(audit: dict) -> dict:
              for kind in ("whitebox", "blackbox")}
     applicable = [r for r in audit.values() if isinstance(r, dict) and r.get("applicable")]
     return {"audit_whitebox": bound["whitebox"], "audit_blackbox": bound["blackbox"],
-            "audit_violated": any(r["violated"] for r in applicable) if applicable else None}
+            "audit_violated": any(r["violated"] for r in applicable) if applicable else None,
+            "audit_status": audit_status(audit)}
+
+
+def audit_status(audit: dict) -> str | None:
+    """"audited (<kinds>)", or why the run has no bound ("not applicable (<reason>)": no DP
+    claim, another adjacency); None when the metrics hold no audit."""
+    entries = {kind: r for kind, r in audit.items() if isinstance(r, dict)}
+    if not entries:
+        return None
+    audited = [kind for kind, r in entries.items() if r.get("applicable")]
+    if audited:
+        return f"audited ({', '.join(audited)})"
+    reasons = [r["reason"] for r in entries.values() if r.get("reason") != "not in audit.kinds"]
+    return f"not applicable ({reasons[0]})" if reasons else "off (audit.kinds is empty)"
 
 
 def markdown_table(table: pd.DataFrame) -> str:
@@ -177,7 +192,7 @@ ADDED_NOTES = [
     "step (white-box) or mislabelled public records scored by their loss (black-box). Every "
     "epsilon below it is refuted by the canaries; `audit_violated: True` (a bound above the "
     "claimed epsilon of a run with a DP guarantee) is a privacy bug. — = not applicable (no DP "
-    "claim, replace-one-features adjacency) or not audited.",
+    "claim, replace-one-features adjacency) or not audited; `audit_status` says which.",
     "`lira_*`, `rmia_*`: LiRA (Carlini et al. 2022) and RMIA (Zarifzadeh et al. 2024), "
     "calibrated per record with `attack.references` reference models trained with the run's "
     "own configuration (`attack.mode`: offline on halves of the public population, online on "
