@@ -21,7 +21,7 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
          "audit_violated", "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc",
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
-         "tpr_bound_at_fpr_0.1pct", "audit_status"]
+         "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
@@ -92,7 +92,7 @@ def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
     cells = dict(zip(names, (c.strip() for c in old.strip("|").split("|"))))
     # the strongest attack and the bound follow from any metrics file with a loss attack
     derived = {"strongest_attack": "loss", "strongest_tpr_at_fpr_0.1pct": "0",
-               "tpr_bound_at_fpr_0.1pct": "1"}
+               "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95"}
     assert all(cells[name] == derived.get(name, "—") for name in ADDED), cells
     new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))
@@ -164,3 +164,27 @@ def test_the_audit_status_says_why_a_run_has_no_bound():
         f"not applicable ({adjacency})"
     assert audit_status({k: entry(k, False, "not in audit.kinds")
                          for k in ("whitebox", "blackbox")}) == "off (audit.kinds is empty)"
+
+
+def test_one_seed_says_no_difference_is_tested(reported):
+    _, layout = reported
+    text = (layout.reports / "comparison.md").read_text()
+    assert "## Over seeds" in text and "no difference between methods is tested" in text
+    assert (layout.reports / "seeds.csv").exists()
+
+
+def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
+    from dpclip.stages.report import seeds_section
+
+    rows = []
+    for method, shift in (("dp_sgd", 0.0), ("auto_s", 0.05)):
+        for seed, noise in enumerate((0.0, 0.002, -0.001)):
+            rows.append({"method": method, "target_epsilon": 8.0, "alpha": "iid", "seed": seed,
+                         "accuracy": 0.9 + shift + noise, "ece": 0.05, "strongest_auc": 0.55,
+                         "strongest_tpr_at_fpr_0.1pct": 0.0, "audit_whitebox": 1.5,
+                         "audit_blackbox": None})
+    text = "\n".join(seeds_section(pd.DataFrame(rows), tmp_path))
+    assert "| 8 | iid | auto_s | 3 | 0.9503 [" in text  # mean [interval]
+    line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
+    assert line.endswith("| better |") and "0.05 [" in line
+    assert pd.read_csv(tmp_path / "paired_vs_dp_sgd.csv")["verdict"].tolist().count("better") == 1

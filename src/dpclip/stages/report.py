@@ -17,6 +17,8 @@ from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound
 from dpclip.plots import audit_figure, clip_figure, comparison_figure, roc_figure
+from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
+                               seed_summary)
 from dpclip.stages.overlays import read_roc, write_overlays
 
 
@@ -37,7 +39,7 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "audit_whitebox", "audit_blackbox", "audit_violated",
            "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc", "rmia_tpr_at_fpr_0.1pct",
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
-           "audit_status"]
+           "audit_status", "strongest_auc"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -103,6 +105,7 @@ def attack_columns(mia: dict, privacy: dict) -> dict:
         columns[f"{name}_tpr_at_fpr_0.1pct"] = attack.get("tpr_at_fpr_0.1pct")
     strongest = strongest_attack(mia)
     columns["strongest_attack"] = strongest[0] if strongest else None
+    columns["strongest_auc"] = strongest[1]["auc"] if strongest else None
     columns["strongest_tpr_at_fpr_0.1pct"] = strongest[1]["tpr_at_fpr_0.1pct"] if strongest \
         else None
     columns["tpr_bound_at_fpr_0.1pct"] = tpr_bound_at(0.001, privacy)
@@ -206,6 +209,48 @@ ADDED_NOTES = [
 ]
 
 
+def _with_interval(value, low, high) -> str:
+    if value is None or pd.isna(value):
+        return "—"
+    if low is None or pd.isna(low):
+        return f"{value:.4g}"
+    return f"{value:.4g} [{low:.4g}, {high:.4g}]"
+
+
+def seeds_section(table: pd.DataFrame, out) -> list[str]:
+    """Write ``seeds.csv`` (mean and 95% interval of each headline metric per configuration)
+    and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.seed_stats`); return the report's section on
+    them, which says so when one seed allows no interval and no test."""
+    summary, paired = seed_summary(table), paired_comparison(table)
+    write_csv_frame(out / "seeds.csv", summary)
+    write_csv_frame(out / "paired_vs_dp_sgd.csv", paired)
+    lines = ["", "## Over seeds", ""]
+    if summary.empty or summary["seeds"].max() < 2:
+        return lines + ["One seed per configuration (`train.seeds`): no interval is given and "
+                        "no difference between methods is tested. With two or more seeds this "
+                        "section gives each metric's mean and 95% interval, and a paired "
+                        f"verdict against `{BASELINE}`."]
+    shown = summary[CONFIGURATION + ["seeds"]].copy()
+    for metric in HEADLINE:
+        shown[metric] = [_with_interval(*v) for v in zip(
+            summary[metric], summary[f"{metric}_low"], summary[f"{metric}_high"])]
+    lines += ["Mean and 95% Student-t interval over seeds (`seeds.csv`); `strongest_*`: the "
+              "strongest record-level attack of each run, `audit_epsilon`: its larger audited "
+              "lower bound.", "", markdown_table(shown)]
+    if paired.empty:
+        return lines + ["", f"No `{BASELINE}` run to compare with."]
+    verdicts = paired[["target_epsilon", "alpha", "method", "metric", "seeds"]].copy()
+    verdicts["difference"] = [_with_interval(*v) for v in zip(
+        paired["difference"], paired["difference_low"], paired["difference_high"])]
+    verdicts["p_holm"] = paired["p_holm"]
+    verdicts["verdict"] = paired["verdict"]
+    return lines + ["", f"### Paired with `{BASELINE}` (same seed, method minus {BASELINE})",
+                    "", "Paired t-test over seeds, Holm-adjusted over the methods per metric "
+                    "and configuration (`paired_vs_dp_sgd.csv`); better / worse at 5%, by the "
+                    "metric's direction (higher accuracy; lower ECE and attack success).", "",
+                    markdown_table(verdicts)]
+
+
 def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -261,6 +306,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              *ADDED_NOTES,
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
+    notes += seeds_section(table, out)
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     write_text(out / DATA_USE, data_use_markdown(metrics))
