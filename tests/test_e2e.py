@@ -20,6 +20,9 @@ BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
 OVERLAYS = ["clip_threshold.csv", "roc.csv", "roc_lira.csv", "roc_rmia.csv", "reliability.csv",
             "privacy_utility.csv"]
+# plots by id: the claimed-vs-audited scatter and the curves over seeds with their bands
+PLOT_IDS = ["claimed_vs_audited_epsilon", "privacy_utility_accuracy", "privacy_utility_ece",
+            "privacy_utility_attack"]
 OFFLINE_PAGE = Path(".dvc") / "plots" / "offline.html"
 CONTRACT = {
     "privacy": {"dp_guarantee", "accountant", "target_epsilon", "epsilon", "delta",
@@ -109,6 +112,7 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
     assert all(run in table for run in RUNS)
     for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png",
                  "roc_lira.png", "roc_rmia.png", "claimed_vs_audited_epsilon.png",
+                 "privacy_utility.png", "seeds.csv", "paired_vs_dp_sgd.csv",
                  "data_use.md"):
         assert (project / "reports" / name).exists()
 
@@ -144,10 +148,13 @@ def test_dvc_metrics_and_plots(dvc_project):
     plots = json.loads(out[out.index("{"):])["data"]
     # the overlays, each with every run in one plot and a title, and the claimed-vs-audited
     # scatter of the private runs
-    assert sorted(plots) == sorted([f"overlays/{name}" for name in OVERLAYS]
-                                   + ["claimed_vs_audited_epsilon"])
+    assert sorted(plots) == sorted([f"overlays/{name}" for name in OVERLAYS] + PLOT_IDS)
     (audited,) = plots.pop("claimed_vs_audited_epsilon")
     assert "audit_epsilon_lower_bound" in json.dumps(audited["content"])
+    for name in PLOT_IDS[1:]:  # one point per method and epsilon: dp_sgd's, no run column
+        (banded,) = plots.pop(name)
+        values = banded["content"]["data"]["values"]
+        assert {row["series"] for row in values} == {"dp_sgd iid"}, name
     for name, renderers in plots.items():
         (renderer,) = renderers
         spec = renderer["content"]

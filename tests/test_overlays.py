@@ -110,3 +110,26 @@ def test_a_run_no_longer_configured_loses_its_summary(evaluated):
     assert remove_unconfigured_evaluations(params, layout) == ["auto_s-eps8-iid-seed0"]
     assert not layout.summary("auto_s-eps8-iid-seed0").exists()
     assert read_json(layout.summary("dp_sgd-eps8-iid-seed0"))["epsilon"] == 7.9
+
+
+def test_the_seed_bands_hold_the_mean_and_interval_per_method_and_epsilon(tmp_path, tiny_raw):
+    params = parse_params(tiny_raw(train={"methods": ["non_private", "dp_sgd"],
+                                          "seeds": [0, 1, 2]}))
+    layout = Layout(tmp_path)
+    runs = configured_runs(params)
+    for key in runs:
+        epsilon = None if key.method == "non_private" else 7.9
+        write_json(layout.summary(key.name), {
+            "epsilon": epsilon, "accuracy": 0.9 + 0.01 * key.seed, "ece": 0.05,
+            "mia_tpr_at_fpr_0.1pct": 0.0})
+    from dpclip.stages.overlays import privacy_utility_seeds_table
+
+    table = privacy_utility_seeds_table(layout, runs)
+    assert len(table) == 1  # dp_sgd at eps 8 (non_private has no epsilon to sit on)
+    row = table.iloc[0]
+    assert (row["method"], row["seeds"]) == ("dp_sgd", 3) and row["epsilon"] == pytest.approx(7.9)
+    # 0.90, 0.91, 0.92: mean 0.91, sd 0.01, t(0.975, 2) = 4.302653: half-width 0.024841
+    assert row["accuracy"] == pytest.approx(0.91)
+    assert (row["accuracy_low"], row["accuracy_high"]) == pytest.approx(
+        (0.91 - 0.0248414, 0.91 + 0.0248414), abs=1e-6)
+    assert (row["ece_low"], row["ece_high"]) == pytest.approx((0.05, 0.05))  # no spread

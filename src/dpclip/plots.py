@@ -137,6 +137,42 @@ def audit_figure(path: Path, table: pd.DataFrame) -> Path | None:
     return write_figure(path, fig)
 
 
+def privacy_utility_figure(path: Path, table: pd.DataFrame) -> Path | None:
+    """Accuracy, ECE and the strongest attack's TPR at 0.1% FPR against the epsilon spent (log
+    axis), one line per method and alpha through its target epsilons, with the 95% band over
+    seeds where there are two or more (``overlays/privacy_utility_seeds.csv``). None when no
+    run has a DP claim."""
+    if table.empty:
+        return None
+    panels = [("accuracy", "holdout accuracy"), ("ece", "ECE"),
+              ("mia_tpr_at_fpr_0.1pct", "strongest attack TPR at 0.1% FPR")]
+    fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8))
+    fig.subplots_adjust(wspace=0.35)
+    groups = list(table.sort_values("epsilon").groupby("series", sort=False))
+    for ax, (metric, label) in zip(axes, panels):
+        for i, (series, rows) in enumerate(groups):
+            # methods share an epsilon: dodge them a little on the log axis to see each bar
+            x = rows["epsilon"] * np.exp(0.02 * (i - (len(groups) - 1) / 2))
+            line, = ax.plot(x, rows[metric], marker="o", label=series)
+            low, high = rows[f"{metric}_low"].astype(float), rows[f"{metric}_high"].astype(float)
+            if low.notna().any():  # the band between target epsilons, a bar at each
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+                ax.vlines(x, low, high, color=line.get_color(), linewidth=2)
+        ax.set(xscale="log", xlabel="epsilon (log axis)", ylabel=label,
+               xlim=(table["epsilon"].min() / 1.5, table["epsilon"].max() * 1.5))
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.set_xticks(sorted(set(np.round(table["epsilon"].astype(float), 2))))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    seeds = int(table["seeds"].max())
+    fig.suptitle("Privacy-utility over seeds" + (" (mean, 95% band)" if seeds > 1 else
+                                                 " (one seed: no band)"))
+    return write_figure(path, fig)
+
+
 def partition_histogram_figure(path: Path, record: dict) -> Path:
     """Records per class in one partition (label skew at a glance)."""
     fig, ax = _subplots(figsize=(6, 3))

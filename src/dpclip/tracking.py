@@ -182,7 +182,8 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
         for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
                      "roc.png", "roc_lira.png", "roc_rmia.png",
-                     "claimed_vs_audited_epsilon.png", "seeds.csv", "paired_vs_dp_sgd.csv",
+                     "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
+                     "paired_vs_dp_sgd.csv",
                      "data_use.md"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")

@@ -12,8 +12,11 @@ tracks them (``dvc plots diff main`` reads main's from git):
   log FPR (column ``attack`` names it; a run without reference models has no LiRA or RMIA rows);
 * ``reliability.csv``: accuracy against confidence per non-empty bin;
 * ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
-  TPR at 0.1% FPR, the audit's lower bound on epsilon) against the epsilon it spent, one row per run with a DP claim (several
-  target epsilons draw a curve per method).
+  TPR at 0.1% FPR, the audit's lower bound on epsilon) against the epsilon it spent, one row
+  per run with a DP claim (several target epsilons draw a curve per method);
+* ``privacy_utility_seeds.csv``: the same over seeds, one row per method, alpha and target
+  epsilon: the mean and 95% interval of accuracy, ECE and the strongest attack's TPR at 0.1%
+  FPR (bands once there are two seeds).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dpclip.naming import RunKey, alpha_tag
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
 ROC_FILES = {"loss": "roc.csv", "lira": "roc_lira.csv", "rmia": "roc_rmia.csv"}
-FILES = ("clip_threshold.csv", *ROC_FILES.values(), "reliability.csv", "privacy_utility.csv")
+FILES = ("clip_threshold.csv", *ROC_FILES.values(), "reliability.csv", "privacy_utility.csv",
+         "privacy_utility_seeds.csv")
 
 
 def thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
@@ -111,6 +115,35 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY)
 
 
+BANDED = ("accuracy", "ece", "mia_tpr_at_fpr_0.1pct")
+PRIVACY_UTILITY_SEEDS = ["series", "method", "alpha", "target_epsilon", "seeds", "epsilon",
+                         *[f"{m}{end}" for m in BANDED for end in ("", "_low", "_high")]]
+
+
+def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    """One row per (method, alpha, target epsilon) with a DP claim: the mean over its seeds of
+    the epsilon spent and, with a 95% interval (:func:`dpclip.seed_stats.mean_interval`; none
+    for one seed), of accuracy, ECE and the strongest attack's TPR at 0.1% FPR: the curves and
+    their bands against epsilon."""
+    from dpclip.seed_stats import mean_interval
+
+    groups: dict[tuple, list[dict]] = {}
+    for key in runs:
+        summary = read_json(layout.summary(key.name))
+        if summary["epsilon"] is not None:
+            groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(summary)
+    rows = []
+    for (method, alpha, target), summaries in groups.items():
+        row = {"series": f"{method} {alpha}", "method": method, "alpha": alpha,
+               "target_epsilon": target, "seeds": len(summaries),
+               "epsilon": float(np.mean([s["epsilon"] for s in summaries]))}
+        for metric in BANDED:
+            row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(
+                [s.get(metric) for s in summaries])
+        rows.append(row)
+    return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY_SEEDS)
+
+
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).reindex(columns=columns) if parts else \
         pd.DataFrame(columns=columns)
@@ -122,7 +155,8 @@ def write_overlays(layout: Layout, runs: list[RunKey]) -> dict[str, pd.DataFrame
     tables = {"clip_threshold.csv": clip_threshold_table(layout, runs),
               **{name: roc_table(layout, runs, attack) for attack, name in ROC_FILES.items()},
               "reliability.csv": reliability_table(layout, runs),
-              "privacy_utility.csv": privacy_utility_table(layout, runs)}
+              "privacy_utility.csv": privacy_utility_table(layout, runs),
+              "privacy_utility_seeds.csv": privacy_utility_seeds_table(layout, runs)}
     for name, table in tables.items():
         write_csv_frame(layout.overlays / name, table)
     return tables

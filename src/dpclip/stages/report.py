@@ -16,7 +16,8 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound
-from dpclip.plots import audit_figure, clip_figure, comparison_figure, roc_figure
+from dpclip.plots import (audit_figure, clip_figure, comparison_figure,
+                          privacy_utility_figure, roc_figure)
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
 from dpclip.stages.overlays import read_roc, write_overlays
@@ -326,7 +327,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
         if curves:
             roc_figure(out / ("roc.png" if attack == "loss" else f"roc_{attack}.png"), curves,
                        title=f"{label} ROC by run")
-    write_overlays(layout, runs)
+    overlays = write_overlays(layout, runs)
+    privacy_utility_figure(out / "privacy_utility.png", overlays["privacy_utility_seeds.csv"])
     logged = None
     if track:
         from dpclip.tracking import log_pipeline
