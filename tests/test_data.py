@@ -204,3 +204,14 @@ def test_separate_public_shadow_dataset(tmp_path, tiny_raw):
     # main: 160 records into train/holdout (0.4 : 0.2); public: 160 into shadow (0.2 : 0.2)
     assert meta["sizes"]["target_train"] + meta["sizes"]["target_holdout"] == 160
     assert meta["sizes"]["shadow_train"] + meta["sizes"]["shadow_holdout"] == 160
+
+
+def test_a_target_map_merges_label_values_like_heart_num_above_zero(tmp_path):
+    path = tmp_path / "heart.data"
+    path.write_text("63,0\n67,2\n41,0\n56,1\n57,4\n")
+    raw = {"dataset": "csv", "path": str(path), "target": "num", "columns": ["age", "num"],
+           "target_map": {2: 1, "3": "1", 4: 1}}  # YAML may read the values as numbers
+    table = read_source("csv", str(path), parse_params({"data": raw}).data)
+    assert table.labels.tolist() == ["0", "1", "0", "1", "1"]  # "3" is absent: allowed
+    with pytest.raises(DpclipError, match="data.target_map: none of"):
+        read_source("csv", str(path), parse_params({"data": {**raw, "target_map": {7: 1}}}).data)

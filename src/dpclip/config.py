@@ -60,6 +60,9 @@ class DataParams(Section):
     seed: Seed = 0
     download: StrictBool = True
     target: Text | None = None  # csv: the label column
+    # csv: rename label values before anything reads them ({"2": "1"}: merge classes; Heart's
+    # num > 0, Adult's ">50K." of its test file); values not listed stay as they are
+    target_map: dict[Level, Level] | None = None
     columns: list[str] | None = None
     numeric_columns: list[str] | None = None
     categorical_columns: list[str] | None = None

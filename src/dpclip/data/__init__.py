@@ -21,7 +21,8 @@ def read_source(name: str, path: str | None, data_params, key: str = "data.path"
         return read_csv_table(path, data_params.target, columns=data_params.columns,
                               numeric_columns=data_params.numeric_columns,
                               categorical_columns=data_params.categorical_columns,
-                              missing_values=data_params.missing_values, key=key)
+                              missing_values=data_params.missing_values,
+                              target_map=data_params.target_map, key=key)
     raise ValueError(f"unknown dataset {name!r}")  # config validation makes this unreachable
 
 

@@ -242,9 +242,12 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
                    numeric_columns: list[str] | None = None,
                    categorical_columns: list[str] | None = None,
                    missing_values: list[str] = ("", "?", "NA"),
+                   target_map: dict[str, str] | None = None,
                    key: str = "data.path") -> CsvTable:
     """Read ``path`` as text; raise naming ``key`` (the parameter that named the file) or the
-    offending option on bad input. Rows without a label are dropped."""
+    offending option on bad input. Rows without a label are dropped; ``target_map``
+    (``data.target_map``) renames label values, e.g. {"2": "1", "3": "1", "4": "1"} turns
+    Heart's 0-4 into 0 / 1 (values it does not list stay)."""
     file = Path(path)
     if not file.is_file():
         raise DpclipError(f"{key}: {path!r} does not exist or is not a file")
@@ -263,6 +266,13 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
     frame = frame[frame[target].notna()].reset_index(drop=True)
     if len(frame) == 0:
         raise DpclipError(f"{key}: {path!r} has no row with a value in {target!r}")
+    if target_map:
+        # the map serves the main and a CSV shadow file alike (Adult's test file writes
+        # ">50K."), so one file may lack some of its values, but not all: that is a typo
+        if not set(target_map) & set(frame[target]):
+            raise DpclipError(f"data.target_map: none of {sorted(target_map)!r} is a value of "
+                              f"{target!r} in {path!r}")  # the values may be private
+        frame[target] = frame[target].replace(dict(target_map))
     features = frame.drop(columns=[target])
     for option, names in (("data.numeric_columns", numeric_columns),
                           ("data.categorical_columns", categorical_columns)):
