@@ -185,6 +185,13 @@ def test_mlflow_parent_and_children(dvc_project):
     assert {"dataset", "alpha", "seed", "git_commit"} <= set(dp.data.tags)
     assert {"epsilon", "accuracy", "ece", "brier", "nll", "mia_auc",
             "mia_tpr_at_fpr_1pct"} <= set(dp.data.metrics)
+    full = json.loads((dvc_project[1] / "metrics" / f"{RUNS[1]}.json").read_text())["mia"]
+    for attack in ("lira", "rmia"):  # the calibrated attacks, from the metrics file
+        assert dp.data.metrics[f"mia_{attack}_auc"] == full[attack]["auc"]
+        assert dp.data.metrics[f"mia_{attack}_tpr_at_fpr_0.1pct"] == \
+            full[attack]["tpr_at_fpr_0.1pct"]
+        assert dp.data.metrics[f"mia_{attack}_dp_bound_margin"] == \
+            full[attack]["dp_bound"]["worst_margin"]
     history = client.get_metric_history(dp.info.run_id, "clip_threshold")
     assert len(history) == json.loads(
         (dvc_project[1] / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text()

@@ -69,16 +69,12 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     # the one-run audit's lower bounds on epsilon (absent when not applicable)
     "audit_whitebox_epsilon_lower_bound": ("audit", "whitebox", "epsilon_lower_bound"),
     "audit_blackbox_epsilon_lower_bound": ("audit", "blackbox", "epsilon_lower_bound"),
-    # the attacks calibrated with reference models (absent without them)
     "mia_tpr_at_fpr_0.1pct": ("mia", "loss", "tpr_at_fpr_0.1pct"),
-    "mia_lira_auc": ("mia", "lira", "auc"),
-    "mia_lira_tpr_at_fpr_1pct": ("mia", "lira", "tpr_at_fpr_1pct"),
-    "mia_lira_tpr_at_fpr_0.1pct": ("mia", "lira", "tpr_at_fpr_0.1pct"),
-    "mia_lira_dp_bound_margin": ("mia", "lira", "dp_bound", "worst_margin"),
-    "mia_rmia_auc": ("mia", "rmia", "auc"),
-    "mia_rmia_tpr_at_fpr_1pct": ("mia", "rmia", "tpr_at_fpr_1pct"),
-    "mia_rmia_tpr_at_fpr_0.1pct": ("mia", "rmia", "tpr_at_fpr_0.1pct"),
-    "mia_rmia_dp_bound_margin": ("mia", "rmia", "dp_bound", "worst_margin"),
+    # the attacks calibrated with reference models, mia_<attack>_<value> (absent without them)
+    **{f"mia_{attack}_{name}": ("mia", attack, *path) for attack in ("lira", "rmia")
+       for name, path in (("auc", ("auc",)), ("tpr_at_fpr_1pct", ("tpr_at_fpr_1pct",)),
+                          ("tpr_at_fpr_0.1pct", ("tpr_at_fpr_0.1pct",)),
+                          ("dp_bound_margin", ("dp_bound", "worst_margin")))},
 }
 # wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
 TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")
