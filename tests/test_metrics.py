@@ -67,6 +67,15 @@ def test_tpr_at_low_fpr_hand_case():
     assert m["auc"] == pytest.approx(7 / 9)
 
 
+def test_tpr_at_low_fpr_keeps_thresholds_on_a_straight_stretch_of_the_roc():
+    # of 300 each, a member and a non-member tie at scores 4, 3, 2 and 1: the ROC points k/300
+    # (k = 1..4) lie on one line, and the threshold 2 reaches FPR 3/300 = 1% exactly (scikit-
+    # learn's default drops it as collinear: the TPR at 1% FPR would read 2/300)
+    members = np.r_[4.0, 3.0, 2.0, 1.0, np.full(296, -10.0)]
+    nonmembers = np.r_[4.0, 3.0, 2.0, 1.0, np.full(296, -5.0)]
+    assert attack_metrics(members, nonmembers)["tpr_at_fpr_1pct"] == pytest.approx(0.01)
+
+
 def test_tpr_at_low_fpr_comes_with_its_exact_binomial_interval():
     from scipy.stats import binomtest
 

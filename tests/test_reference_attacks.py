@@ -58,25 +58,40 @@ def test_lira_fixed_variance_pools_the_records():
         pytest.approx([1 / np.sqrt(5), 5 / np.sqrt(5)])
 
 
+def _beaten(scores, population_size: int) -> np.ndarray:
+    """The fraction of the population an RMIA score counts (without its tie-break)."""
+    return np.floor(np.asarray(scores) * population_size + 1e-9) / population_size
+
+
 def test_rmia_by_hand():
     # a = 0: P(x) = (P_out(x) + 1) / 2 = 0.7, LR(x) = 0.8 / 0.7 = 1.14; the population is IN
     # for half the models, so P(z) = 0.5 (no correction): LR(z) = 1, 1.8, 0.4: two of three
     score = rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0)
-    assert score[0] == pytest.approx(2 / 3)
+    assert _beaten(score, 3)[0] == pytest.approx(2 / 3)
     # P(z) is not corrected: z with p 0.7 has LR(z) = 0.7 / 0.5 = 1.4 > 1.14, not beaten (the
     # correction would give P(z) = 0.75, LR(z) = 0.93, beaten)
-    assert rmia_scores([0.8], [[0.4]], [0.7], [[0.5]], a=0.0)[0] == 0.0
+    assert _beaten(rmia_scores([0.8], [[0.4]], [0.7], [[0.5]], a=0.0), 1)[0] == 0.0
     # gamma 2 asks LR(x) > 2 LR(z): only 0.4 is beaten
-    assert rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0,
-                       gamma=2.0)[0] == pytest.approx(1 / 3)
+    assert _beaten(rmia_scores([0.8], [[0.4]], [0.5, 0.9, 0.2], [[0.5, 0.5, 0.5]], a=0.0,
+                               gamma=2.0), 3)[0] == pytest.approx(1 / 3)
     # online: P(x) = (mean IN + mean OUT) / 2 = (0.6 + (0.2 + 0.4) / 2) / 2 = 0.45, so
     # LR(x) = 0.9 / 0.45 = 2; population P(z) = 0.5: LR(z) = 1.8, 2.2 -> one of two beaten
     reference = np.array([[0.6], [0.2], [0.4]])
     inside = np.array([[True], [False], [False]])
-    assert rmia_scores([0.9], reference, [0.9, 1.1], [[0.5, 0.5]] * 3,
-                       reference_in=inside)[0] == pytest.approx(0.5)
+    assert _beaten(rmia_scores([0.9], reference, [0.9, 1.1], [[0.5, 0.5]] * 3,
+                               reference_in=inside), 2)[0] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="IN and an OUT"):
         rmia_scores([0.9], reference, [0.9], [[0.5]] * 3, reference_in=~inside & False)
+
+
+def test_rmia_breaks_ties_between_population_ratios_by_the_likelihood_ratio():
+    # population LR(z) = 1 and 3; LR(x) = 1.5, 2.5, 2.0 all beat exactly one z: without the
+    # tie-break one threshold could not separate them. The order is LR(x)'s, and no score
+    # reaches the next population step (x with LR 4 beats both).
+    p_ref = [[0.5, 0.5, 0.5, 0.5]]
+    scores = rmia_scores([0.75, 1.25, 1.0, 2.0], p_ref, [0.5, 1.5], [[0.5, 0.5]], a=1.0)
+    assert list(_beaten(scores, 2)) == [0.5, 0.5, 0.5, 1.0]
+    assert scores[0] < scores[2] < scores[1] < 1.0 <= scores[3]
 
 
 def test_calibrated_attacks_beat_the_loss_threshold_at_low_fpr():

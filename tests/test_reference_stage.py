@@ -36,7 +36,8 @@ def test_reference_seeds_differ_by_run_and_model(tiny_raw):
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])
-def test_reference_models_and_the_calibrated_attacks(tmp_path, tiny_raw, write_params, mode):
+def test_reference_models_and_the_calibrated_attacks(tmp_path, tiny_raw, write_params, mode,
+                                                     capsys):
     raw = tiny_raw(attack={"references": 4, "mode": mode})
     base = prepared_project(tmp_path, raw, write_params)
     for stage in ("train", "reference", "evaluate"):
@@ -78,6 +79,10 @@ def test_reference_models_and_the_calibrated_attacks(tmp_path, tiny_raw, write_p
     # a second pass finds every run's reference models up to date
     assert main([*base, "reference"]) == 0
     assert load_signals(layout, run)["facts"] == facts
+    if mode == "offline":  # signals of another population are refused, not misread
+        write_params(tiny_raw(attack={"references": 4, "population": "shadow_train"}))
+        assert main([*base, "evaluate", "--force"]) != 0
+        assert "run the reference stage again" in capsys.readouterr().err
 
 
 def test_no_reference_models_no_calibrated_attacks(tmp_path, tiny_raw, write_params):

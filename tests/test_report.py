@@ -177,14 +177,41 @@ def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
     from dpclip.stages.report import seeds_section
 
     rows = []
-    for method, shift in (("dp_sgd", 0.0), ("auto_s", 0.05)):
-        for seed, noise in enumerate((0.0, 0.002, -0.001)):
+    for method, shift, noises in (("dp_sgd", 0.0, (0.0, 0.002, -0.001)),
+                                  ("auto_s", 0.05, (0.001, 0.001, -0.001))):
+        for seed, noise in enumerate(noises):
             rows.append({"method": method, "target_epsilon": 8.0, "alpha": "iid", "seed": seed,
                          "accuracy": 0.9 + shift + noise, "ece": 0.05, "strongest_auc": 0.55,
                          "strongest_tpr_at_fpr_0.1pct": 0.0, "audit_whitebox": 1.5,
                          "audit_blackbox": None})
     text = "\n".join(seeds_section(pd.DataFrame(rows), tmp_path))
-    assert "| 8 | iid | auto_s | 3 | 0.9503 [" in text  # mean [interval]
+    assert "| 8 | iid | auto_s | 3 | 0.9503 [" in text  # mean [interval]: 0.95 + 0.001 / 3
     line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
     assert line.endswith("| better |") and "0.05 [" in line
     assert pd.read_csv(tmp_path / "paired_vs_dp_sgd.csv")["verdict"].tolist().count("better") == 1
+
+
+def test_a_figure_of_what_is_gone_does_not_stay(tmp_path, tiny_raw):
+    """A report written where an earlier one left LiRA / audit figures (the Prefect flow and
+    the CLI reuse reports/) removes those it does not draw again."""
+    from dpclip.stages.report import OPTIONAL_FIGURES
+
+    params = parse_params(tiny_raw(partition={"alphas": [0.1]}, train={"methods": ["dp_sgd"]}))
+    layout = Layout(tmp_path)
+    run = OLD_RUN
+    m = _metrics(run, "dp_sgd", {}, {"loss": {"auc": 0.5, "balanced_accuracy": 0.5,
+                                              "tpr_at_fpr_1pct": 0.0, "tpr_at_fpr_0.1pct": 0.0}})
+    write_json(layout.metrics(run), m)
+    write_json(layout.summary(run), run_summary(m))
+    write_csv_frame(layout.reliability(run), pd.DataFrame(
+        {"confidence": [0.3], "accuracy": [0.25], "count": [4]}))
+    write_csv_frame(layout.trace(run), pd.DataFrame({"step": [1], "clip_threshold": [1.0]}))
+    write_csv_frame(layout.roc(run), pd.DataFrame({"attack": "loss", "fpr": [0.0, 1.0],
+                                                   "tpr": [0.0, 1.0]}))
+    layout.reports.mkdir(parents=True)
+    for name in OPTIONAL_FIGURES:
+        (layout.reports / name).write_bytes(b"stale")
+    report(params, layout, track=False)
+    assert not (layout.reports / "roc_lira.png").exists()  # no LiRA rows, no audit
+    assert not (layout.reports / "claimed_vs_audited_epsilon.png").exists()
+    assert (layout.reports / "privacy_utility.png").read_bytes() != b"stale"  # drawn again

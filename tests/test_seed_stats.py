@@ -88,3 +88,17 @@ def test_seed_summary_has_a_mean_and_interval_per_configuration(table):
     one = seed_summary(table[table.seed == 0])
     assert one["accuracy_low"].isna().all() and (one["seeds"] == 1).all()
     assert np.isnan(paired_comparison(table[table.seed == 0])["p"]).all()
+
+
+def test_a_constant_difference_is_not_certainty():
+    # the same +0.01 on every seed (up to float rounding: 0.1 + 0.01 - 0.1 is not 0.01):
+    # t is undefined; the exact sign-flip p is 2^(1 - n)
+    base = [0.1, 0.2, 0.3, 0.7, 0.9, 0.55]
+    assert len({a + 0.01 - a for a in base}) > 1
+    rows = _runs("dp_sgd", base) + _runs("auto_s", [a + 0.01 for a in base])
+    two = paired_comparison(_table([r for r in rows if r[4] < 2])).set_index("metric")
+    assert two.loc["accuracy", "p"] == pytest.approx(0.5)
+    assert two.loc["accuracy", "verdict"] == "not distinguishable"
+    six = paired_comparison(_table(rows)).set_index("metric")
+    assert six.loc["accuracy", "p"] == pytest.approx(2 ** -5)
+    assert six.loc["accuracy", "verdict"] == "better"

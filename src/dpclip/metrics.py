@@ -215,5 +215,7 @@ def roc_points(member_scores: np.ndarray, nonmember_scores: np.ndarray
     truth = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
     from sklearn.metrics import roc_curve
 
-    fpr, tpr, _ = roc_curve(truth, scores)
+    # every threshold: by default scikit-learn drops collinear points, among them a real
+    # threshold that reaches a given FPR (ties of members and non-members lie on diagonals)
+    fpr, tpr, _ = roc_curve(truth, scores, drop_intermediate=False)
     return fpr, tpr

@@ -10,8 +10,11 @@ seed s) - metric(baseline, seed s) over the n seeds both ran:
     mean  d = (1/n) sum d_s,   sd  s_d = sqrt( sum (d_s - d)^2 / (n - 1) ),
     interval  d +- t_{0.975, n-1} s_d / sqrt(n),   p = 2 P(T_{n-1} > |d| sqrt(n) / s_d)
 
-(the paired t-test: a one-sample t-test of the differences, ``scipy.stats.ttest_1samp``; a
-constant difference has p = 0, or 1 when it is zero: identical runs). The p-values of the methods compared with the
+(the paired t-test: a one-sample t-test of the differences, ``scipy.stats.ttest_1samp``).
+Differences without spread leave t undefined: zero everywhere (identical runs) has p = 1, and
+the same non-zero value everywhere gets the exact sign-flip test's p = 2^(1 - n) (all n signs
+agree; 0.5 for two seeds): no spread is not certainty, and TPRs on a few hundred records are
+coarse enough to tie. The p-values of the methods compared with the
 baseline on one metric and (epsilon, alpha) form a family, adjusted by Holm's step-down rule:
 with the m p-values sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) is
 max_{j <= i} min(1, (m - j + 1) p_(j)). The verdict is "better" or "worse" (by the metric's
@@ -108,8 +111,10 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
                      - base.loc[seeds, metric].astype(float)).dropna().to_numpy()
                 mean, low, high = mean_interval(d, confidence)
                 p = math.nan
-                if len(d) >= 2 and np.all(d == d[0]):  # no spread: the t statistic is 0/0 or inf
-                    p = 1.0 if d[0] == 0 else 0.0
+                # no spread (up to rounding: a difference of rates is a difference of floats):
+                # t is 0/0 or infinite
+                if len(d) >= 2 and np.allclose(d, d[0], rtol=1e-9, atol=1e-12):
+                    p = 1.0 if abs(d[0]) <= 1e-12 else 2.0 ** (1 - len(d))
                 elif len(d) >= 2:
                     p = float(stats.ttest_1samp(d, 0.0).pvalue)
                 rows.append({"target_epsilon": epsilon, "alpha": alpha, "method": method,

@@ -20,7 +20,8 @@ reference models).
 P(x | theta) = p_y(x), the likelihood ratio of a record against the population,
     LR(x) = P(x | theta_target) / P(x),   P(x) = mean over reference models of P(x | theta_ref),
 and the score is the fraction of population records z (non-members) it beats:
-    s(x) = #{z : LR(x) / LR(z) > gamma} / #z.
+    s(x) = #{z : LR(x) / LR(z) > gamma} / #z,
+with ties (records between the same two population ratios) broken by LR(x) itself.
 Offline, the reference models are all OUT for x, so P(x) is estimated from them with the
 paper's linear correction for the missing IN half: P(x) = ((1 + a) P_out(x) + (1 - a)) / 2;
 online, P(x) = (P_in(x) + P_out(x)) / 2, the means over the IN and the OUT models. The
@@ -31,7 +32,7 @@ complementary halves), so P(z) is the plain mean over all of them in both modes.
 from __future__ import annotations
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 MIN_SIGMA = 1e-6  # a record on which every reference model agrees exactly
 
@@ -113,7 +114,12 @@ def rmia_scores(target_p: np.ndarray, reference_p: np.ndarray, population_p: np.
     ratio_x = np.asarray(target_p, float) / np.maximum(p_x, 1e-300)
     ratio_z = np.sort(np.asarray(population_p, float) / np.maximum(p_z, 1e-300))
     # LR(x) / LR(z) > gamma  <=>  LR(z) < LR(x) / gamma: count population ratios below it
-    return np.searchsorted(ratio_z, ratio_x / gamma, side="left") / len(ratio_z)
+    fraction = np.searchsorted(ratio_z, ratio_x / gamma, side="left") / len(ratio_z)
+    # the fraction takes |Z| + 1 values, so members and non-members between two population
+    # ratios tie; break the ties by LR(x) itself, within less than one population step (the
+    # order of different fractions is kept), or a threshold could not separate them
+    order = stats.rankdata(ratio_x) / (len(ratio_x) + 1)  # in (0, 1)
+    return fraction + order / (2 * len(ratio_z))
 
 
 def calibrated_scores(target_logits: np.ndarray, reference_logits: np.ndarray,

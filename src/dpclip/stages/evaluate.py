@@ -45,7 +45,8 @@ from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figur
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import EVALUATE
-from dpclip.stages.reference import load_signals, logits_of, public_population
+from dpclip.stages.reference import (load_signals, logits_of, population_source,
+                                      public_population)
 from dpclip.stages.train import load_model
 from dpclip.threads import use_threads
 
@@ -166,13 +167,16 @@ def reference_attack_scores(params: Params, layout: Layout, run: str, model: tor
     reference models (:mod:`dpclip.stages.reference`): ``x_members`` are the attacked members
     (positions ``pick_in`` of the run's members), the non-members positions ``pick_out`` of
     the holdout ``x_out``."""
-    a = params.attack
-    online = signals["facts"]["mode"] == "online"
+    a, facts = params.attack, signals["facts"]
+    online = facts["mode"] == "online"
     pop_x, pop_y = (x_out, y_out) if online else public_population(params, layout)
-    if signals["logits_population"].shape[1] != len(pop_x):
-        raise DpclipError(f"references/{run} were made for another population "
-                          f"({signals['logits_population'].shape[1]} records, not "
-                          f"{len(pop_x)}): run the reference stage again")
+    if (facts["mode"], facts["population"]) != (a.mode, population_source(params)) or \
+            signals["logits_population"].shape[1] != len(pop_x):
+        raise DpclipError(f"references/{run} were made for attack.mode {facts['mode']!r} and "
+                          f"the population {facts['population']!r} "
+                          f"({signals['logits_population'].shape[1]} records), not for "
+                          f"{a.mode!r} and {population_source(params)!r} ({len(pop_x)}): "
+                          f"run the reference stage again")
     labels = np.concatenate([y_members, y_out[pick_out]])
     reference = np.concatenate([signals["logits_members"][:, pick_in],
                                 signals["logits_holdout"][:, pick_out]], axis=1)

@@ -57,6 +57,14 @@ def public_population(params: Params, layout: Layout) -> tuple[np.ndarray, np.nd
     return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
 
+def population_source(params: Params) -> str:
+    """Where RMIA's population comes from under the current ``attack`` settings (the
+    reference record's ``population``; evaluate checks its signals against it)."""
+    if params.attack.mode == "online":
+        return "target_holdout"
+    return f"public ({' + '.join(POPULATION_SPLITS[params.attack.population])})"
+
+
 def complementary_halves(n: int, k: int, seed: int) -> np.ndarray:
     """(k, n) booleans: model 2j trains on the first half of the j-th random permutation of the
     n pool records, model 2j+1 on the rest, so each record is IN for exactly k / 2 models."""
@@ -91,11 +99,9 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     if a.mode == "offline":
         pool_x, pool_y = public_population(params, layout)
         population = slice(0, len(pool_x))
-        population_source = f"public ({' + '.join(POPULATION_SPLITS[a.population])})"
     else:
         pool_x, pool_y = np.concatenate([data.x, x_out]), np.concatenate([data.y, y_out])
         population = slice(n_m, n_m + n_h)  # the holdout: the pool's non-members of the run
-        population_source = "target_holdout"
     inside = complementary_halves(len(pool_x), a.references, reference_seed(params, run, "halves"))
     parts = {"members": (data.x, []), "holdout": (x_out, []), "population": (pool_x[population], [])}
     models = []
@@ -118,9 +124,10 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     write_npz(folder / "signals.npz",
               **{f"logits_{name}": np.stack(logits) for name, (_, logits) in parts.items()},
               in_members=in_members, in_holdout=in_holdout, in_population=inside[:, population])
+    source = population_source(params)
     facts = {"run": run, "mode": a.mode, "references": a.references,
-             "pool": population_source if a.mode == "offline" else "members + target_holdout",
-             "pool_size": int(len(pool_x)), "population": population_source,
+             "pool": source if a.mode == "offline" else "members + target_holdout",
+             "pool_size": int(len(pool_x)), "population": source,
              "population_size": int(population.stop - population.start), "models": models}
     write_json(folder / "reference.json", facts)
     REFERENCE.record(layout, key, inputs)

@@ -164,6 +164,8 @@ def _shadow_notes(layout: Layout) -> list[str]:
 
 
 DATA_USE = "data_use.md"
+OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "roc_lira.png", "roc_rmia.png",
+                    "privacy_utility.png")
 
 ADDED_NOTES = [
     "`adjacency`: the neighbouring notion of the row's epsilon. `add_remove` (gradient methods: "
@@ -313,6 +315,11 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     write_text(out / DATA_USE, data_use_markdown(metrics))
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
     rocs = {k.name: read_roc(layout, k.name) for k in runs}
+    # figures that exist only with what they show (audits, LiRA / RMIA, private runs): one
+    # left from an earlier report must not pass for current (the Prefect flow and the CLI
+    # write into the same folder; DVC empties it first)
+    for name in OPTIONAL_FIGURES:
+        (out / name).unlink(missing_ok=True)
     audit_figure(out / "claimed_vs_audited_epsilon.png", table)
     comparison_figure(out / "comparison.png", table)
     clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
