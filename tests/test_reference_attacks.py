@@ -128,7 +128,7 @@ def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
     false positive among 898 non-members) the loss threshold finds no member: the easiest
     non-members have losses as small as any member's. LiRA and RMIA compare each record with
     its own reference models and find members; measured with this seed: loss 0.0, LiRA 0.019,
-    RMIA 0.022 (AUC 0.514, 0.536, 0.567). The margin asked is 0.01 (nine members)."""
+    RMIA 0.022 (AUC 0.514, 0.536, 0.566). The margin asked is 0.01 (nine members)."""
     from dataclasses import replace
 
     import torch
