@@ -92,7 +92,7 @@ def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
     cells = dict(zip(names, (c.strip() for c in old.strip("|").split("|"))))
     # the strongest attack and the bound follow from any metrics file with a loss attack
     derived = {"strongest_attack": "loss", "strongest_tpr_at_fpr_0.1pct": "0",
-               "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95"}
+               "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95"}  # 1 - 1e-7, 4 digits
     assert all(cells[name] == derived.get(name, "—") for name in ADDED), cells
     new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))
@@ -132,7 +132,12 @@ def test_the_tpr_bound_at_low_fpr_follows_the_adjacency_by_hand():
     # replace-one features, eps 1: e FPR + delta
     assert tpr_bound_at(0.001, {**add_remove, "adjacency": "replace_one_features"}) == \
         pytest.approx(2.718281828459045e-3 + 1e-5)
-    assert tpr_bound_at(0.001, {**add_remove, "epsilon": 8.0}) == 1.0  # e^16 / 1000 > 1
+    # eps 8: e^16 / 1000 > 1, and the other side of the bound, 1 - e^-16 (1 - delta' - FPR)
+    # with delta' = (1 + e^8) 1e-5, is just below 1
+    e8 = 2980.9579870417283
+    assert tpr_bound_at(0.001, {**add_remove, "epsilon": 8.0}) == pytest.approx(
+        1 - (1 - (1 + e8) * 1e-5 - 0.001) / e8 ** 2, abs=1e-15)
+    assert tpr_bound_at(0.001, {**add_remove, "epsilon": 8.0}) < 1.0
     assert tpr_bound_at(0.001, {**add_remove, "dp_guarantee": False}) is None
     assert tpr_bound_at(0.001, {"epsilon": None, "delta": 1e-5}) is None
 

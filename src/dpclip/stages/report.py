@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import math
-
 import pandas as pd
 
 from dpclip.config import Params
@@ -16,7 +14,7 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound
-from dpclip.plots import (audit_figure, clip_figure, comparison_figure,
+from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
                           privacy_utility_figure, roc_figure)
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
@@ -84,14 +82,15 @@ def table_row(m: dict) -> dict:
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
     """The largest TPR at ``fpr`` any attack may reach in our membership game under the run's
-    DP claim, min(1, e^eps' fpr + delta') with (eps', delta') of its adjacency
-    (:func:`dpclip.metrics.membership_game_bound`: (2 eps, (1 + e^eps) delta) for add/remove,
-    (eps, delta) for replace-one); None without a DP claim."""
+    DP claim, min(1, e^eps' fpr + delta', 1 - e^-eps' (1 - delta' - fpr)) with (eps', delta')
+    of its adjacency (:func:`dpclip.metrics.membership_game_bound`: (2 eps, (1 + e^eps) delta)
+    for add/remove, (eps, delta) for replace-one; :func:`dpclip.plots.dp_bound_curve`, the
+    curve the ROC figures draw); None without a DP claim."""
     if dp_bound_unchecked(privacy) is not None:
         return None
     eps, delta = membership_game_bound(privacy.get("adjacency"), float(privacy["epsilon"]),
                                        float(privacy["delta"]))
-    return float(min(1.0, math.exp(min(eps, 700.0)) * fpr + delta))
+    return float(dp_bound_curve(fpr, eps, delta))
 
 
 def attack_columns(mia: dict, privacy: dict) -> dict:
@@ -206,8 +205,9 @@ ADDED_NOTES = [
     "than 1000 non-members it is the TPR at no false positive at all. "
     "`strongest_attack`: the record-level attack (loss, LiRA, RMIA) with the highest TPR at "
     "0.1% FPR (ties: AUC); `tpr_bound_at_fpr_0.1pct`: the most any attack may reach there "
-    "under the row's DP claim in this evaluation game, min(1, e^eps' 0.001 + delta') with the "
-    "eps', delta' of `dp_bound_margin` (1 = the claim allows anything at this FPR).",
+    "under the row's DP claim in this evaluation game, min(1, e^eps' 0.001 + delta', "
+    "1 - e^-eps' (0.999 - delta')) with the eps', delta' of `dp_bound_margin` (about 1 = the "
+    "claim allows about anything at this FPR).",
     "— = not recorded (metrics written by an older version).",
 ]
 
