@@ -135,7 +135,8 @@ def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
     from sklearn.datasets import load_digits
 
     from dpclip.attacks.reference import calibrated_scores
-    from dpclip.stages.reference import complementary_halves, logits_of
+    from dpclip.models import logits_of
+    from dpclip.stages.reference import complementary_halves
     from dpclip.train import TrainConfig, train_model
 
     x, y = load_digits(return_X_y=True)

@@ -39,14 +39,13 @@ from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points)
 from dpclip.methods import get_method
-from dpclip.models import parameterised_layers
+from dpclip.models import logits_of, parameterised_layers
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
 from dpclip.stages.partition import load_partition
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import EVALUATE
-from dpclip.stages.reference import (load_signals, logits_of, population_source,
-                                      public_population)
+from dpclip.stages.reference import load_signals, population_source, public_population
 from dpclip.stages.train import load_model
 from dpclip.threads import use_threads
 
@@ -55,13 +54,9 @@ log = logging.getLogger(__name__)
 ATTACK_NAMES = {"loss": "loss threshold", "lira": "LiRA", "rmia": "RMIA"}
 
 
-@torch.no_grad()
-def predict(model: torch.nn.Module, x: np.ndarray, batch: int = 512) -> np.ndarray:
-    """Class probabilities, in batches (of 512: the CNN on 28x28 predicts 2.2x faster per
-    record than in batches of 2048, whose activations do not stay in the CPU's caches)."""
-    outs = [torch.softmax(model(torch.as_tensor(x[i:i + batch])), dim=1)
-            for i in range(0, len(x), batch)]
-    return torch.cat(outs).double().numpy()
+def predict(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    """Class probabilities (the softmax of :func:`dpclip.models.logits_of`)."""
+    return torch.softmax(torch.as_tensor(logits_of(model, x)), dim=1).double().numpy()
 
 
 def per_sample_loss(probs: np.ndarray, y: np.ndarray) -> np.ndarray:

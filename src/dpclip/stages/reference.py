@@ -27,11 +27,11 @@ import hashlib
 from dataclasses import replace
 
 import numpy as np
-import torch
 
 from dpclip.config import Params
 from dpclip.io import read_json, write_json, write_npz
 from dpclip.layout import Layout
+from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
 from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import REFERENCE
@@ -77,13 +77,6 @@ def complementary_halves(n: int, k: int, seed: int) -> np.ndarray:
         inside[2 * j, first] = True
         inside[2 * j + 1] = ~inside[2 * j]
     return inside
-
-
-@torch.no_grad()
-def logits_of(model: torch.nn.Module, x: np.ndarray, batch: int = 512) -> np.ndarray:
-    model = model.eval()
-    return torch.cat([model(torch.as_tensor(x[i:i + batch], dtype=torch.float32))
-                      for i in range(0, len(x), batch)]).numpy()
 
 
 def reference(params: Params, method: str, epsilon, alpha, seed: int,
