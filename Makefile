@@ -53,4 +53,4 @@ prefect-ui: install
 
 # the outputs git does not track (dvc.lock, summary/ and overlays/ are committed)
 clean:
-	rm -rf data/prepared data/partitions shadow runs traces timings audits metrics plots figures reports
+	rm -rf data/prepared data/partitions shadow tuned runs traces timings audits metrics plots figures reports

@@ -66,6 +66,7 @@ prepare_task = task(name="prepare", **TASK)(stages.prepare)
 partition_task = task(name="partition", task_run_name="partition-{alpha}", **TASK)(
     stages.partition)
 shadow_task = task(name="shadow", **TASK)(stages.shadow)
+tune_task = task(name="tune", **TASK)(stages.tune)
 report_task = task(name="report", **TASK)(stages.report)
 
 
@@ -146,7 +147,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
              progress: bool = False, dataset: str | None = None,
              methods: list[str] | None = None, target_epsilons: list[float] | None = None,
              seeds: list[int] | None = None) -> list[dict]:
-    """prepare -> partition (per alpha) -> shadow -> train, audit, reference, evaluate (per
+    """prepare -> partition (per alpha) -> shadow -> tune -> train, audit, reference, evaluate (per
     configuration) -> report. ``dataset``, ``methods``, ``target_epsilons`` and ``seeds`` replace those of the
     parameter file for this run (validated by the same schema). On a Dask task runner the
     configurations run in parallel (:func:`with_dask`)."""
@@ -163,6 +164,9 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     shadowed = shadow_task(p, out, progress, wait_for=[prepared], return_state=True)
     for state in [*partitioned.values(), shadowed]:
         state.result()
+    # the same search the tune stage runs (tune.trials 0: none); every run trains with its result
+    tuned = tune_task(p, out, progress, wait_for=[shadowed], return_state=True)
+    tuned.result()
     keys = stages.configured_runs(params)
     # as the DVC stages do: outputs of runs no longer configured leave the compared folders
     stages.set_aside_unconfigured_runs(params, layout)
@@ -172,7 +176,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}
         for key in keys:
-            inputs = [partitioned[key.alpha], shadowed]
+            inputs = [partitioned[key.alpha], shadowed, tuned]
             trained = train_task.submit(p, key, out, progress, wait_for=inputs)
             audited = audit_task.submit(p, key, out, wait_for=inputs)
             referenced = reference_task.submit(p, key, out, wait_for=inputs)
@@ -185,7 +189,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     else:
         done = []
         for key in keys:
-            inputs = [partitioned[key.alpha], shadowed]
+            inputs = [partitioned[key.alpha], shadowed, tuned]
             trained = train_task(p, key, out, progress, wait_for=inputs, return_state=True)
             trained.result()
             audited = audit_task(p, key, out, wait_for=inputs, return_state=True)

@@ -66,7 +66,7 @@ def _config(params: Params, layout: Layout, method: str) -> TrainConfig:
     covers several architectures without a shadow run each: the values change no step's cost."""
     epsilon = params.privacy.target_epsilons[0]
     if not get_method(method).needs_shadow_risk:
-        return train_config(params, method, epsilon, 0, layout)
+        return train_config(params, method, epsilon, 0, layout, tuned=False)  # step cost only
     t = params.train
     layers = layer_names(t.model, t.hidden)
     neutral = {"layers": {name: {"error_rate": 0.5, "norm_share": 1.0 / len(layers)}

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     partition = sub.add_parser("partition", help="Dirichlet label skew for one alpha")
     partition.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
     sub.add_parser("shadow", help="per-layer MIA risk from a shadow model on public data")
+    sub.add_parser("tune", help="the same number of hyperparameter trials for every method "
+                                "and target epsilon, on public data (tune.trials)")
     _run_args(sub.add_parser("train", help="train one run, or every run that is not up to "
                                            "date"))
     _run_args(sub.add_parser("audit", help="one-run privacy audit (lower bound on epsilon) of "
@@ -117,6 +119,10 @@ def _dispatch(args, params, layout) -> int:
         print(f"shadow model (holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer MIA "
               f"error rate ({rec['risk_eval']}): {risks}")
         return 0
+    if args.command == "tune":
+        rec = stages.tune(params, layout, progress=not args.quiet)
+        print(_tuning_summary(rec))
+        return 0
     if args.command == "bench":
         from dpclip.bench import bench
 
@@ -178,6 +184,22 @@ def _one_run(args, params, layout, given: list[str]) -> int:
     name = run_name(args.method, epsilon, alpha, args.seed)
     print(f"{name}: {_summary(args.command, result)}")
     return 0
+
+
+def _tuning_summary(record: dict) -> str:
+    """One line per tuned (method, epsilon): the default's and the tuned accuracy, the values."""
+    if not record["trials"]:
+        return "tune.trials is 0: no search; training uses the values in params.yaml"
+    lines = [f"{record['trials']} trials each ({record['sampler']}, seed {record['seed']}), "
+             f"objective: {record['objective']}"]
+    for method, by_eps in record["runs"].items():
+        for tag, e in by_eps.items():
+            values = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in e["values"].items())
+            default = "refused" if e["default_accuracy"] is None else \
+                f"{e['default_accuracy']:.4f}"
+            lines.append(f"{method} {tag}: accuracy {e['accuracy']:.4f} (params.yaml's "
+                         f"values: {default}) with {values}")
+    return "\n".join(lines)
 
 
 def _summary(command: str, result: dict) -> str:

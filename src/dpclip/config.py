@@ -219,6 +219,27 @@ class AuditParams(Section):
     seed: Seed = 0
 
 
+class TuneParams(Section):
+    """Equal-budget hyperparameter search on public data (``dpclip tune``,
+    :mod:`dpclip.stages.tune`): the same number of trials for every method and target
+    epsilon, over the learning rate, C (C_0) and the method's own knobs."""
+
+    trials: Annotated[int, Field(ge=0), NUMBER] = 0  # per (method, target epsilon); 0 = off
+    seed: Seed = 0  # Optuna's TPE sampler, the public splits' division and each trial's training
+    lr: Annotated[list[Positive], Field(min_length=2, max_length=2)] = [0.01, 2.0]  # log range
+    clip_norm: Annotated[list[Positive], Field(min_length=2, max_length=2)] = [0.1, 10.0]
+    epochs: Count | None = None  # each trial's epochs (None: train.epochs)
+
+    @model_validator(mode="after")
+    def _ranges_increase(self):
+        problems = [bad_value(f"tune.{key}", getattr(self, key), "must be [low, high] with "
+                              "low < high") for key in ("lr", "clip_norm")
+                    if getattr(self, key)[0] >= getattr(self, key)[1]]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
 class TrackingParams(Section):
     private_diagnostics: StrictBool = False  # MLflow also gets train_loss and batch_size
     # how MLflow stores each model: pt2 (torch.export: loads without dpclip and without
@@ -247,6 +268,7 @@ class Params(Section):
     shadow: ShadowParams = ShadowParams()
     attack: AttackParams = AttackParams()
     audit: AuditParams = AuditParams()
+    tune: TuneParams = TuneParams()
     schedule: ScheduleParams = ScheduleParams()
     tracking: TrackingParams = TrackingParams()
     methods: dict[str, dict] = {}  # method -> its validated options (methods.base)

@@ -49,6 +49,16 @@ class Layout:
         output: a time differs on every run, and DVC hashes its outputs into ``dvc.lock``."""
         return self.root / "timings" / f"{run}.json"
 
+    @property
+    def tuned(self) -> Path:
+        """``dpclip tune``'s chosen values per (method, target epsilon), read by training."""
+        return self.root / "tuned" / "tuned.json"
+
+    @property
+    def tuning_trials(self) -> Path:
+        """Every trial of ``dpclip tune``: its values and its public validation accuracy."""
+        return self.root / "tuned" / "trials.csv"
+
     def audit(self, run: str) -> Path:
         """The run's one-run privacy audit (``audits/<run>/audit.json``), one entry per canary
         kind; its provenance beside it."""

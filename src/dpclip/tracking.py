@@ -179,11 +179,12 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
         for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
                      "roc.png", "roc_lira.png", "roc_rmia.png",
                      "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
-                     "paired_vs_dp_sgd.csv",
+                     "paired_vs_dp_sgd.csv", "tuning.csv",
                      "data_use.md"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         _log_shadow(mlflow, layout)
+        _log_tuning(mlflow, experiment_id, layout)
         reused = []
         diagnostics = params.tracking.private_diagnostics
         splits = _Splits(layout)
@@ -200,6 +201,57 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
                    "new": [k.name for k in runs if k.name not in reused], "reused": reused}
         log.debug("%s", describe(summary))
         return summary
+
+
+def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
+    """A ``tuning`` child of the pipeline run, with one child per ``dpclip tune`` trial
+    (method, epsilon, its values as params, its public validation accuracy), when tuning is
+    on; an identical search already logged is reused (tagged with the tuned file's SHA-256)."""
+    from mlflow.entities import Metric, Param
+
+    from dpclip.stages.provenance import file_hash
+
+    if not layout.tuned.is_file():
+        return None
+    record = read_json(layout.tuned)
+    if not record.get("trials"):
+        return None
+    digest = file_hash(layout.tuned)
+    found = mlflow.search_runs(experiment_ids=[experiment_id], output_format="list",
+                               max_results=1,
+                               filter_string=f"tags.`dpclip.tuning_sha256` = '{digest}'")
+    if found:
+        mlflow.set_tag("dpclip.tuning_run", found[0].info.run_id)
+        return found[0].info.run_id
+    client = mlflow.tracking.MlflowClient()
+    with mlflow.start_run(experiment_id=experiment_id, run_name="tuning", nested=True,
+                          tags={"dpclip.kind": "tuning", "dpclip.tuning_sha256": digest}) as run:
+        mlflow.log_params({"trials": record["trials"], "seed": record["seed"],
+                           "sampler": record["sampler"], "objective": record["objective"]})
+        for method, by_eps in record["runs"].items():
+            for tag, entry in by_eps.items():
+                mlflow.log_metric(f"{method}_{tag}_tuned_accuracy", entry["accuracy"])
+                if entry["default_accuracy"] is not None:
+                    mlflow.log_metric(f"{method}_{tag}_default_accuracy",
+                                      entry["default_accuracy"])
+        mlflow.log_artifact(str(layout.tuned), artifact_path="tuning")
+        mlflow.log_artifact(str(layout.tuning_trials), artifact_path="tuning")
+        trials = pd.read_csv(layout.tuning_trials)
+        knobs = [c for c in trials.columns if "." in c]
+        for row in trials.to_dict("records"):
+            child = client.create_run(
+                experiment_id, run_name=f"{row['method']}-{row['epsilon']}-trial{row['trial']}",
+                tags={"mlflow.parentRunId": run.info.run_id, "dpclip.kind": "tuning_trial",
+                      "method": row["method"], "epsilon": row["epsilon"],
+                      "state": row["state"]})
+            stamp = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+            metrics = [] if pd.isna(row["accuracy"]) else \
+                [Metric("validation_accuracy", float(row["accuracy"]), stamp, 0)]
+            client.log_batch(child.info.run_id, metrics=metrics,
+                             params=[Param(k, str(row[k])) for k in knobs if not pd.isna(row[k])])
+            client.set_terminated(child.info.run_id)
+    mlflow.set_tag("dpclip.tuning_run", run.info.run_id)  # on the pipeline run
+    return run.info.run_id
 
 
 def _log_shadow(mlflow, layout: Layout) -> None:

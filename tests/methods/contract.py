@@ -201,6 +201,30 @@ def check_option_validation(name: str, tiny_raw) -> None:
         parse_params(tiny_raw(methods={name: {"no_such_option": 1}}))
 
 
+def check_tuning_space(name: str, tiny_raw) -> None:
+    """What ``dpclip tune`` searches for the method are keys of params.yaml, and both ends of
+    every range are values the method accepts (a trial never tries a refused value); the
+    method's own knobs are options it declares."""
+    from dpclip.methods.base import Tunable
+    from dpclip.tuned import with_values
+
+    cls = get_method(name)
+    params = parse_params(tiny_raw())
+    space = cls.tuning_space(cls.default_options(), Tunable(0.01, 2.0, log=True),
+                             Tunable(0.1, 10.0, log=True))
+    assert space, "a method with nothing to tune"
+    assert set(cls.TUNED_OPTIONS) <= set(cls.OPTIONS) or cls.__dict__.get("Options")
+    for key, t in space.items():
+        assert key.startswith(("train.", f"methods.{name}.")), key
+        assert t.low < t.high
+        for value in (t.low, t.high):
+            tuned = with_values(params, {key: int(value) if t.integer else value})
+            section, *rest = key.split(".")
+            got = tuned.method_options(name)[rest[-1]] if section == "methods" else \
+                getattr(tuned.train, rest[0])
+            assert got == value
+
+
 def check_step_metrics(name: str) -> None:
     """The columns the method asks MLflow to log are columns its trace has."""
     result = reference(name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from contract import (DEVICES, check_clip_bound, check_declaration, check_determinism,
                       check_empty_batch, check_matched_budget, check_option_validation,
-                      check_resume, check_step_metrics)
+                      check_resume, check_step_metrics, check_tuning_space)
 
 from dpclip.methods import available_methods
 
@@ -53,3 +53,8 @@ def test_option_validation(name, tiny_raw):
 @pytest.mark.parametrize("name", METHODS)
 def test_step_metrics(name):
     check_step_metrics(name)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_tuning_space(name, tiny_raw):
+    check_tuning_space(name, tiny_raw)

@@ -24,7 +24,7 @@ import math
 import torch
 
 from dpclip.methods.base import Method, StepRelease, clip_factors, register
-from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, check_clip_range
+from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, ADACLIP_TUNED, check_clip_range
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -34,6 +34,7 @@ class AdaClip(Method):
     name = "adaclip"
     controller_data = "the noisy centred count of members' unclipped gradients (accounted)"
     OPTIONS = ADACLIP_OPTIONS
+    TUNED_OPTIONS = ADACLIP_TUNED
 
     @classmethod
     def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from dpclip.methods.base import Method, clip_factors, register
-from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, check_clip_range
+from dpclip.methods.common.adaclip import ADACLIP_OPTIONS, ADACLIP_TUNED, check_clip_range
 from dpclip.privacy import ExtraQuery
 
 
@@ -30,6 +30,7 @@ class AdaClipOpacus(Method):
                        "(under-accounted: no DP)")
     run_kind = "opacus_optimizer"
     OPTIONS = ADACLIP_OPTIONS  # the same knobs as the sound adaclip, in its own section
+    TUNED_OPTIONS = ADACLIP_TUNED
     OLD_SECTIONS = ("adaclip",)  # read adaclip's section once: still, when its own is absent
 
     @classmethod

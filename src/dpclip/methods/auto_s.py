@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dpclip.methods.base import Method, Option, register, total_norms
+from dpclip.methods.base import Method, Option, Tunable, register, total_norms
 
 
 @register
@@ -15,6 +15,7 @@ class AutoS(Method):
     name = "auto_s"
     OPTIONS = {"gamma": Option(0.01, low=0.0, low_open=True,
                                help="stability constant added to every norm")}
+    TUNED_OPTIONS = {"gamma": Tunable(0.001, 1.0, log=True)}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         return self.clip_threshold / (total_norms(layer_norms) + self.options["gamma"])

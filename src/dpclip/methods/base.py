@@ -85,6 +85,17 @@ class Option:
         return kind, Field(self.default, description=self.help or None, **bounds)
 
 
+@dataclass(frozen=True)
+class Tunable:
+    """One hyperparameter ``dpclip tune`` searches (:mod:`dpclip.stages.tune`): a range
+    [low, high], searched on a log scale when ``log``, over integers when ``integer``."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+
 @dataclass
 class MethodContext:
     """What a method may know when it is built: C_0, the layers, d = number of trainable
@@ -129,6 +140,8 @@ class Method:
     early_stopping_series: ClassVar[str] = "public head-input std"
     # Trace columns of trace_row() that MLflow logs as step metrics
     STEP_METRICS: ClassVar[tuple[str, ...]] = ()
+    # dpclip tune: the method's own knobs it searches, beside the learning rate and C (C_0)
+    TUNED_OPTIONS: ClassVar[dict[str, Tunable]] = {}
 
     def __init__(self, context: MethodContext):
         self.context = context
@@ -179,6 +192,19 @@ class Method:
         """Problems of the options taken together (one line each, naming ``prefix.<option>``
         and the value), beyond each option's own range; ``layer_names`` are the model's."""
         return []
+
+    @classmethod
+    def tuning_space(cls, options: dict, lr: Tunable, clip_norm: Tunable) -> dict[str, Tunable]:
+        """What ``dpclip tune`` searches for this method, by dotted params.yaml key: the
+        learning rate ``train.lr`` (range ``lr``), C (or C_0) ``train.clip_norm`` for a private
+        method (range ``clip_norm``), and ``methods.<name>.<option>`` for each of
+        ``TUNED_OPTIONS``. A method whose training ignores one of them leaves it out."""
+        space = {"train.lr": lr}
+        if cls.private:
+            space["train.clip_norm"] = clip_norm
+        space.update({f"methods.{cls.name}.{name}": tunable
+                      for name, tunable in cls.TUNED_OPTIONS.items()})
+        return space
 
     @classmethod
     def rebuild_for_evaluation(cls, model: nn.Module, architecture: dict) -> nn.Module:

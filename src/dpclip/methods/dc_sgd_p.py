@@ -20,7 +20,7 @@ When the noisy histogram holds no mass, C is left unchanged.
 
 from __future__ import annotations
 
-from dpclip.methods.base import Option, register
+from dpclip.methods.base import Option, Tunable, register
 from dpclip.methods.common.dc_sgd import DynamicClipping, percentile_threshold
 
 
@@ -30,6 +30,7 @@ class DCSGDPercentile(DynamicClipping):
     OPTIONS = {**DynamicClipping.OPTIONS,
                "p": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
                            help="P rule: quantile of the norm distribution")}
+    TUNED_OPTIONS = {**DynamicClipping.TUNED_OPTIONS, "p": Tunable(0.1, 0.9)}
 
     def next_threshold(self, noisy_counts):
         return percentile_threshold(noisy_counts, self.options["b_max"], self.options["p"])

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from dpclip.methods.base import Method, Option, register, total_norms
+from dpclip.methods.base import Method, Option, Tunable, register, total_norms
 
 
 @register
 class DPPSAC(Method):
     name = "dp_psac"
     OPTIONS = {"r": Option(0.1, low=0.0, low_open=True, help="the paper's r (default 0.1)")}
+    TUNED_OPTIONS = {"r": Tunable(0.01, 1.0, log=True)}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         norms = total_norms(layer_norms)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
-from dpclip.methods.base import Method, Option, StepRelease, register, total_norms
+from dpclip.methods.base import Method, Option, StepRelease, Tunable, register, total_norms
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -83,6 +83,7 @@ class LMDPSGD(Method):
         "w_floor": Option(0.01, low=0.0, low_open=True,
                           help="floor of the private w_base (a noisy share can be <= 0)"),
     }
+    TUNED_OPTIONS = {"r": Tunable(1.0, 5.0)}  # the paper uses 2 to 5
 
     def __init__(self, context):
         super().__init__(context)

@@ -53,7 +53,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from dpclip.methods.base import Method, Option, register
+from dpclip.methods.base import Method, Option, Tunable, register
 from dpclip.models import per_record_std
 
 ENCODER_MODES = ("frozen", "joint")
@@ -288,6 +288,18 @@ class Sanitize(Method):
                           help="head_fit sgd / joint: learning rate (train.optimizer) on the "
                                "sanitized activations"),
     }
+    TUNED_OPTIONS = {"n": Tunable(2, 32, log=True, integer=True),
+                     "clip": Tunable(0.1, 5.0, log=True)}
+
+    @classmethod
+    def tuning_space(cls, options, lr, clip_norm):
+        """The width n and the activation clip C; not train.lr nor train.clip_norm, which this
+        method's run never reads. The head's learning rate when a head is trained by SGD."""
+        space = {f"methods.{cls.name}.{name}": t for name, t in cls.TUNED_OPTIONS.items()}
+        if options["head_fit"] == "sgd" or options["encoder"] == "joint":
+            space[f"methods.{cls.name}.head_lr"] = Tunable(lr.low / 100, lr.high / 100,
+                                                           log=True)
+        return space
 
     def __init__(self, context):
         super().__init__(context)

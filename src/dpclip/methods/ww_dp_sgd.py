@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.methods.base import Method, Option, StepRelease, clip_factors, register
+from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors, register
 
 
 def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) -> float:
@@ -116,6 +116,9 @@ class WWDPSGD(Method):
                            help="fewest eigenvalues a KS-chosen tail may keep"),
         "top_k": Option(10, low=2, integer=True, help="fallback tail size"),
     }
+    # dpclip tune: the gain and the zone (train.clip_norm is C_0)
+    TUNED_OPTIONS = {"kappa": Tunable(0.01, 0.3, log=True), "zeta_star": Tunable(2.0, 6.0),
+                     "r": Tunable(0.5, 3.0)}
 
     STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
                     "ww_clamp_hits_max")

@@ -11,8 +11,9 @@ from dpclip.stages.reference import (reference, reference_all,
 from dpclip.stages.report import report
 from dpclip.stages.shadow import shadow
 from dpclip.stages.train import set_aside_unconfigured_runs, train, train_all
+from dpclip.stages.tune import tune
 
-__all__ = ["prepare", "partition", "shadow", "train", "train_all", "audit", "audit_all",
+__all__ = ["prepare", "partition", "shadow", "tune", "train", "train_all", "audit", "audit_all",
            "reference", "reference_all", "set_aside_unconfigured_references",
            "evaluate", "evaluate_all",
            "report", "configured_runs", "RunKey", "set_aside_unconfigured_runs",

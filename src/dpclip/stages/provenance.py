@@ -148,7 +148,8 @@ def _train_data(layout: Layout, key) -> dict[str, Path]:
     from dpclip.methods import get_method
 
     tag = alpha_tag(key.alpha)
-    data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag)}
+    data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag),
+            "tuned/tuned.json": layout.tuned}  # what dpclip tune chose (read when tuning is on)
     if get_method(key.method).needs_shadow_risk:
         data["shadow/risk.json"] = layout.shadow_risk
     return data
@@ -165,10 +166,10 @@ TRAIN = RunStage(
     params=("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
             "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
-            "train.clip_norm", "train.early_stopping", "train.threads"),
+            "train.clip_norm", "train.early_stopping", "train.threads", "tune"),
     code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
           "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "threads.py",
-          "stages/train.py"),
+          "stages/train.py", "tuned.py"),
     reads_method_options=True,
     data=_train_data,
     outputs=_train_outputs,

@@ -254,6 +254,35 @@ def seeds_section(table: pd.DataFrame, out) -> list[str]:
                     markdown_table(verdicts)]
 
 
+def tuning_section(layout: Layout, out) -> list[str]:
+    """The report's section on ``dpclip tune`` (and ``tuning.csv``): per method and epsilon,
+    the public validation accuracy of params.yaml's values and of the chosen ones, and the
+    chosen values; with tuning off, a line saying the runs use params.yaml's values."""
+    lines = ["", "## Tuning", ""]
+    record = read_json(layout.tuned) if layout.tuned.is_file() else {"trials": 0}
+    if not record["trials"]:
+        (out / "tuning.csv").unlink(missing_ok=True)
+        return lines + ["Not tuned (`tune.trials: 0`): every run uses the values in "
+                        "params.yaml. `dpclip tune` gives every method the same number of "
+                        "trials on public data (README, \"Tuning\")."]
+    rows = [{"method": method, "target_epsilon": tag.removeprefix("eps"),
+             "trials": e["trials"], "default_accuracy": e["default_accuracy"],
+             "tuned_accuracy": e["accuracy"],
+             "gain": None if e["default_accuracy"] is None else
+             e["accuracy"] - e["default_accuracy"],
+             "values": ", ".join(f"{k} = {v:.4g}" for k, v in e["values"].items())}
+            for method, by_eps in record["runs"].items() for tag, e in by_eps.items()]
+    frame = pd.DataFrame(rows)
+    write_csv_frame(out / "tuning.csv", frame)
+    return lines + [f"Every run above trained with the values below, chosen by "
+                    f"{record['trials']} {record['sampler']} trials per method and target "
+                    f"epsilon (seed {record['seed']}); objective: {record['objective']}. "
+                    f"The first trial is params.yaml's values (`default_accuracy`, the "
+                    f"untuned contrast on the same public data). Public data only: the "
+                    f"search spends no privacy budget (`tuning.csv`).", "",
+                    markdown_table(frame)]
+
+
 def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -310,6 +339,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
     notes += seeds_section(table, out)
+    notes += tuning_section(layout, out)
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     write_text(out / DATA_USE, data_use_markdown(metrics))

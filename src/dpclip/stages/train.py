@@ -35,12 +35,16 @@ from dpclip.stages.retire import set_aside
 from dpclip.stages.shadow import load_risk
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, train_model
+from dpclip.tuned import tuned_values, tuned_params
 
 
 def train_config(params: Params, method: str, epsilon, seed: int,
-                 layout: Layout | None = None) -> TrainConfig:
-    """The loop's configuration of one run. A method that needs the shadow stage's risks gets
-    them from ``layout``, checked against the model first."""
+                 layout: Layout | None = None, tuned: bool = True) -> TrainConfig:
+    """The loop's configuration of one run, with the values ``dpclip tune`` chose for it when
+    tuning is on and ``tuned`` (:mod:`dpclip.tuned`). A method that needs the shadow stage's
+    risks gets them from ``layout``, checked against the model first."""
+    if tuned:
+        params = tuned_params(params, layout or Layout(), method, epsilon)
     t = params.train
     risk = None
     if get_method(method).needs_shadow_risk:
@@ -82,11 +86,23 @@ def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
     x, y, _ = load_split(layout, "target_train")
     members = load_partition(layout, key.alpha)["positions"]
     cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
-    # public data: a method's own use (a public pre-training) or early stopping's watched series
-    needs_public = get_method(key.method).needs_public_data(cfg.method_options) or \
-        cfg.train.early_stopping.rule != "none"
     return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
-                     load_public(layout) if needs_public else None)
+                     load_public(layout) if needs_public(cfg) else None)
+
+
+def needs_public(cfg: TrainConfig) -> bool:
+    """Whether the run reads public data: a method's own use (a public pre-training) or early
+    stopping's watched series."""
+    return get_method(cfg.method).needs_public_data(cfg.method_options) or \
+        cfg.train.early_stopping.rule != "none"
+
+
+def checkpoint_of(result, cfg: TrainConfig, meta: dict) -> dict:
+    """What ``model.pt`` holds: the trained weights and the architecture that rebuilds them."""
+    return {"state_dict": result.model.state_dict(),
+            "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
+                             "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
+                             **result.architecture}}
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -100,10 +116,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     result = train_model(data.x, data.y, data.shape, data.n_classes, cfg, progress=progress,
                          desc=run, checkpoint_path=layout.checkpoint(run),
                          checkpoint_every=params.train.checkpoint_every, public=data.public)
-    checkpoint = {"state_dict": result.model.state_dict(),
-                  "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
-                                   "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
-                                   **result.architecture}}
+    checkpoint = checkpoint_of(result, cfg, meta)
     run_dir = layout.run_dir(run)
     write_torch(run_dir / "model.pt", checkpoint)
     record = {
@@ -112,6 +125,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "privacy": result.privacy, "training": result.training, "device": result.time["device"],
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
         "n_members": int(len(data.x)), "threads": threads,
+        "tuned": tuned_values(params, layout, method, epsilon),  # None: params.yaml's values
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
                                           len(data.x), alpha)
@@ -175,8 +189,14 @@ def load_model(layout: Layout, run: str) -> torch.nn.Module:
     (``Method.rebuild_for_evaluation``)."""
     checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
                             weights_only=True)
+    return evaluation_model(checkpoint, read_json(layout.run_dir(run) / "record.json")["method"])
+
+
+def evaluation_model(checkpoint: dict, method_name: str) -> torch.nn.Module:
+    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its method rebuilds
+    it (``Method.rebuild_for_evaluation``)."""
     arch = checkpoint["architecture"]
-    method = get_method(read_json(layout.run_dir(run) / "record.json")["method"])
+    method = get_method(method_name)
     model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
                         list(arch["hidden"]))
     model = method.rebuild_for_evaluation(model, arch)

@@ -3,7 +3,7 @@ and ``adaclip_opacus`` (each reads its own section ``methods.<name>``)."""
 
 from __future__ import annotations
 
-from dpclip.methods.base import Option
+from dpclip.methods.base import Option, Tunable
 
 ADACLIP_OPTIONS = {
     "target_quantile": Option(0.5, low=0.0, high=1.0, low_open=True, high_open=True,
@@ -24,3 +24,6 @@ def check_clip_range(values: dict, prefix: str) -> list[str]:
         return [f"{prefix}.c_min: {values['c_min']!r} must be below {prefix}.c_max "
                 f"({values['c_max']!r})"]
     return []
+
+# dpclip tune: the quantile and the controller's step (train.clip_norm is C_0)
+ADACLIP_TUNED = {"target_quantile": Tunable(0.1, 0.9), "clip_lr": Tunable(0.01, 0.5, log=True)}

@@ -11,7 +11,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, clip_factors
+from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -75,6 +75,8 @@ class DynamicClipping(Method):
         "hist_every": Option(50, low=1, integer=True,
                              help="trace the noisy histogram every this many steps"),
     }
+    # train.clip_norm is C_0, the threshold before the first histogram
+    TUNED_OPTIONS = {"sigma_h_ratio": Tunable(2.0, 20.0, log=True)}
 
     def __init__(self, context):
         super().__init__(context)

@@ -1,0 +1,257 @@
+"""tune: the same hyperparameter search for every method, on public data only.
+
+For each configured method and target epsilon, Optuna's TPE sampler (seeded by ``tune.seed``)
+runs ``tune.trials`` trials over the method's tuning space
+(:meth:`dpclip.methods.base.Method.tuning_space`: the learning rate, C or C_0, and the method's
+own knobs). The first trial is always params.yaml's own values, so the search reports what
+tuning gained over them on the same footing.
+
+A trial trains the method, with its real DP mechanism at the run's target epsilon, on the
+public ``shadow_train`` split standing in for the members, and scores the model's accuracy on
+half of the public ``shadow_holdout`` split (the validation half). A method that reads public
+data of its own (sanitize's encoder pre-training, early stopping) gets the other half (three
+quarters to train on, one quarter as its held-out check), so no trial sees its validation
+records outside the DP step. No private record is read, so the search costs no privacy budget
+(the public-data assumption, README "Tuning"); tuning on the members would have to be paid for
+(Papernot and Steinke 2022).
+
+Writes ``tuned/tuned.json`` (the chosen values per method and epsilon, the default's and the
+best trial's accuracy, and the fingerprint of the parameters searched under; read by the train,
+audit and reference stages through :mod:`dpclip.tuned`) and ``tuned/trials.csv`` (every trial).
+Wall-clock times go to ``timings/tune.json``, outside DVC's outputs. With ``tune.trials: 0`` the
+file says so and nothing is searched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dpclip.config import Params
+from dpclip.errors import ConfigError
+from dpclip.io import read_json, write_csv_frame, write_json
+from dpclip.layout import Layout
+from dpclip.methods import get_method
+from dpclip.methods.base import Tunable
+from dpclip.models import logits_of
+from dpclip.naming import epsilon_tag
+from dpclip.stages.prepare import load_split
+from dpclip.stages.train import checkpoint_of, evaluation_model, needs_public, train_config
+from dpclip.threads import use_threads
+from dpclip.train import PublicData, train_model
+from dpclip.tuned import fingerprint, with_values
+
+OBJECTIVE = "accuracy on the validation half of the public shadow_holdout split"
+
+
+@dataclass
+class TuningData:
+    """Public records only: stand-in members, validation records, and the public data a
+    method may read without noise (disjoint from both)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    val_x: np.ndarray
+    val_y: np.ndarray
+    public: PublicData
+    feature_shape: tuple[int, ...]
+    n_classes: int
+
+    def sizes(self) -> dict:
+        return {"members (shadow_train)": int(len(self.x)),
+                "validation (shadow_holdout half)": int(len(self.val_x)),
+                "method's public data (other half)": int(len(self.public.x)),
+                "its held-out check": int(len(self.public.held_out[0]))}
+
+
+def _halves(y: np.ndarray, rng: np.random.Generator, fraction: float) -> tuple:
+    """Positions split per class: about ``fraction`` of each class first, the rest second."""
+    first, second = [], []
+    for label in np.unique(y):
+        where = rng.permutation(np.flatnonzero(y == label))
+        cut = int(round(fraction * len(where)))
+        first.append(where[:cut])
+        second.append(where[cut:])
+    return np.sort(np.concatenate(first)), np.sort(np.concatenate(second))
+
+
+def tuning_data(params: Params, layout: Layout) -> TuningData:
+    """The public splits, divided by ``tune.seed`` (stratified): shadow_train as members;
+    shadow_holdout half validation, half the method's public data (3/4 train, 1/4 check)."""
+    x, y, _ = load_split(layout, "shadow_train")
+    hx, hy, _ = load_split(layout, "shadow_holdout")
+    rng = np.random.default_rng(params.tune.seed)
+    val, rest = _halves(hy, rng, 0.5)
+    pub, check = _halves(hy[rest], rng, 0.75)
+    pub, check = rest[pub], rest[check]
+    meta = read_json(layout.prepared_meta)
+    return TuningData(x, y, hx[val], hy[val], PublicData(hx[pub], hy[pub], (hx[check], hy[check])),
+                      tuple(meta["feature_shape"]), int(meta["n_classes"]))
+
+
+def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
+                   layout: Layout) -> float:
+    """Train ``method`` under ``params`` on the stand-in members at the target epsilon; its
+    accuracy on the validation records."""
+    cfg = train_config(params, method, epsilon, params.tune.seed, layout, tuned=False)
+    if params.tune.epochs is not None:
+        cfg = cfg.with_train(epochs=params.tune.epochs)
+    result = train_model(data.x, data.y, data.feature_shape, data.n_classes, cfg,
+                         progress=False, public=data.public if needs_public(cfg) else None)
+    meta = {"feature_shape": list(data.feature_shape), "n_classes": data.n_classes}
+    model = evaluation_model(checkpoint_of(result, cfg, meta), method)
+    predicted = logits_of(model, data.val_x).argmax(axis=1)
+    return float(np.mean(predicted == data.val_y))
+
+
+def _suggest(trial, key: str, t: Tunable):
+    if t.integer:
+        return trial.suggest_int(key, int(t.low), int(t.high), log=t.log)
+    return trial.suggest_float(key, t.low, t.high, log=t.log)
+
+
+def _current(params: Params, key: str):
+    node = params.to_dict()
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def search(params: Params, method: str, epsilon, data: TuningData, layout: Layout,
+           progress: bool = True) -> tuple[dict, list[dict]]:
+    """``tune.trials`` TPE trials for (method, epsilon), the first at params.yaml's values;
+    (the tuned entry, one row per trial)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tune = params.tune
+    cls = get_method(method)
+    space = cls.tuning_space(params.method_options(method), Tunable(*tune.lr, log=True),
+                             Tunable(*tune.clip_norm, log=True))
+    defaults = {key: _current(params, key) for key in space}
+    sampler = optuna.samplers.TPESampler(seed=tune.seed,
+                                         n_startup_trials=min(10, max(2, tune.trials // 2)))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial(defaults, skip_if_exists=False)
+    rows: list[dict] = []
+    bar = tqdm(total=tune.trials, desc=f"tune {method} {epsilon_tag(epsilon)}",
+               disable=not progress, leave=False)
+
+    def objective(trial) -> float:
+        values = {key: _suggest(trial, key, t) for key, t in space.items()}
+        try:
+            trial_params = with_values(params, values)
+        except ConfigError as exc:  # a combination the method refuses (e.g. c_min > C)
+            rows.append({**values, "trial": trial.number, "state": "refused",
+                         "accuracy": None, "reason": str(exc)})
+            raise optuna.TrialPruned(str(exc)) from exc
+        accuracy = trial_accuracy(trial_params, method, epsilon, data, layout)
+        rows.append({**values, "trial": trial.number, "state": "complete",
+                     "accuracy": accuracy, "reason": ""})
+        return accuracy
+
+    def advance(study, trial) -> None:
+        bar.update(1)
+        best = [t.value for t in study.trials if t.value is not None]
+        if best:
+            bar.set_postfix(best=f"{max(best):.4f}")
+
+    study.optimize(objective, n_trials=tune.trials, callbacks=[advance])
+    bar.close()
+    complete = [r for r in rows if r["state"] == "complete"]
+    if not complete:
+        raise ConfigError([f"tune: every trial of {method} at {epsilon_tag(epsilon)} was "
+                           f"refused; first reason: {rows[0]['reason']}"])
+    best = max(complete, key=lambda r: (r["accuracy"], -r["trial"]))  # ties: the earlier
+    default = rows[0]
+    entry = {"values": {key: best[key] for key in space}, "accuracy": best["accuracy"],
+             "trial": best["trial"], "default_values": defaults,
+             "default_accuracy": default["accuracy"], "trials": tune.trials,
+             "fingerprint": fingerprint(params, method)}
+    return entry, [{"method": method, "epsilon": epsilon_tag(epsilon), **r} for r in rows]
+
+
+# what a search reads besides the parameters: the package files training runs (as in
+# dpclip.stages.provenance.TRAIN, every method's module) and this stage
+CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads.py",
+        "tuned.py", "stages/train.py", "stages/tune.py")
+
+
+def search_inputs(params: Params, layout: Layout) -> dict:
+    """What the tuned record depends on: each configured method's fingerprint, the target
+    epsilons, the public data, the shadow risks and the code."""
+    from dpclip.stages.provenance import PACKAGE, file_hash
+
+    return {"fingerprints": {m: fingerprint(params, m) for m in params.train.methods},
+            "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
+            "files": {"data/prepared": file_hash(layout.prepared),
+                      "shadow/risk.json": file_hash(layout.shadow_risk),
+                      **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in CODE}}}
+
+
+def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
+         force: bool = False) -> dict:
+    """Search every configured (method, target epsilon); write ``tuned/tuned.json`` and
+    ``tuned/trials.csv``; return the tuned record. A method without noise is searched once and
+    its values serve every epsilon. A (method, epsilon) the record on disk searched under the
+    same fingerprint, data, risks and code (:func:`search_inputs`) keeps its entry and trials
+    (adding a method or a seed searches nothing again), unless ``force``."""
+    tune_params = params.tune
+    inputs = search_inputs(params, layout) if tune_params.trials else None
+    kept, kept_rows = _reusable(layout, inputs) if inputs and not force else ({}, None)
+    record = {"trials": tune_params.trials, "seed": tune_params.seed, "sampler": "optuna TPE",
+              "objective": OBJECTIVE, "inputs": inputs, "runs": {}}
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    if tune_params.trials:
+        use_threads(params.train.threads)
+        data = tuning_data(params, layout)
+        record["data"] = data.sizes()
+        for method in params.train.methods:
+            record["runs"][method] = {}
+            searched = None
+            for epsilon in params.privacy.target_epsilons:
+                tag = epsilon_tag(epsilon)
+                if method in kept and tag in kept[method]:
+                    record["runs"][method][tag] = kept[method][tag]
+                    rows += kept_rows[(kept_rows["method"] == method) &
+                                      (kept_rows["epsilon"] == tag)].to_dict("records")
+                    continue
+                if searched is not None:  # non-private: the same search at every epsilon
+                    record["runs"][method][tag] = searched[0]
+                    rows += [{**r, "epsilon": tag} for r in searched[1]]
+                    continue
+                started = time.perf_counter()
+                entry, trial_rows = search(params, method, epsilon, data, layout, progress)
+                seconds[f"{method}-{tag}"] = round(time.perf_counter() - started, 3)
+                record["runs"][method][tag] = entry
+                rows += trial_rows
+                if not get_method(method).private:
+                    searched = entry, trial_rows
+    columns = ["method", "epsilon", "trial", "state", "accuracy", "reason"]
+    rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))}
+            for r in rows]  # a kept row has empty cells for other methods' knobs
+    frame = pd.DataFrame(rows)
+    frame = frame.reindex(columns=columns + sorted(set(frame.columns) - set(columns)))
+    write_csv_frame(layout.tuning_trials, frame)
+    write_json(layout.tuned, record)
+    write_json(layout.root / "timings" / "tune.json", {"seconds": seconds})
+    return record
+
+
+def _reusable(layout: Layout, inputs: dict) -> tuple[dict, pd.DataFrame | None]:
+    """The entries of the record on disk still valid under ``inputs`` (same data, risks and
+    code; each entry's own fingerprint), by method and epsilon tag, and its trial rows."""
+    if not (layout.tuned.is_file() and layout.tuning_trials.is_file()):
+        return {}, None
+    previous = read_json(layout.tuned)
+    if (previous.get("inputs") or {}).get("files") != inputs["files"]:
+        return {}, None
+    kept = {method: {tag: e for tag, e in by_eps.items()
+                     if e["fingerprint"] == inputs["fingerprints"].get(method)}
+            for method, by_eps in previous.get("runs", {}).items()}
+    return kept, pd.read_csv(layout.tuning_trials, keep_default_na=True)

@@ -1,0 +1,144 @@
+"""The tune stage: the same trial budget for every method, public data only, seeded (the same
+search twice gives the same values), params.yaml's values as the first trial, and the train
+stage training with what it chose (and refusing values searched under other parameters)."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import prepared_project
+from dpclip.cli import main
+from dpclip.config import ConfigError, parse_params
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.stages.tune import tuning_data
+
+# the module (dpclip.stages.tune is also the name of the stage function the package exports)
+tune_module = importlib.import_module("dpclip.stages.tune")
+
+TUNE = {"trials": 3, "epochs": 1}
+
+
+def _tuned_project(tmp_path, tiny_raw, write_params, methods, **sections):
+    raw = tiny_raw(train={"methods": methods, "epochs": 1}, tune=TUNE, **sections)
+    base = prepared_project(tmp_path, raw, write_params)
+    assert main([*base, "tune"]) == 0
+    return base, Layout(tmp_path)
+
+
+def test_every_method_gets_the_same_trials_from_params_yaml_first(tmp_path, tiny_raw,
+                                                                  write_params):
+    methods = ["non_private", "dp_sgd", "dc_sgd_p"]
+    _, layout = _tuned_project(tmp_path, tiny_raw, write_params, methods,
+                               privacy={"target_epsilons": [1, 8]})
+    record = read_json(layout.tuned)
+    trials = pd.read_csv(layout.tuning_trials)
+    assert set(record["runs"]) == set(methods)
+    for method in methods:
+        for tag in ("eps1", "eps8"):
+            entry = record["runs"][method][tag]
+            rows = trials[(trials["method"] == method) & (trials["epsilon"] == tag)]
+            assert len(rows) == entry["trials"] == TUNE["trials"]  # the same budget
+            first = rows[rows["trial"] == 0].iloc[0]
+            assert first["train.lr"] == 0.5  # params.yaml's values are trial 0
+            assert entry["default_accuracy"] == pytest.approx(first["accuracy"])
+            assert entry["accuracy"] == pytest.approx(rows["accuracy"].max())
+            assert entry["accuracy"] >= entry["default_accuracy"]
+    assert "methods.dc_sgd_p.p" in trials and "train.clip_norm" in trials
+    # no noise: the values do not depend on epsilon, one search serves both
+    assert record["runs"]["non_private"]["eps1"] == record["runs"]["non_private"]["eps8"]
+
+
+def test_the_search_is_seeded_and_kept_when_only_the_run_matrix_grows(tmp_path, tiny_raw,
+                                                                      write_params,
+                                                                      monkeypatch):
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    first = read_json(layout.tuned)
+    assert main([*base, "tune"]) == 0
+    assert read_json(layout.tuned) == first  # kept, not searched again
+    searched = []
+    real_search = tune_module.search
+    monkeypatch.setattr(tune_module, "search",
+                        lambda params, method, *a, **k: searched.append(method) or
+                        real_search(params, method, *a, **k))
+    raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"], "epochs": 1, "seeds": [0, 1]},
+                   tune=TUNE)
+    tune_module.tune(parse_params(raw), layout, progress=False)
+    assert searched == ["auto_s"]  # dp_sgd's entry is still valid: a new seed changes nothing
+    assert read_json(layout.tuned)["runs"]["dp_sgd"] == first["runs"]["dp_sgd"]
+    tune_module.tune(parse_params(raw), layout, progress=False, force=True)
+    assert searched == ["auto_s", "dp_sgd", "auto_s"]
+    assert read_json(layout.tuned)["runs"]["dp_sgd"] == first["runs"]["dp_sgd"]  # seeded
+
+
+def test_tuning_reads_public_splits_only_and_keeps_validation_apart(tmp_path, tiny_raw,
+                                                                    write_params, monkeypatch):
+    raw = tiny_raw(tune=TUNE)
+    prepared_project(tmp_path, raw, write_params)
+    read = []
+    real = tune_module.load_split
+    monkeypatch.setattr(tune_module, "load_split",
+                        lambda layout, name: read.append(name) or real(layout, name))
+    data = tuning_data(parse_params(raw), Layout(tmp_path))
+    assert sorted(read) == ["shadow_holdout", "shadow_train"]
+    rows = lambda x: {r.tobytes() for r in x}  # noqa: E731
+    validation, public, check = rows(data.val_x), rows(data.public.x), \
+        rows(data.public.held_out[0])
+    assert not validation & public and not validation & check and not public & check
+    holdout = real(Layout(tmp_path), "shadow_holdout")[0]
+    assert len(validation) + len(public) + len(check) == len(rows(holdout))
+    # stratified: every class in the validation half
+    assert set(np.unique(data.val_y)) == set(np.unique(data.y))
+
+
+def test_train_uses_the_tuned_values_and_refuses_stale_ones(tmp_path, tiny_raw, write_params,
+                                                            capsys):
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    chosen = read_json(layout.tuned)["runs"]["dp_sgd"]["eps8"]["values"]
+    assert main([*base, "train"]) == 0
+    record = read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "record.json")
+    assert record["tuned"] == chosen
+    assert record["privacy"]["epsilon"] <= 8.0
+    # a training parameter changed since the search: the values are refused, not used
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 2}, tune=TUNE)
+    params = write_params(raw)
+    assert main(["--params", str(params), "--root", str(tmp_path), "--quiet", "train"]) == 2
+    assert "searched under other" in capsys.readouterr().err
+
+
+def test_tuning_off_searches_nothing_and_trains_with_params_yaml(tmp_path, tiny_raw,
+                                                                write_params, capsys):
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1})
+    base = prepared_project(tmp_path, raw, write_params)
+    assert main([*base, "tune"]) == 0
+    assert "no search" in capsys.readouterr().out
+    layout = Layout(tmp_path)
+    assert read_json(layout.tuned)["trials"] == 0
+    assert main([*base, "train"]) == 0
+    assert read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "record.json")["tuned"] is None
+
+
+def test_a_range_must_increase(tiny_raw):
+    with pytest.raises(ConfigError, match=r"tune\.lr: \[2\.0, 1\.0\]"):
+        parse_params(tiny_raw(tune={"lr": [2.0, 1.0]}))
+
+
+def test_the_report_shows_the_untuned_contrast(tmp_path):
+    from dpclip.io import write_json
+    from dpclip.stages.report import tuning_section
+
+    layout = Layout(tmp_path)
+    out = tmp_path / "reports"
+    out.mkdir()
+    assert "Not tuned" in "\n".join(tuning_section(layout, out))
+    entry = {"values": {"train.lr": 0.25, "train.clip_norm": 2.0}, "accuracy": 0.9,
+             "default_accuracy": 0.8, "trials": 5}
+    write_json(layout.tuned, {"trials": 5, "seed": 0, "sampler": "optuna TPE",
+                              "objective": "accuracy", "runs": {"dp_sgd": {"eps8": entry}}})
+    text = "\n".join(tuning_section(layout, out))
+    assert "| dp_sgd | 8 | 5 | 0.8 | 0.9 | 0.1 | train.lr = 0.25, train.clip_norm = 2 |" in text
+    assert pd.read_csv(out / "tuning.csv")["gain"].iloc[0] == pytest.approx(0.1)
