@@ -58,3 +58,21 @@ def test_dirichlet_small_alpha_is_skewed_and_large_alpha_is_near_uniform():
 def test_dirichlet_rejects_non_positive_alpha():
     with pytest.raises(Exception, match="partition.alphas"):
         dirichlet_subsample(np.zeros(10, dtype=int), 2, 0.0, seed=0)
+
+
+def test_max_records_draws_a_stratified_subset_before_the_splits(tmp_path, tiny_raw):
+    from dpclip.config import parse_params
+    from dpclip.layout import Layout
+    from dpclip.stages.prepare import load_split, prepare
+
+    layout = Layout(tmp_path)
+    meta = prepare(parse_params(tiny_raw(data={"dataset": "digits", "max_records": 500})),
+                   layout)
+    sizes = meta["sizes"]
+    assert abs(sum(sizes.values()) - 500) <= 10  # per-class rounding
+    indices = np.concatenate([load_split(layout, s)[2] for s in sizes])
+    assert len(np.unique(indices)) == len(indices)  # no record twice
+    counts = np.bincount(load_split(layout, "target_train")[1])
+    assert counts.max() - counts.min() <= 2  # digits' classes stay balanced
+    full = prepare(parse_params(tiny_raw()), Layout(tmp_path / "full"))["sizes"]
+    assert sum(full.values()) == 1797

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=5)
     bench.add_argument("--no-memory", action="store_true",
                        help="skip the peak-memory subprocesses (faster)")
+    preset = sub.add_parser("preset", help="run a paper preset (presets/NAME.yaml) into "
+                                           "results/presets/NAME/")
+    preset.add_argument("name", nargs="?", help="omit to list the presets")
+    preset.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    preset.add_argument("--datasets", help="folder of the real datasets (default: "
+                                           "../shared/datasets beside the project)")
+    preset.add_argument("--track", action="store_true", help="also log to MLflow")
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("opacus").setLevel(logging.WARNING)  # per-layer mode notes at INFO
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
+    if args.command == "preset":  # reads params.yaml under its own overlays
+        return _preset(args)
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))
@@ -100,6 +109,27 @@ def _schema(out: str | None) -> int:
         print(f"JSON schema of params.yaml written to {out}")
     else:
         print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _preset(args) -> int:
+    from dpclip.presets import available_presets, load_preset, run_preset
+
+    root = Path(args.root)
+    try:
+        if not args.name:
+            for name in available_presets(root / "presets"):
+                print(f"{name}: {load_preset(name, root / 'presets')['source']}")
+            return 0
+        record = run_preset(args.name, variants=args.variant, project=root,
+                            datasets=Path(args.datasets) if args.datasets else None,
+                            track=args.track, progress=not args.quiet)
+    except DpclipError as exc:
+        print(f"dpclip: error: {exc}", file=sys.stderr)
+        return 2
+    for variant, facts in record["variants"].items():
+        print(f"{args.name} {variant}: {facts['wall_s']:.0f} s -> results/presets/{args.name}/"
+              f"{variant}/reports/comparison.md")
     return 0
 
 

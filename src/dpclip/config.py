@@ -59,6 +59,9 @@ class DataParams(Section):
     path: Text | None = None
     seed: Seed = 0
     download: StrictBool = True
+    # at most this many records of the dataset (and of the shadow dataset), a stratified seeded
+    # subset drawn before the splits (None: all); a quicker run on a large file
+    max_records: Annotated[int, Field(ge=10), NUMBER] | None = None
     target: Text | None = None  # csv: the label column
     # csv: rename label values before anything reads them ({"2": "1"}: merge classes; Heart's
     # num > 0, Adult's ">50K." of its test file); values not listed stay as they are

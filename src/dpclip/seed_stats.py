@@ -94,7 +94,6 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
     """One row per (target epsilon, alpha, method other than ``baseline``, judged metric): the
     paired seeds, the mean difference (method - baseline) with its interval, the paired t-test's
     p, Holm's adjusted p over the methods, and the verdict (module docstring)."""
-    from scipy import stats
 
     table = with_headline(table)
     rows = []
@@ -109,14 +108,7 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
                     continue
                 d = (mine.loc[seeds, metric].astype(float)
                      - base.loc[seeds, metric].astype(float)).dropna().to_numpy()
-                mean, low, high = mean_interval(d, confidence)
-                p = math.nan
-                # no spread (up to rounding: a difference of rates is a difference of floats):
-                # t is 0/0 or infinite
-                if len(d) >= 2 and np.allclose(d, d[0], rtol=1e-9, atol=1e-12):
-                    p = 1.0 if abs(d[0]) <= 1e-12 else 2.0 ** (1 - len(d))
-                elif len(d) >= 2:
-                    p = float(stats.ttest_1samp(d, 0.0).pvalue)
+                mean, low, high, p = paired_test(d, confidence)
                 rows.append({"target_epsilon": epsilon, "alpha": alpha, "method": method,
                              "baseline": baseline, "metric": metric, "seeds": int(len(d)),
                              "difference": mean, "difference_low": low,
@@ -131,6 +123,24 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
     frame["verdict"] = [verdict(r.difference, r.p_holm, r.seeds, r.higher_is_better,
                                 1 - confidence) for r in frame.itertuples()]
     return frame
+
+
+def paired_test(d, confidence: float = CONFIDENCE) -> tuple[float, float | None,
+                                                              float | None, float]:
+    """(mean, lower, upper, p) of paired differences ``d``: the t interval of the mean and the
+    paired t-test's two-sided p (NaN below two pairs). Differences with no spread make t 0/0 or
+    infinite: p is then 1 for zero differences, else the exact sign-flip test's 2^(1-n)."""
+    from scipy import stats
+
+    d = np.asarray(d, dtype=float)
+    mean, low, high = mean_interval(d, confidence)
+    p = math.nan
+    # no spread, up to rounding (a difference of rates is a difference of floats)
+    if len(d) >= 2 and np.allclose(d, d[0], rtol=1e-9, atol=1e-12):
+        p = 1.0 if abs(d[0]) <= 1e-12 else 2.0 ** (1 - len(d))
+    elif len(d) >= 2:
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    return mean, low, high, p
 
 
 def verdict(difference: float, p_adjusted: float, seeds: int, higher_is_better: bool,

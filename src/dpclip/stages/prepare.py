@@ -50,15 +50,27 @@ def _strata(source: Dataset | CsvTable) -> np.ndarray:
     return source.strata() if isinstance(source, CsvTable) else source.y
 
 
+def _subset_split(strata: np.ndarray, fractions: dict[str, float], seed: int,
+                  max_records: int | None) -> dict[str, np.ndarray]:
+    """``stratified_split`` of a stratified subset of about ``max_records`` records (drawn with
+    its own seed; all records when None or when there are fewer)."""
+    keep = np.arange(len(strata))
+    if max_records is not None and len(strata) > max_records:
+        share = max_records / len(strata)
+        keep = stratified_split(strata, {"kept": share, "left": 1 - share}, seed + 1000)["kept"]
+    return {name: keep[part] for name, part in
+            stratified_split(strata[keep], fractions, seed).items()}
+
+
 def _split(params: Params, main, public) -> dict[str, tuple]:
     """{split name: (source, record indices)}; the shadow splits come from ``public`` when
-    there is a separate public dataset."""
-    seed = params.data.seed
+    there is a separate public dataset. ``data.max_records`` caps each dataset first."""
+    seed, cap = params.data.seed, params.data.max_records
     if public is None:
-        parts = stratified_split(_strata(main), _fractions(params, SPLITS), seed)
+        parts = _subset_split(_strata(main), _fractions(params, SPLITS), seed, cap)
         return {name: (main, parts[name]) for name in SPLITS}
-    parts = stratified_split(_strata(main), _fractions(params, SPLITS[:2]), seed)
-    public_parts = stratified_split(_strata(public), _fractions(params, SPLITS[2:]), seed + 1)
+    parts = _subset_split(_strata(main), _fractions(params, SPLITS[:2]), seed, cap)
+    public_parts = _subset_split(_strata(public), _fractions(params, SPLITS[2:]), seed + 1, cap)
     return {**{name: (main, parts[name]) for name in SPLITS[:2]},
             **{name: (public, public_parts[name]) for name in SPLITS[2:]}}
 
