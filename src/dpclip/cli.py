@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     preset.add_argument("--datasets", help="folder of the real datasets (default: "
                                            "../shared/datasets beside the project)")
     preset.add_argument("--track", action="store_true", help="also log to MLflow")
+    ev = sub.add_parser("evidence", help="the verdict report: each paper claim "
+                                         "(presets/claims.yaml) against the preset runs")
+    ev.add_argument("--results", default="results/presets", help="the preset runs' folder")
+    ev.add_argument("--out", default="reports/evidence.md", help="Markdown (HTML beside it)")
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -92,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         return _schema(args.out)
     if args.command == "preset":  # reads params.yaml under its own overlays
         return _preset(args)
+    if args.command == "evidence":  # reads the preset runs, not params.yaml
+        return _evidence(args)
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))
@@ -130,6 +136,24 @@ def _preset(args) -> int:
     for variant, facts in record["variants"].items():
         print(f"{args.name} {variant}: {facts['wall_s']:.0f} s -> results/presets/{args.name}/"
               f"{variant}/reports/comparison.md")
+    return 0
+
+
+def _evidence(args) -> int:
+    from dpclip.evidence import write_evidence
+
+    root = Path(args.root)
+    command = "dpclip evidence" + ("" if args.out == "reports/evidence.md" else
+                                   f" --out {args.out}")
+    try:
+        findings = write_evidence(root / "presets" / "claims.yaml", root / args.results,
+                                  root / args.out, command)
+    except DpclipError as exc:
+        print(f"dpclip: error: {exc}", file=sys.stderr)
+        return 2
+    for f in findings:
+        print(f"{f.claim['id']}: {f.verdict} ({f.reason})")
+    print(f"written to {args.out} and {Path(args.out).with_suffix('.html')}")
     return 0
 
 

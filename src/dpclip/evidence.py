@@ -161,7 +161,7 @@ def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     """The verdict of one claim on its preset's runs (``table``: None when not run)."""
     if "untestable" in claim:
-        return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()))
+        return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
