@@ -225,3 +225,17 @@ def test_dp_bound_limits_at_the_corners_by_hand():
 def test_family_confidence_splits_the_run_level_error():
     assert family_confidence(1) == pytest.approx(0.95)
     assert family_confidence(5) == pytest.approx(0.99)
+
+
+def test_classifier_auc_by_hand():
+    from dpclip.metrics import classifier_auc
+
+    # positives 0.35, 0.8 against negatives 0.1, 0.4: 3 of the 4 pairs ordered -> 0.75
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.65, 0.35], [0.2, 0.8]])
+    assert classifier_auc(probs, np.array([0, 0, 1, 1])) == pytest.approx(0.75)
+    # three classes, each ranked perfectly against the rest but class 2, ranked 0.5 (a tie)
+    probs = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.45, 0.45, 0.1], [0.45, 0.45, 0.1]])
+    labels = np.array([0, 1, 2, 2])
+    # class 0: 0.8 vs 0.1, 0.45, 0.45 -> 1; class 1 likewise -> 1; class 2: 0.1 vs 0.1 ties -> 0.5
+    assert classifier_auc(probs, labels) == pytest.approx((1 + 1 + 0.5) / 3)
+    assert classifier_auc(probs[:2], np.array([0, 0])) is None

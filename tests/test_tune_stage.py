@@ -102,6 +102,7 @@ def test_train_uses_the_tuned_values_and_refuses_stale_ones(tmp_path, tiny_raw, 
     assert main([*base, "train"]) == 0
     record = read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "record.json")
     assert record["tuned"] == chosen
+    assert "public shadow splits only" in record["privacy"]["data_use"]["hyperparameters"]
     assert record["privacy"]["epsilon"] <= 8.0
     # a training parameter changed since the search: the values are refused, not used
     raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 2}, tune=TUNE)
@@ -119,7 +120,9 @@ def test_tuning_off_searches_nothing_and_trains_with_params_yaml(tmp_path, tiny_
     layout = Layout(tmp_path)
     assert read_json(layout.tuned)["trials"] == 0
     assert main([*base, "train"]) == 0
-    assert read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "record.json")["tuned"] is None
+    record = read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "record.json")
+    assert record["tuned"] is None
+    assert record["privacy"]["data_use"]["hyperparameters"] == "params.yaml's values (not tuned)"
 
 
 def test_a_range_must_increase(tiny_raw):

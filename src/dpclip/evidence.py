@@ -37,7 +37,7 @@ HELD, NOT_HELD, UNTESTABLE = "held", "not held", "not testable here"
 VERDICTS = (HELD, NOT_HELD, UNTESTABLE)
 RULES = ("better", "not_worse", "lowest", "within", "smaller_spread")
 # the direction of each metric a claim may name: True = higher is better
-HIGHER_IS_BETTER = {"accuracy": True, "ece": False, "peak_ir_mia": False, "mia_auc": False,
+HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False, "mia_auc": False,
                     "strongest_auc": False, "strongest_tpr_at_fpr_0.1pct": False}
 CONFIGURATION = ["target_epsilon", "alpha", "variant"]
 
@@ -233,6 +233,8 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str) -> s
                   "", f"*Source.* {c['source']}", "", f"*Paper.* {c['paper']}", ""]
         if "preset" in c:
             lines += [f"*Preset.* `{c['preset']}` (rule `{c['rule']}`)", ""]
+        if "note" in c:
+            lines += [f"*Note.* {' '.join(c['note'].split())}", ""]
         if f.ours:
             lines += ["*Ours.*", ""] + [f"- {text}" for text in f.ours] + [""]
         lines += [f"*Verdict.* **{f.verdict}**: {f.reason}."]

@@ -46,6 +46,23 @@ def calibration_metrics(probs: np.ndarray, labels: np.ndarray, n_bins: int = 15)
             "nll": float(np.mean(-np.log(p_true)))}
 
 
+def classifier_auc(probs: np.ndarray, labels: np.ndarray) -> float | None:
+    """The classifier's ROC AUC on labelled records: P(score of a positive > score of a
+    negative), ties counted half. Two classes: the positive class's probability; more: the
+    unweighted mean of each class against the rest (macro one-vs-rest) over the classes present.
+    None when fewer than two classes are present."""
+    from sklearn.metrics import roc_auc_score
+
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.int64)
+    present = np.unique(labels)
+    if len(present) < 2:
+        return None
+    if probs.shape[1] == 2:
+        return float(roc_auc_score(labels, probs[:, 1]))
+    return float(np.mean([roc_auc_score(labels == k, probs[:, k]) for k in present]))
+
+
 def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, level: float) -> float:
     """Largest TPR among ROC points with FPR <= level (no interpolation: a real threshold)."""
     ok = fpr <= level + 1e-12

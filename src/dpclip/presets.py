@@ -65,7 +65,7 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
     if variant != SINGLE:
         if variant not in variants:
             raise DpclipError(f"preset variant {variant!r} is not one of {list(variants)}")
-        raw = with_overrides(raw, variants[variant])
+        raw = with_overrides(raw, _resolve_datasets(variants[variant], datasets))
     return raw
 
 
@@ -100,7 +100,7 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
                progress: bool = True) -> dict:
     """Run the preset's variants (all by default); write and return ``preset.json``."""
     preset = load_preset(name, project / PRESETS)
-    datasets = datasets or (project / DATASETS_PREFIX)
+    datasets = (datasets or (project / DATASETS_PREFIX)).resolve()  # the runs may move
     chosen = variants or list(preset.get("variants") or {SINGLE: {}})
     out = project / RESULTS / name
     record_path = out / "preset.json"

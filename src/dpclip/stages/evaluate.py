@@ -35,7 +35,7 @@ from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
+from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics, classifier_auc,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points)
 from dpclip.methods import get_method
@@ -95,6 +95,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
 
     probs_out = predict(model, x_out)
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
+    utility["auc"] = classifier_auc(probs_out, y_out)  # the papers' tabular utility metric
     # membership: class-matched members and non-members, the same sets for every attack
     rng = np.random.default_rng(evaluation_seed(params.data.seed,
                                                 f"{alpha_tag(alpha)}-seed{int(seed)}"))

@@ -38,7 +38,7 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "audit_whitebox", "audit_blackbox", "audit_violated",
            "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc", "rmia_tpr_at_fpr_0.1pct",
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
-           "audit_status", "strongest_auc"]
+           "audit_status", "strongest_auc", "test_auc"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -77,7 +77,8 @@ def table_row(m: dict) -> dict:
             "dp_bound_violated": any(c["violated"] for c in checks) if checks else None,
             "label_only_auc": label_only.get("auc"),
             "label_only_auc_unmatched": label_only.get("auc_unmatched"),
-            **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p)}
+            **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p),
+            "test_auc": u.get("auc")}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:

@@ -128,7 +128,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "tuned": tuned_values(params, layout, method, epsilon),  # None: params.yaml's values
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
-                                          len(data.x), alpha)
+                                          len(data.x), alpha, tuned=record["tuned"] is not None)
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
     write_json(layout.timing(run), {"run": run, **result.time})
@@ -156,7 +156,8 @@ def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
         params, key.method, key.epsilon, key.alpha, key.seed, layout, progress), force)
 
 
-def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha) -> dict:
+def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha,
+             tuned: bool = False) -> dict:
     """``privacy.data_use``: which data each component of the run saw (METHODS.md, "Public
     data"): the method's own components, then preprocessing, early stopping and evaluation."""
     partition = "iid" if alpha == IID else f"Dirichlet alpha {alpha}"
@@ -170,6 +171,8 @@ def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alp
             "feature_preprocessing": preprocessing,
             "early_stopping": stopping,
             "initialisation": "random, from train.seed (no data)",
+            "hyperparameters": "chosen by dpclip tune on the public shadow splits only (no "
+                               "member read)" if tuned else "params.yaml's values (not tuned)",
             "evaluation": "members and the target holdout, after training (the metrics are "
                           "measurements for the data owner, not DP releases)"}
 
