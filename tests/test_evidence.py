@@ -131,10 +131,14 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
            _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.03, 0.03, 0.03]}, "ece"))
     assert main(["--root", str(tmp_path), "evidence", "--out", "docs/evidence.md"]) == 0
     text = (tmp_path / "docs" / "evidence.md").read_text()
-    assert "| ece-claim | s | **held** |" in text and "| later | s | **not testable here** |"
+    assert "| ece-claim | s | **held** |" in text
+    assert "| later | s | **not testable here** |" in text
     assert "dpclip evidence --out docs/evidence.md" in text
     assert "ww_dp_sgd 0.02 [" in text  # ours, with its interval
     assert "<table>" in (tmp_path / "docs" / "evidence.html").read_text()
+    assert "![ece-claim](evidence/ece-claim.png)" in text  # a figure per tested claim
+    assert (tmp_path / "docs" / "evidence" / "ece-claim.png").stat().st_size > 1000
+    assert not (tmp_path / "docs" / "evidence" / "later.png").exists()
     assert "ece-claim: held" in capsys.readouterr().out
 
 

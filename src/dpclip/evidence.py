@@ -207,6 +207,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                                                else "") + f": {r['outcome']}"
                             for r in rows if r["outcome"] != "better"))
     ours = [_describe(r, method, metric_text) for r in rows]
+    for row in rows:
+        row["label"] = _label(row)
     return Finding(claim, HELD if held else NOT_HELD, reason, ours, rows)
 
 
@@ -217,7 +219,8 @@ def evidence(claims_path: Path, results: Path) -> list[Finding]:
     return [judge(c, tables.get(c.get("preset"))) for c in claims]
 
 
-def evidence_markdown(findings: list[Finding], results: Path, command: str) -> str:
+def evidence_markdown(findings: list[Finding], results: Path, command: str,
+                      figures: dict[str, str] | None = None) -> str:
     """The verdict report: a summary table, then one section per claim."""
     lines = ["# Evidence: the papers' claims, tested", "",
              f"Regenerate: `{command}`. Each verdict follows the rule of its claim "
@@ -237,16 +240,31 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str) -> s
             lines += [f"*Note.* {' '.join(c['note'].split())}", ""]
         if f.ours:
             lines += ["*Ours.*", ""] + [f"- {text}" for text in f.ours] + [""]
+        if (figures or {}).get(c["id"]):
+            lines += [f"![{c['id']}]({figures[c['id']]})", ""]
         lines += [f"*Verdict.* **{f.verdict}**: {f.reason}."]
     return "\n".join(lines) + "\n"
 
 
 def write_evidence(claims_path: Path, results: Path, out: Path, command: str) -> list[Finding]:
-    """Write the verdict report as Markdown at ``out`` and as HTML beside it."""
+    """Write the verdict report as Markdown at ``out`` and as HTML beside it, with a figure per
+    tested claim in ``<out stem>/`` (the method and its baselines, mean and 95% interval)."""
     import markdown
 
+    from dpclip.plots import claim_figure
+
     findings = evidence(claims_path, results)
-    text = evidence_markdown(findings, results, command)
+    figures = {}
+    for f in findings:
+        if f.verdict == UNTESTABLE or not f.rows:
+            continue
+        metric = f.claim["metric"] + (" range over the variants"
+                                      if f.claim["rule"] == "smaller_spread" else "")
+        name = f"{out.stem}/{f.claim['id']}.png"
+        if claim_figure(out.parent / name, f.rows, f.claim["method"], metric,
+                        f"{f.claim['id']}: {f.verdict}"):
+            figures[f.claim["id"]] = name
+    text = evidence_markdown(findings, results, command, figures)
     write_text(out, text)
     body = markdown.markdown(text, extensions=["tables"])
     write_text(out.with_suffix(".html"), "<!doctype html><meta charset='utf-8'>"

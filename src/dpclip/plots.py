@@ -216,3 +216,31 @@ def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
     ax.set(ylim=(0, 1.05), xlabel="layer", title=title)
     ax.legend(fontsize=8, loc="lower right")
     return write_figure(path, fig)
+
+
+def claim_figure(path: Path, rows: list[dict], method: str, metric: str,
+                 title: str) -> Path | None:
+    """One claim's comparisons (:mod:`dpclip.evidence`): per configuration, the method's mean
+    and each baseline's with their 95% intervals over seeds. None without comparisons."""
+    if not rows:
+        return None
+    labels = sorted({r["label"] for r in rows}, key=[r["label"] for r in rows].index)
+    series = {method: {}}
+    for r in rows:
+        series[method][r["label"]] = r["method_mean"]
+        series.setdefault(r["baseline"], {})[r["label"]] = r["baseline_mean"]
+    fig, ax = _subplots(figsize=(1.6 + 1.5 * len(labels), 3.4))
+    for i, (name, by_label) in enumerate(series.items()):
+        x = np.arange(len(labels)) + 0.12 * (i - (len(series) - 1) / 2)
+        mean = np.array([by_label.get(lab, (np.nan, None, None))[0] for lab in labels], float)
+        low = np.array([by_label.get(lab, (np.nan, None, None))[1] for lab in labels], float)
+        high = np.array([by_label.get(lab, (np.nan, None, None))[2] for lab in labels], float)
+        err = np.vstack([mean - np.where(np.isnan(low), mean, low),
+                         np.where(np.isnan(high), mean, high) - mean])
+        ax.errorbar(x, mean, yerr=err, fmt="o", capsize=4, label=name)
+    ax.set_xticks(np.arange(len(labels)), labels)
+    ax.set(ylabel=metric, title=title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return write_figure(path, fig)
