@@ -145,3 +145,16 @@ def test_the_report_shows_the_untuned_contrast(tmp_path):
     text = "\n".join(tuning_section(layout, out))
     assert "| dp_sgd | 8 | 5 | 0.8 | 0.9 | 0.1 | train.lr = 0.25, train.clip_norm = 2 |" in text
     assert pd.read_csv(out / "tuning.csv")["gain"].iloc[0] == pytest.approx(0.1)
+
+
+def test_mlflow_shows_the_values_a_tuned_run_trained_with(tmp_path, tiny_raw, write_params):
+    from dpclip.naming import RunKey
+    from dpclip.tracking import run_params
+
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    assert main([*base, "train"]) == 0
+    chosen = read_json(layout.tuned)["runs"]["dp_sgd"]["eps8"]["values"]
+    params = run_params(layout, RunKey("dp_sgd", 8, "iid", 0), {"dataset": "digits"})
+    assert params["lr"] == str(chosen["train.lr"]) != "0.5"  # not params.yaml's value
+    assert params["clip_norm"] == str(chosen["train.clip_norm"])
+    assert params["tune.trials"] == "3" and params["tuned"] is True

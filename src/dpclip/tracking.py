@@ -287,7 +287,9 @@ def _children_filter(parent_id: str) -> str:
 def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
     """The parameters that produced one run, under short names for the compare view: its axes
     (dataset, method, target epsilon, alpha, seed) and the training inputs its provenance
-    recorded (``lr``, ``epochs``, ..., the method's options as ``option.<name>``)."""
+    recorded (``lr``, ``epochs``, ..., the method's options as ``option.<name>``, the tune
+    section as ``tune.<key>``), with the values ``dpclip tune`` chose where it chose them:
+    what the run trained with."""
     out = {"dataset": metrics["dataset"], "method": key.method, "target_epsilon": key.epsilon,
            "alpha": key.alpha, "seed": key.seed}
     path = TRAIN.provenance(layout, key)
@@ -298,7 +300,11 @@ def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
         if section == "methods":
             _flatten("option", value, out)
         else:
-            _flatten(rest, value, out)  # train.lr -> lr, privacy.delta -> delta
+            _flatten(rest or section, value, out)  # train.lr -> lr, tune -> tune.trials
+    tuned = read_json(layout.run_dir(key.name) / "record.json").get("tuned")
+    for name, value in (tuned or {}).items():  # train.lr -> lr, methods.m.p -> option.p
+        out[("option." if name.startswith("methods.") else "") + name.rsplit(".", 1)[-1]] = str(value)
+    out["tuned"] = tuned is not None
     return out
 
 
