@@ -3,6 +3,7 @@ cases, with differences and p-values worked out by hand, and the committed claim
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -129,11 +130,14 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
         {"id": "later", "claim": "y", "source": "s", "paper": "p", "untestable": "why"}]}))
     _write(tmp_path / "results" / "presets", "t10",
            _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.03, 0.03, 0.03]}, "ece"))
+    (tmp_path / "results" / "presets" / "t10" / "preset.json").write_text(json.dumps(
+        {"deviations": ["a subset of MNIST"], "variants": {"main": {"wall_s": 61.4}}}))
     assert main(["--root", str(tmp_path), "evidence", "--out", "docs/evidence.md"]) == 0
     text = (tmp_path / "docs" / "evidence.md").read_text()
     assert "| ece-claim | s | **held** |" in text
     assert "| later | s | **not testable here** |" in text
     assert "dpclip evidence --out docs/evidence.md" in text
+    assert "wall time on this machine: main 61 s" in text and "  - a subset of MNIST" in text
     assert "ww_dp_sgd 0.02 [" in text  # ours, with its interval
     assert "<table>" in (tmp_path / "docs" / "evidence.html").read_text()
     assert "![ece-claim](evidence/ece-claim.png)" in text  # a figure per tested claim

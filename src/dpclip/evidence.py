@@ -30,7 +30,7 @@ import pandas as pd
 import yaml
 
 from dpclip.errors import DpclipError
-from dpclip.io import write_text
+from dpclip.io import read_json, write_text
 from dpclip.seed_stats import CONFIDENCE, holm, mean_interval, paired_test
 
 HELD, NOT_HELD, UNTESTABLE = "held", "not held", "not testable here"
@@ -219,6 +219,16 @@ def evidence(claims_path: Path, results: Path) -> list[Finding]:
     return [judge(c, tables.get(c.get("preset"))) for c in claims]
 
 
+def _preset_facts(path: Path) -> str:
+    """The wall time of each variant of a run preset, and its deviations from the paper."""
+    if not path.is_file():
+        return ""
+    record = read_json(path)
+    times = ", ".join(f"{v} {facts['wall_s']:.0f} s" for v, facts in record["variants"].items())
+    deviations = "".join(f"\n  - {' '.join(str(d).split())}" for d in record["deviations"])
+    return f", wall time on this machine: {times}. Deviations from the paper:\n{deviations}"
+
+
 def evidence_markdown(findings: list[Finding], results: Path, command: str,
                       figures: dict[str, str] | None = None) -> str:
     """The verdict report: a summary table, then one section per claim."""
@@ -226,7 +236,8 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
              f"Regenerate: `{command}`. Each verdict follows the rule of its claim "
              "(`presets/claims.yaml`, `dpclip.evidence`): paired over seeds, Holm-corrected "
              "within the claim, 95% intervals; our numbers come from the preset runs' metrics "
-             f"(`{results}/<preset>/<variant>/reports/comparison.csv`).", "",
+             f"(`{results}/<preset>/<variant>/reports/comparison.csv`), as fractions where the "
+             "papers give percentages.", "",
              "| claim | source | verdict |", "|---|---|---|"]
     for f in findings:
         lines.append(f"| {f.claim['id']} | {f.claim['source']} | **{f.verdict}** |")
@@ -235,7 +246,8 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
         lines += ["", f"## {c['id']}: {f.verdict}", "", f"*Claim.* {' '.join(c['claim'].split())}",
                   "", f"*Source.* {c['source']}", "", f"*Paper.* {c['paper']}", ""]
         if "preset" in c:
-            lines += [f"*Preset.* `{c['preset']}` (rule `{c['rule']}`)", ""]
+            lines += [f"*Preset.* `{c['preset']}` (rule `{c['rule']}`)" +
+                      _preset_facts(results / c["preset"] / "preset.json"), ""]
         if "note" in c:
             lines += [f"*Note.* {' '.join(c['note'].split())}", ""]
         if f.ours:
