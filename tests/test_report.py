@@ -21,7 +21,7 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
          "audit_violated", "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc",
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
-         "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc"]
+         "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
