@@ -239,3 +239,10 @@ def test_classifier_auc_by_hand():
     # class 0: 0.8 vs 0.1, 0.45, 0.45 -> 1; class 1 likewise -> 1; class 2: 0.1 vs 0.1 ties -> 0.5
     assert classifier_auc(probs, labels) == pytest.approx((1 + 1 + 0.5) / 3)
     assert classifier_auc(probs[:2], np.array([0, 0])) is None
+
+
+def test_classifier_auc_of_a_diverged_model_is_none():
+    from dpclip.metrics import classifier_auc
+
+    probs = np.array([[np.nan, np.nan], [0.5, 0.5]])
+    assert classifier_auc(probs, np.array([0, 1])) is None

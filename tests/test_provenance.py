@@ -146,6 +146,8 @@ def test_dvc_yaml_lists_every_input_of_every_run(stage, tiny_raw, tmp_path):
             assert _covered(folder, deps), f"dvc.yaml {stage.name}: no dependency on {path}"
         for name in inputs["params"]:
             assert _covered(name, declared["params"]), f"dvc.yaml {stage.name}: no {name}"
+        if "tuned" in inputs:  # the run's entry of the tune stage's output
+            assert _covered("tuned/tuned.json", deps), f"dvc.yaml {stage.name}: no tuned"
     for axis in ("train.methods", "privacy.target_epsilons", "partition.alphas",
                  "train.seeds"):
         assert _covered(axis, declared["params"])

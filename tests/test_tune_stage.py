@@ -157,4 +157,28 @@ def test_mlflow_shows_the_values_a_tuned_run_trained_with(tmp_path, tiny_raw, wr
     params = run_params(layout, RunKey("dp_sgd", 8, "iid", 0), {"dataset": "digits"})
     assert params["lr"] == str(chosen["train.lr"]) != "0.5"  # not params.yaml's value
     assert params["clip_norm"] == str(chosen["train.clip_norm"])
-    assert params["tune.trials"] == "3" and params["tuned"] is True
+    assert params["tuned"] is True and "tuned.train.lr" not in params
+
+
+def test_values_searched_on_other_data_are_refused(tmp_path, tiny_raw, write_params, capsys):
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1}, tune=TUNE,
+                   data={"max_records": 1500})  # the fingerprint ignores data.*; the hash not
+    params = write_params(raw)
+    args = ["--params", str(params), "--root", str(tmp_path), "--quiet"]
+    assert main([*args, "prepare"]) == 0 and main([*args, "partition", "--alpha", "iid"]) == 0
+    assert main([*args, "train"]) == 2
+    assert "another data/prepared" in capsys.readouterr().err
+
+
+def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, write_params):
+    from dpclip.naming import RunKey
+    from dpclip.stages.provenance import TRAIN
+
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    assert main([*base, "train"]) == 0
+    raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"], "epochs": 1}, tune=TUNE)
+    params = parse_params(raw)
+    tune_module.tune(params, layout, progress=False)  # adds auto_s, rewrites tuned.json
+    assert TRAIN.is_current(params, RunKey("dp_sgd", 8, "iid", 0), layout)
+    assert not TRAIN.is_current(params, RunKey("auto_s", 8, "iid", 0), layout)

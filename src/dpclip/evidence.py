@@ -9,8 +9,9 @@ the comparisons one claim makes (:func:`dpclip.seed_stats.holm`). The rules:
 
 * ``better``: the method beats the baseline on the metric in every configuration (target
   epsilon, alpha, variant), each significant after the correction;
-* ``not_worse``: in no configuration is the method significantly worse (with few seeds this is
-  weak evidence, and the report says how wide the intervals are);
+* ``not_worse``: in no configuration is the method significantly worse. This is the absence
+  of evidence of harm, weak with few seeds: a claim of "as good as" should use ``within`` (a
+  non-inferiority margin on the interval) instead;
 * ``lowest``: ``better`` against each of several baselines;
 * ``within``: the lower end of the 95% interval of (method - baseline) is above ``-margin`` in
   every configuration (for a metric where lower is better: the upper end below ``margin``);
@@ -61,6 +62,9 @@ def load_claims(path: Path) -> list[dict]:
         if claim.get("rule") not in RULES:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule {claim.get('rule')!r} "
                               f"is not one of {list(RULES)}")
+        if claim["rule"] == "within" and not isinstance(claim.get("margin"), (int, float)):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'within' needs a "
+                              f"numeric margin, not {claim.get('margin')!r}")
         if claim.get("metric") not in HIGHER_IS_BETTER:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: metric "
                               f"{claim.get('metric')!r} is not one of {list(HIGHER_IS_BETTER)}")
@@ -141,8 +145,9 @@ def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -
     for values, group in table.groupby(["target_epsilon", "alpha"], sort=True, dropna=False):
         spreads = {}
         for who in (method, baseline):
-            wide = group[group["method"] == who].pivot_table(index="seed", columns="variant",
-                                                             values=metric)
+            wide = group[group["method"] == who].pivot_table(
+                index="seed", columns="variant", values=metric).reindex(
+                columns=sorted(group["variant"].unique()))  # a missing variant: no range
             spreads[who] = (wide.max(axis=1) - wide.min(axis=1)).where(
                 wide.notna().all(axis=1))
         seeds = sorted(set(spreads[method].dropna().index) & set(spreads[baseline].dropna().index))

@@ -50,13 +50,13 @@ def classifier_auc(probs: np.ndarray, labels: np.ndarray) -> float | None:
     """The classifier's ROC AUC on labelled records: P(score of a positive > score of a
     negative), ties counted half. Two classes: the positive class's probability; more: the
     unweighted mean of each class against the rest (macro one-vs-rest) over the classes present.
-    None when fewer than two classes are present."""
+    None when fewer than two classes are present or a probability is not finite."""
     from sklearn.metrics import roc_auc_score
 
     probs = np.asarray(probs, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.int64)
     present = np.unique(labels)
-    if len(present) < 2:
+    if len(present) < 2 or not np.isfinite(probs).all():  # a diverged model: no AUC
         return None
     if probs.shape[1] == 2:
         return float(roc_auc_score(labels, probs[:, 1]))

@@ -83,6 +83,7 @@ class RunStage:
     outputs: Callable[[Layout, object], dict[str, Path]]
     provenance: Callable[[Layout, object], Path]
     result: Callable[[Layout, object], Path]
+    reads_tuned_values: bool = False  # trains the run's configuration (dpclip.tuned)
 
     def inputs(self, params, key, layout: Layout) -> dict:
         """The run's inputs: parameter values and file hashes (``key``: a
@@ -98,9 +99,13 @@ class RunStage:
         files.update({label: file_hash(path) for label, path in self.data(layout, key).items()})
         run = {"method": key.method, "epsilon": key.epsilon, "alpha": key.alpha,
                "seed": key.seed}
+        inputs = {"run": run, "params": values, "files": files}
+        if self.reads_tuned_values:  # the run's own entry of tuned/tuned.json (dpclip.tuned):
+            from dpclip.tuned import tuned_values  # tuning another run changes nothing here
+
+            inputs["tuned"] = tuned_values(params, layout, key.method, key.epsilon)
         # JSON round trip: the values compare equal to what a provenance file holds
-        return json.loads(json.dumps({"run": run, "params": values, "files": files},
-                                     default=str))
+        return json.loads(json.dumps(inputs, default=str))
 
     def record(self, layout: Layout, key, inputs: dict) -> Path:
         """Write the run's provenance: ``inputs`` (taken before it ran) and its outputs' hashes."""
@@ -148,8 +153,7 @@ def _train_data(layout: Layout, key) -> dict[str, Path]:
     from dpclip.methods import get_method
 
     tag = alpha_tag(key.alpha)
-    data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag),
-            "tuned/tuned.json": layout.tuned}  # what dpclip tune chose (read when tuning is on)
+    data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag)}
     if get_method(key.method).needs_shadow_risk:
         data["shadow/risk.json"] = layout.shadow_risk
     return data
@@ -166,7 +170,7 @@ TRAIN = RunStage(
     params=("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
             "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
-            "train.clip_norm", "train.early_stopping", "train.threads", "tune"),
+            "train.clip_norm", "train.early_stopping", "train.threads"),
     code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
           "methods/{method}.py", "models.py", "privacy.py", "randomness.py", "threads.py",
           "stages/train.py", "tuned.py"),
@@ -175,6 +179,7 @@ TRAIN = RunStage(
     outputs=_train_outputs,
     provenance=lambda layout, key: layout.run_dir(key.name) / "provenance.json",
     result=lambda layout, key: layout.run_dir(key.name) / "record.json",
+    reads_tuned_values=True,
 )
 
 
@@ -187,6 +192,7 @@ AUDIT = RunStage(
     outputs=lambda layout, key: {f"audits/{key.name}/audit.json": layout.audit(key.name)},
     provenance=lambda layout, key: layout.audit(key.name).parent / "provenance.json",
     result=lambda layout, key: layout.audit(key.name),
+    reads_tuned_values=True,
 )
 
 
@@ -201,6 +207,7 @@ REFERENCE = RunStage(
         for name in ("signals.npz", "reference.json")},
     provenance=lambda layout, key: layout.references(key.name) / "provenance.json",
     result=lambda layout, key: layout.references(key.name) / "reference.json",
+    reads_tuned_values=True,
 )
 
 

@@ -218,8 +218,11 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
                 tag = epsilon_tag(epsilon)
                 if method in kept and tag in kept[method]:
                     record["runs"][method][tag] = kept[method][tag]
-                    rows += kept_rows[(kept_rows["method"] == method) &
-                                      (kept_rows["epsilon"] == tag)].to_dict("records")
+                    kept_trials = kept_rows[(kept_rows["method"] == method) &
+                                            (kept_rows["epsilon"] == tag)].to_dict("records")
+                    rows += kept_trials
+                    if not get_method(method).private:
+                        searched = kept[method][tag], kept_trials
                     continue
                 if searched is not None:  # non-private: the same search at every epsilon
                     record["runs"][method][tag] = searched[0]
