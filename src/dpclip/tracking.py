@@ -209,7 +209,7 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
     on; an identical search already logged is reused (tagged with the tuned file's SHA-256)."""
     from mlflow.entities import Metric, Param
 
-    from dpclip.stages.provenance import file_hash
+    from dpclip.hashing import file_hash
 
     if not layout.tuned.is_file():
         return None

@@ -64,7 +64,7 @@ def tuned_values(params: Params, layout: Layout, method: str, epsilon) -> dict |
         raise DpclipError(f"{path}: the values for {method} at {epsilon_tag(epsilon)} were "
                           f"searched under other train, privacy, tune or methods.{method} "
                           f"parameters: run `dpclip tune` again")
-    from dpclip.stages.provenance import file_hash
+    from dpclip.hashing import file_hash
 
     searched_on = (read_json(path).get("inputs") or {}).get("files", {})
     for label, current in (("data/prepared", layout.prepared),

@@ -184,7 +184,8 @@ CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads
 def search_inputs(params: Params, layout: Layout) -> dict:
     """What the tuned record depends on: each configured method's fingerprint, the target
     epsilons, the public data, the shadow risks and the code."""
-    from dpclip.stages.provenance import PACKAGE, file_hash
+    from dpclip.hashing import file_hash
+    from dpclip.stages.provenance import PACKAGE
 
     return {"fingerprints": {m: fingerprint(params, m) for m in params.train.methods},
             "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
