@@ -1,5 +1,6 @@
-"""The verdict report from synthetic preset results: each rule's held / not held / not testable
-cases, with differences and p-values worked out by hand, and the committed claims file."""
+"""The verdict report from synthetic preset results: each rule's four outcomes (held,
+contradicted, inconclusive, setting not reproduced) and "not testable here", with differences,
+p-values and intervals worked out by hand, and the committed claims file."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import yaml
 
 from dpclip.cli import main
-from dpclip.evidence import HELD, NOT_HELD, UNTESTABLE, evidence, judge, load_claims
 from dpclip.errors import DpclipError
+from dpclip.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_REPRODUCED, UNTESTABLE,
+                             evidence, for_configuration, judge, load_claims)
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,13 @@ def _rows(values: dict[str, list[float]], metric: str, epsilon: float = 8.0) -> 
             for m, vs in values.items() for s, v in enumerate(vs)]
 
 
+def _pair(differences: list[float], metric: str, base: float = 0.5, epsilon: float = 8.0):
+    """Runs whose paired differences (ww_dp_sgd minus dp_sgd) are exactly ``differences``:
+    the baseline is ``base`` on every seed."""
+    return _rows({"ww_dp_sgd": [base + d for d in differences],
+                  "dp_sgd": [base] * len(differences)}, metric, epsilon)
+
+
 def _claim(rule: str, metric: str = "ece", **extra) -> dict:
     return {"id": "c", "claim": "x", "source": "s", "paper": "p", "preset": "p", "rule": rule,
             "method": "ww_dp_sgd", "baseline": "dp_sgd", "metric": metric, **extra}
@@ -38,78 +47,156 @@ def _table(rows):
     return pd.DataFrame(rows).assign(variant="main")
 
 
-def test_better_needs_a_significant_gain_in_the_metrics_direction():
-    # differences -0.010, -0.011, -0.009: mean -0.01, sd 0.001, t = -17.3 on 2 df, p = 0.0033
-    rows = _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.030, 0.030, 0.030]}, "ece")
-    finding = judge(_claim("better"), _table(rows))
+def test_the_issues_three_two_seed_cases_are_all_inconclusive():
+    # with 2 seeds the 4 sign patterns give the observed sum (all positive) its own extreme
+    # once out of 4 on each side: p = 2 x 1/4 = 0.5 whatever the values; no 95% bound exists
+    for differences in ([0.020, 0.021], [0.02, 0.02], [0.01, 0.0100001]):
+        finding = judge(_claim("better", "accuracy", effect=0.02),
+                        _table(_pair(differences, "accuracy")))
+        row = finding.rows[0]
+        assert row["p"] == pytest.approx(0.5)
+        assert (row["difference_low"], row["difference_high"]) == (-float("inf"), float("inf"))
+        assert finding.verdict == INCONCLUSIVE
+        assert finding.seeds_needed >= 6  # the exact test cannot reach 5% below 6 seeds
+
+
+def test_better_is_held_on_six_seeds_all_in_the_papers_direction():
+    # ECE differences all negative: p = 2 / 2^6 = 0.03125; the 95% interval is
+    # [M_(1), M_(63)] (k = floor(0.05 x 32) = 1): the smallest and largest single difference
+    differences = [-0.010, -0.011, -0.009, -0.012, -0.008, -0.010]
+    finding = judge(_claim("better", effect=-0.004), _table(_pair(differences, "ece")))
+    row = finding.rows[0]
+    assert row["p"] == pytest.approx(0.03125)
+    assert row["difference_low"] == pytest.approx(-0.012)
+    assert row["difference_high"] == pytest.approx(-0.008)
     assert finding.verdict == HELD
-    assert finding.rows[0]["difference"] == pytest.approx(-0.01)
-    assert finding.rows[0]["p"] == pytest.approx(0.00332, abs=2e-5)
-    assert "Holm p 0.00332" in finding.ours[0]
-    # the same gain in accuracy, where higher is better, is a loss
-    rows = _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.030, 0.030, 0.030]},
-                 "accuracy")
-    assert judge(_claim("better", "accuracy"), _table(rows)).verdict == NOT_HELD
-    # noisy differences: not distinguishable, so not held
-    rows = _rows({"ww_dp_sgd": [0.02, 0.04, 0.025], "dp_sgd": [0.03, 0.03, 0.03]}, "ece")
-    finding = judge(_claim("better"), _table(rows))
-    assert finding.verdict == NOT_HELD and "not distinguishable" in finding.reason
+    assert "p 0.0312" in finding.ours[0] and "the paper's difference -0.004" in finding.ours[0]
+    # the same differences in accuracy (higher is better) are a loss: contradicted
+    finding = judge(_claim("better", "accuracy", effect=0.004),
+                    _table(_pair(differences, "accuracy")))
+    assert finding.verdict == CONTRADICTED
 
 
-def test_better_everywhere_is_corrected_over_the_claims_configurations():
-    # eps 8 alone would pass (p 0.0033), eps 2 fails: one configuration short of every
-    rows = _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.03, 0.03, 0.03]}, "ece") + \
-        _rows({"ww_dp_sgd": [0.03, 0.031, 0.029], "dp_sgd": [0.03, 0.03, 0.03]}, "ece", 2.0)
-    finding = judge(_claim("better"), _table(rows))
-    assert finding.verdict == NOT_HELD and "eps 2" in finding.reason
-    # Holm over the two: the smaller p doubled
-    smallest = min(r["p"] for r in finding.rows)
-    assert min(r["p_holm"] for r in finding.rows) == pytest.approx(2 * smallest)
+def test_three_seeds_never_decide_and_say_how_many_would():
+    # 3 seeds: p >= 0.25, no bound: inconclusive even for a large, clean effect. The seeds
+    # needed: a paired t-test at 5% with 80% power; effect / spread = 1 needs n = 10 (G*Power)
+    differences = [0.01, 0.02, 0.03]  # sd 0.01
+    finding = judge(_claim("better", "accuracy", effect=0.01),
+                    _table(_pair(differences, "accuracy")))
+    assert finding.rows[0]["p"] == pytest.approx(0.25)
+    assert finding.verdict == INCONCLUSIVE and finding.seeds_needed == 10
+    assert "about 10 paired seeds would decide it" in finding.reason
+    # half the effect: effect / spread = 0.5 needs n = 34
+    half = judge(_claim("better", "accuracy", effect=0.005), _table(_pair(differences, "accuracy")))
+    assert half.seeds_needed == 34
 
 
-def test_not_worse_fails_only_on_a_significant_loss():
-    rows = _rows({"ww_dp_sgd": [0.90, 0.93, 0.91], "dp_sgd": [0.91, 0.91, 0.92]}, "accuracy")
-    assert judge(_claim("not_worse", "accuracy"), _table(rows)).verdict == HELD
-    rows = _rows({"ww_dp_sgd": [0.80, 0.81, 0.79], "dp_sgd": [0.91, 0.91, 0.92]}, "accuracy")
-    assert judge(_claim("not_worse", "accuracy"), _table(rows)).verdict == NOT_HELD
+def test_an_interval_that_excludes_the_papers_effect_contradicts_it():
+    # AUC differences around 0 on 6 seeds: the interval [min, max] = [-0.002, 0.003] contains
+    # no effect but lies below the paper's +0.018
+    differences = [0.001, -0.002, 0.003, 0.000, -0.001, 0.002]
+    finding = judge(_claim("better", "test_auc", effect=0.018),
+                    _table(_pair(differences, "test_auc")))
+    assert (finding.rows[0]["difference_low"], finding.rows[0]["difference_high"]) == \
+        pytest.approx((-0.002, 0.003))
+    assert finding.verdict == CONTRADICTED and "below the paper's effect" in finding.reason
+    # an effect inside the interval: inconclusive
+    assert judge(_claim("better", "test_auc", effect=0.002),
+                 _table(_pair(differences, "test_auc"))).verdict == INCONCLUSIVE
+
+
+def test_all_must_pass_uses_raw_p_and_any_may_contradict_is_bonferroni():
+    # two configurations, each 6 seeds all in the paper's direction: raw p 0.03125 each.
+    # Holm would make the smaller 0.0625 and fail both; the intersection-union test holds
+    good = [-0.010, -0.011, -0.009, -0.012, -0.008, -0.010]
+    rows = _pair(good, "ece") + _pair(good, "ece", epsilon=2.0)
+    assert judge(_claim("better", effect=-0.004), _table(rows)).verdict == HELD
+    # one configuration wrong-way on all 6 seeds: alone it contradicts (its 95% interval
+    # [0.008, 0.012] > 0), but "some configuration contradicts" is tested at 97.5%, where
+    # k = floor(0.025 x 32) = 0 gives no bound on 6 seeds: inconclusive, not contradicted
+    bad = [-d for d in good]
+    alone = judge(_claim("better", effect=-0.004), _table(_pair(bad, "ece")))
+    assert alone.verdict == CONTRADICTED
+    both = judge(_claim("better", effect=-0.004),
+                 _table(_pair(good, "ece") + _pair(bad, "ece", epsilon=2.0)))
+    assert both.verdict == INCONCLUSIVE
+    assert both.rows[1]["contradiction_interval"] == (-float("inf"), float("inf"))
+    # with 7 seeds k = floor(0.025 x 64) = 1: [min, max] = [0.008, 0.012] decides
+    seven = judge(_claim("better", effect=-0.004),
+                  _table(_pair(good + [-0.01], "ece") + _pair(bad + [0.01], "ece", epsilon=2.0)))
+    assert seven.verdict == CONTRADICTED and "eps 2" in seven.reason
 
 
 def test_lowest_must_beat_every_baseline():
-    values = {"lm_dp_sgd": [0.60, 0.615, 0.60], "dp_sgd": [0.70, 0.71, 0.70],
-              "auto_s": [0.70, 0.70, 0.71]}
-    claim = _claim("lowest", "peak_ir_mia", method="lm_dp_sgd", baselines=["dp_sgd", "auto_s"])
-    assert judge(claim, _table(_rows(values, "peak_ir_mia"))).verdict == HELD
-    values["auto_s"] = [0.60, 0.62, 0.59]  # one baseline as low: not the lowest
+    values = {"lm_dp_sgd": [0.60, 0.615, 0.60, 0.61, 0.605, 0.60],
+              "dp_sgd": [0.70, 0.71, 0.70, 0.72, 0.70, 0.71],
+              "auto_s": [0.70, 0.70, 0.71, 0.70, 0.72, 0.70]}
+    claim = _claim("lowest", "peak_ir_mia", method="lm_dp_sgd", baselines=["dp_sgd", "auto_s"],
+                   effect={"dp_sgd": -0.017, "auto_s": -0.008})
     finding = judge(claim, _table(_rows(values, "peak_ir_mia")))
-    assert finding.verdict == NOT_HELD and "vs auto_s" in finding.reason
+    assert finding.verdict == HELD
+    assert [r["paper_effect"] for r in finding.rows] == [-0.017, -0.008]
+    values["auto_s"] = [0.60, 0.62, 0.59, 0.61, 0.60, 0.61]  # one baseline as low
+    finding = judge(claim, _table(_rows(values, "peak_ir_mia")))
+    assert finding.verdict == INCONCLUSIVE and "vs auto_s" in finding.reason
 
 
-def test_within_reads_the_interval_against_the_margin():
-    # differences -0.01, -0.01, -0.01: no spread, interval [-0.01, -0.01] inside 0.02
-    rows = _rows({"ww_dp_sgd": [0.89, 0.90, 0.91], "dp_sgd": [0.90, 0.91, 0.92]}, "accuracy")
-    assert judge(_claim("within", "accuracy", margin=0.02), _table(rows)).verdict == HELD
-    # differences -0.01, -0.03, -0.02: mean -0.02, its interval reaches below -0.02
-    rows = _rows({"ww_dp_sgd": [0.89, 0.88, 0.90], "dp_sgd": [0.90, 0.91, 0.92]}, "accuracy")
-    assert judge(_claim("within", "accuracy", margin=0.02), _table(rows)).verdict == NOT_HELD
+def test_within_is_non_inferiority_and_a_zero_width_interval_decides_nothing():
+    # 6 seeds, interval [min, max] = [-0.01, 0.004], above -0.02: non-inferior
+    differences = [-0.01, -0.005, 0.0, 0.004, -0.002, 0.003]
+    claim = _claim("within", "accuracy", margin=0.02, effect=0.0)
+    assert judge(claim, _table(_pair(differences, "accuracy"))).verdict == HELD
+    # the same -0.01 on every seed: a zero-width interval [-0.01, -0.01] holds nothing
+    same = judge(claim, _table(_pair([-0.01] * 6, "accuracy")))
+    assert same.verdict == INCONCLUSIVE and "no spread over seeds" in same.ours[0]
+    assert same.seeds_needed == 6  # no spread: the exact test's minimum
+    # every seed more than the margin worse: the interval [-0.05, -0.03] lies below -0.02
+    worse = judge(claim, _table(_pair([-0.03, -0.04, -0.05, -0.035, -0.045, -0.04],
+                                      "accuracy")))
+    assert worse.verdict == CONTRADICTED and "below the margin" in worse.reason
 
 
 def test_smaller_spread_pairs_each_seeds_range_over_the_variants():
     frames = []
-    for variant, (ww, dp) in {"C0.25": ([0.90, 0.91, 0.90], [0.80, 0.82, 0.81]),
-                              "C1": ([0.91, 0.91, 0.91], [0.90, 0.90, 0.90]),
-                              "C4": ([0.90, 0.90, 0.91], [0.85, 0.84, 0.86])}.items():
-        frames.append(pd.DataFrame(_rows({"ww_dp_sgd": ww, "dp_sgd": dp}, "accuracy"))
-                      .assign(variant=variant))
+    ww = {"C0.25": 0.90, "C1": 0.91, "C4": 0.905}
+    dp = {"C0.25": 0.80, "C1": 0.90, "C4": 0.85}
+    for variant in ww:
+        rows = _rows({"ww_dp_sgd": [ww[variant] + 0.001 * s for s in range(6)],
+                      "dp_sgd": [dp[variant] + (0.002 * s if variant == "C0.25" else 0)
+                                 for s in range(6)]}, "accuracy")
+        frames.append(pd.DataFrame(rows).assign(variant=variant))
     table = pd.concat(frames, ignore_index=True)
-    finding = judge(_claim("smaller_spread", "accuracy"), table)
-    # ww ranges 0.01, 0.01, 0.01; dp ranges 0.10, 0.08, 0.09: differences -0.09, -0.07, -0.08
-    assert finding.rows[0]["difference"] == pytest.approx(-0.08)
+    finding = judge(_claim("smaller_spread", "accuracy", effect=-0.0063), table)
+    # ww ranges 0.01 on every seed; dp ranges 0.10 - 0.002 s: differences -0.09 + 0.002 s
+    assert finding.rows[0]["differences"] == pytest.approx([-0.09 + 0.002 * s for s in range(6)])
     assert finding.verdict == HELD
-    same = table.assign(accuracy=table["accuracy"].where(table["method"] == "dp_sgd",
-                                                         table["accuracy"]))
+    same = table.copy()
     same.loc[same["method"] == "ww_dp_sgd", "accuracy"] = \
         same.loc[same["method"] == "dp_sgd", "accuracy"].to_numpy()
-    assert judge(_claim("smaller_spread", "accuracy"), same).verdict == NOT_HELD
+    assert judge(_claim("smaller_spread", "accuracy", effect=-0.0063), same).verdict \
+        == INCONCLUSIVE  # zero differences on every seed
+
+
+def test_a_baseline_far_from_the_papers_means_setting_not_reproduced():
+    good = [-0.010, -0.011, -0.009, -0.012, -0.008, -0.010]
+    check = {"method": "dp_sgd", "metric": "accuracy", "paper": {8: 0.9752}, "tolerance": 0.015}
+    rows = [dict(r, accuracy=0.84) for r in _pair(good, "ece")]
+    finding = judge(_claim("better", effect=-0.003, reproduce=check), _table(rows))
+    assert finding.verdict == NOT_REPRODUCED  # held on its own numbers, but not the paper's
+    assert finding.fidelity == ["eps 8: dp_sgd accuracy 0.84 over 6 seeds vs the paper's "
+                                "0.9752: below it by more than 0.015"]
+    rows = [dict(r, accuracy=0.965) for r in _pair(good, "ece")]  # 1.02 points below: close
+    finding = judge(_claim("better", effect=-0.003, reproduce=check), _table(rows))
+    assert finding.verdict == HELD and "within 0.015" in finding.fidelity[0]
+
+
+def test_a_claims_number_per_configuration():
+    row = {"baseline": "auto_s", "variant": "heart", "target_epsilon": 2.0}
+    assert for_configuration(0.5, row) == 0.5
+    assert for_configuration({"auto_s": 0.1, "heart": 0.2}, row) == 0.1
+    assert for_configuration({"heart": 0.2, 2: 0.3}, row) == 0.2
+    assert for_configuration({0.5: 0.1, 2: 0.3}, row) == 0.3
+    assert for_configuration({8: 0.3}, row) is None
 
 
 def test_not_testable_without_runs_seeds_or_a_reason():
@@ -126,33 +213,41 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
     claims = tmp_path / "presets" / "claims.yaml"
     claims.parent.mkdir()
     claims.write_text(yaml.safe_dump({"claims": [
-        {**_claim("better"), "id": "ece-claim", "preset": "t10"},
+        {**_claim("better", effect=-0.004), "id": "ece-claim", "preset": "t10"},
         {"id": "later", "claim": "y", "source": "s", "paper": "p", "untestable": "why"}]}))
     _write(tmp_path / "results" / "presets", "t10",
-           _rows({"ww_dp_sgd": [0.020, 0.019, 0.021], "dp_sgd": [0.03, 0.03, 0.03]}, "ece"))
+           _pair([-0.010, -0.011, -0.009], "ece", base=0.03))
     (tmp_path / "results" / "presets" / "t10" / "preset.json").write_text(json.dumps(
         {"deviations": ["a subset of MNIST"], "variants": {"main": {"wall_s": 61.4}}}))
     assert main(["--root", str(tmp_path), "evidence", "--out", "docs/evidence.md"]) == 0
     text = (tmp_path / "docs" / "evidence.md").read_text()
-    assert "| ece-claim | s | **held** |" in text
-    assert "| later | s | **not testable here** |" in text
+    assert "| ece-claim | s | **inconclusive** | 6 |" in text
+    assert "| later | s | **not testable here** |  |" in text
+    for outcome in ("held", "contradicted", "inconclusive", "setting not reproduced"):
+        assert f"- **{outcome}**: " in text  # the verdicts are defined in the header
     assert "dpclip evidence --out docs/evidence.md" in text
     assert "wall time on this machine: main 61 s" in text and "  - a subset of MNIST" in text
-    assert "ww_dp_sgd 0.02 [" in text  # ours, with its interval
+    assert "difference -0.01 [-inf, +inf], p 0.25" in text
+    assert "Not checked: the claim names no baseline number" in text
     assert "<table>" in (tmp_path / "docs" / "evidence.html").read_text()
     assert "![ece-claim](evidence/ece-claim.png)" in text  # a figure per tested claim
     assert (tmp_path / "docs" / "evidence" / "ece-claim.png").stat().st_size > 1000
     assert not (tmp_path / "docs" / "evidence" / "later.png").exists()
-    assert "ece-claim: held" in capsys.readouterr().out
+    assert "ece-claim: inconclusive" in capsys.readouterr().out
 
 
 def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
     claims = load_claims(PROJECT / "presets" / "claims.yaml")
     assert {c["preset"] for c in claims if "preset" in c} <= \
         {p.stem for p in (PROJECT / "presets").glob("*.yaml")}
+    assert all("effect" in c for c in claims if "untestable" not in c)
     assert [f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml",
                                         tmp_path)] == [UNTESTABLE] * len(claims)
     bad = tmp_path / "claims.yaml"
-    bad.write_text(yaml.safe_dump({"claims": [{**_claim("best"), "id": "b"}]}))
-    with pytest.raises(DpclipError, match="rule 'best'"):
+    bad.write_text(yaml.safe_dump({"claims": [{**_claim("not_worse"), "id": "b"}]}))
+    with pytest.raises(DpclipError, match="rule 'not_worse'"):
+        load_claims(bad)
+    bad.write_text(yaml.safe_dump({"claims": [{**_claim("better"), "id": "b",
+                                               "reproduce": {"method": "dp_sgd"}}]}))
+    with pytest.raises(DpclipError, match="reproduce needs method, metric and paper"):
         load_claims(bad)

@@ -1,5 +1,6 @@
-"""Statistics over seeds: the t interval, Holm's adjustment and the paired verdicts, against
-numbers worked out by hand and scipy's paired t-test."""
+"""Statistics over seeds: the t interval, Holm's adjustment, the exact sign-flip test and its
+interval, the seeds needed, and the paired verdicts, against numbers worked out by hand, a
+brute-force enumeration of sign patterns, G*Power's sample sizes and scipy's paired t-test."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpclip.seed_stats import holm, mean_interval, paired_comparison, seed_summary, verdict
+import itertools
+
+from dpclip.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison, paired_test,
+                               seed_summary, seeds_needed, sign_flip_test, verdict)
 
 
 def test_the_t_interval_by_hand():
@@ -52,23 +56,86 @@ def table():
 
 
 def test_paired_verdicts_follow_the_seeds(table):
-    from scipy import stats
-
+    # 5 seeds: the exact sign-flip test. auto_s gains on every seed: p = 2 / 2^5 = 0.0625,
+    # not below 5% (no 5-seed comparison can be); Holm over three is capped at 1 - 0.0625 x 3
     paired = paired_comparison(table).set_index(["method", "metric"])
     better = paired.loc[("auto_s", "accuracy")]
     assert better["seeds"] == 5 and better["difference"] == pytest.approx(0.03)
-    d = table[table.method == "auto_s"].accuracy.to_numpy() - \
-        table[table.method == "dp_sgd"].accuracy.to_numpy()
-    assert better["p"] == pytest.approx(stats.ttest_rel(
-        table[table.method == "auto_s"].accuracy, table[table.method == "dp_sgd"].accuracy
-    ).pvalue)
-    assert better["p_holm"] == pytest.approx(min(1, 3 * better["p"]))  # the smallest of three
-    assert better["verdict"] == "better" and d.mean() == pytest.approx(0.03)
-    assert paired.loc[("dc_sgd_p", "accuracy")]["verdict"] == "not distinguishable"
+    assert better["p"] == pytest.approx(0.0625)
+    assert better["p_holm"] == pytest.approx(3 * 0.0625)
+    assert better["verdict"] == "not distinguishable"
     identical = paired.loc[("ww_dp_sgd", "accuracy")]
     assert identical["p"] == 1.0 and identical["verdict"] == "not distinguishable"
     assert paired.loc[("auto_s", "ece")]["verdict"] == "not distinguishable"  # equal ECE
     assert "audit_epsilon" not in paired.reset_index()["metric"].tolist()  # not judged
+
+
+def test_beyond_sixteen_seeds_the_paired_t_test():
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.85, 0.95, 20)
+    gains = rng.normal(0.01, 0.004, 20)
+    rows = _runs("dp_sgd", base) + _runs("auto_s", base + gains)
+    row = paired_comparison(_table(rows)).set_index(["method", "metric"]).loc[
+        ("auto_s", "accuracy")]
+    d = (base + gains) - base
+    assert row["p"] == pytest.approx(max(stats.ttest_1samp(d, 0).pvalue, 2.0 ** -19))
+    assert row["verdict"] == "better"
+    interval = stats.t.interval(0.95, 19, d.mean(), stats.sem(d))
+    assert (row["difference_low"], row["difference_high"]) == pytest.approx(interval)
+
+
+def _brute_force_p(d):
+    """The two-sided sign-flip p by enumerating the 2^n sign patterns of the sum."""
+    observed = sum(d)
+    sums = [sum(s * v for s, v in zip(signs, d))
+            for signs in itertools.product((1, -1), repeat=len(d))]
+    up = sum(t >= observed - 1e-12 for t in sums) / len(sums)
+    down = sum(t <= observed + 1e-12 for t in sums) / len(sums)
+    return min(1.0, 2 * min(up, down))
+
+
+def test_the_sign_flip_test_by_hand_and_by_enumeration():
+    # two seeds: p = 0.5 for any two same-sign differences (the issue's three cases), no bound
+    for d in ([0.020, 0.021], [0.02, 0.02], [0.01, 0.0100001]):
+        assert sign_flip_test(d) == (0.5, -math.inf, math.inf)
+    assert sign_flip_test([0.0, 0.0])[0] == 1.0
+    assert sign_flip_test([0.01, 0.02, 0.03])[0] == 0.25  # three seeds: 2 / 8
+    # 1..6: p = 2 / 64; k = floor(0.05 x 32) = 1: [smallest, largest] subset mean = [1, 6]
+    assert sign_flip_test([1, 2, 3, 4, 5, 6]) == (pytest.approx(2 / 64), 1.0, 6.0)
+    # 1..7: k = floor(0.05 x 64) = 3; subset means from below: 1 ({1}), 1.5 ({1,2}), 2 ({2}
+    # and {1,2,3}): M_(3) = 2, and 6 from above by symmetry about 4; p = 2 / 128
+    assert sign_flip_test([1, 2, 3, 4, 5, 6, 7]) == (pytest.approx(2 / 128), 2.0, 6.0)
+    rng = np.random.default_rng(0)
+    for n in (3, 6, 8, 11):
+        d = rng.normal(0.3, 1.0, n)
+        p, low, high = sign_flip_test(d)
+        assert p == pytest.approx(_brute_force_p(d))
+        # the interval is the set of shifts the test does not reject at 5%
+        for shift in np.linspace(d.min() - 1, d.max() + 1, 41):
+            inside = (low < shift < high) if math.isfinite(low) else True
+            if not np.isclose(shift, [low, high]).any():
+                assert inside == (_brute_force_p(d - shift) > 0.05)
+    with pytest.raises(ValueError, match="1 to 16"):
+        sign_flip_test(np.zeros(EXACT_UP_TO + 1))
+
+
+def test_paired_test_never_goes_below_the_exact_floor():
+    # the df = 1 t-test gave p = 0.0155 and 3e-6 for two of these; the exact floor is 0.5
+    assert paired_test([0.020, 0.021])[3] == 0.5
+    assert paired_test([0.01, 0.0100001])[3] == 0.5
+    assert math.isnan(paired_test([0.01])[3])
+
+
+def test_seeds_needed_matches_g_power():
+    # paired t-test, two-sided 5%, power 80% (G*Power: d = 1 -> 10, d = 0.5 -> 34)
+    assert seeds_needed(spread=1.0, effect=1.0) == 10
+    assert seeds_needed(spread=2.0, effect=-1.0) == 34
+    assert seeds_needed(spread=0.1, effect=5.0) == 6  # never below the exact test's minimum
+    assert seeds_needed(spread=0.0, effect=0.1) == 6
+    assert seeds_needed(spread=1.0, effect=0.0) is None
+    assert seeds_needed(spread=1.0, effect=0.01) is None  # more than 1000
 
 
 def test_lower_is_better_for_ece_and_attacks():
@@ -84,7 +151,12 @@ def test_seed_summary_has_a_mean_and_interval_per_configuration(table):
     assert summary.loc["dp_sgd", "accuracy"] == pytest.approx(0.91)
     low, high = summary.loc["dp_sgd", ["accuracy_low", "accuracy_high"]]
     assert low < 0.91 < high
-    assert summary.loc["dp_sgd", "audit_epsilon"] == 1.0  # the larger of the two kinds
+    # the audited bounds: the per-seed range (each run's larger kind), never a mean
+    assert summary.loc["dp_sgd", "audit_epsilon_min"] == 1.0
+    assert "audit_epsilon" not in summary.columns
+    spread = table.assign(audit_whitebox=[0.5, 2.0, 1.0, 1.5, 0.7] * 4)
+    ranged = seed_summary(spread).set_index("method")
+    assert ranged.loc["dp_sgd", ["audit_epsilon_min", "audit_epsilon_max"]].tolist() == [0.5, 2.0]
     one = seed_summary(table[table.seed == 0])
     assert one["accuracy_low"].isna().all() and (one["seeds"] == 1).all()
     assert np.isnan(paired_comparison(table[table.seed == 0])["p"]).all()
@@ -101,4 +173,9 @@ def test_a_constant_difference_is_not_certainty():
     assert two.loc["accuracy", "verdict"] == "not distinguishable"
     six = paired_comparison(_table(rows)).set_index("metric")
     assert six.loc["accuracy", "p"] == pytest.approx(2 ** -5)
-    assert six.loc["accuracy", "verdict"] == "better"
+    # significant by its p, but the interval [0.01, 0.01] has no width: it decides nothing
+    assert six.loc["accuracy", "difference_low"] == pytest.approx(0.01)
+    assert six.loc["accuracy", "verdict"] == "not distinguishable (no spread over seeds)"
+    varied = rows[:6] + _runs("auto_s", [a + 0.01 + 0.001 * i for i, a in enumerate(base)])
+    assert paired_comparison(_table(varied)).set_index("metric").loc[
+        "accuracy", "verdict"] == "better"

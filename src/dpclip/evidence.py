@@ -1,29 +1,39 @@
 """The verdict report: each paper claim of ``presets/claims.yaml`` against the preset runs.
 
-For each claim: the claim in one sentence, its source, the paper's number (quoted in the claims
-file), ours with its 95% interval (from each preset run's ``reports/comparison.csv``, which the
-report stage makes from the metrics files), and a verdict, one of :data:`VERDICTS`. Seeds pair
-the runs (same seed: same partition, initialisation and sampling where the method allows), and
-every comparison is the paired test of :func:`dpclip.seed_stats.paired_test`, Holm-corrected over
-the comparisons one claim makes (:func:`dpclip.seed_stats.holm`). The rules:
+For each claim: the claim in one sentence, its source, the paper's numbers (quoted in the claims
+file: its effect, and its own baseline), ours with intervals (from each preset run's
+``reports/comparison.csv``, which the report stage makes from the metrics files), and one of
+four verdicts. Seeds pair the runs (same seed: same partition, initialisation and sampling where
+the method allows); each configuration (target epsilon, alpha, variant, and baseline where a
+claim names several) is the paired test of :func:`dpclip.seed_stats.paired_test` (the exact
+sign-flip test up to 16 seeds). In the claim's favourable orientation (a gain is positive: the
+method minus the baseline for a higher-is-better metric, the baseline minus the method
+otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's effect
+(``effect``) and m the number of configurations:
 
-* ``better``: the method beats the baseline on the metric in every configuration (target
-  epsilon, alpha, variant), each significant after the correction;
-* ``not_worse``: in no configuration is the method significantly worse. This is the absence
-  of evidence of harm, weak with few seeds: a claim of "as good as" should use ``within`` (a
-  non-inferiority margin on the interval) instead;
-* ``lowest``: ``better`` against each of several baselines;
-* ``within``: the lower end of the 95% interval of (method - baseline) is above ``-margin`` in
-  every configuration (for a metric where lower is better: the upper end below ``margin``);
-* ``smaller_spread``: per seed, the range of the method's metric over the preset's variants (e.g.
-  over C_0) minus the baseline's range (over C) is negative, significantly.
+* **setting not reproduced**: our baseline is more than ``reproduce.tolerance`` below the
+  paper's own baseline number (``reproduce``) in some configuration: the runs test our stand-in,
+  not the paper's setting, whatever the comparison says (both numbers are shown);
+* **held**: significant in the paper's direction in *every* configuration: L > 0 (``better``,
+  ``lowest``, ``smaller_spread``) or L > -margin (``within``: non-inferiority, whose "no effect"
+  is a loss of exactly the margin). All must pass (an intersection-union test), so each
+  configuration is tested at 5% as it is, with no correction;
+* **contradicted**: in *some* configuration the interval at level 1 - 0.05 / m (Bonferroni: any
+  one of m may contradict) lies below the paper's effect, U' < e (which includes significantly
+  the other way, U' < 0), for a configuration not held; for ``within``, U' < -margin;
+* **inconclusive**: neither: the interval contains both no effect and the paper's effect. The
+  report says how many seeds would decide it at 80% power from the observed spread
+  (:func:`dpclip.seed_stats.seeds_needed`; the effect to detect is e, or e + margin for
+  ``within``), never fewer than the 6 the exact test needs to reach 5% at all.
 
-A claim is "not testable here" when it says why (``untestable``), when its preset has not been
-run, or when fewer than two seeds pair the runs.
+A zero-width interval (the same difference on every seed) decides nothing. A claim is "not
+testable here" when it says why (``untestable``), when its preset has not been run, or when
+fewer than two seeds pair the runs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,26 +42,44 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
-from dpclip.seed_stats import CONFIDENCE, holm, mean_interval, paired_test
+from dpclip.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval, minimum_exact_seeds,
+                               paired_test, seeds_needed)
 
-HELD, NOT_HELD, UNTESTABLE = "held", "not held", "not testable here"
-VERDICTS = (HELD, NOT_HELD, UNTESTABLE)
-RULES = ("better", "not_worse", "lowest", "within", "smaller_spread")
+HELD, CONTRADICTED, INCONCLUSIVE = "held", "contradicted", "inconclusive"
+NOT_REPRODUCED, UNTESTABLE = "setting not reproduced", "not testable here"
+VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, UNTESTABLE)
+VERDICT_MEANINGS = {
+    HELD: "significant in the paper's direction in every configuration (the 95% interval of "
+          "the difference excludes no effect)",
+    CONTRADICTED: "in some configuration the interval (Bonferroni over the configurations) "
+                  "lies below the paper's effect: significantly the other way, or too small "
+                  "to be the paper's effect",
+    INCONCLUSIVE: "the interval contains both no effect and the paper's effect; the seeds "
+                  "that would decide it at 80% power are given",
+    NOT_REPRODUCED: "our baseline is more than the stated tolerance below the paper's own "
+                    "baseline number: the runs test our stand-in, not the paper's setting",
+    UNTESTABLE: "no runs, fewer than two paired seeds, or nothing in the paper to compare "
+                "with",
+}
+RULES = ("better", "lowest", "within", "smaller_spread")
 # the direction of each metric a claim may name: True = higher is better
-HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False, "mia_auc": False,
-                    "strongest_auc": False, "strongest_tpr_at_fpr_0.1pct": False}
+HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False,
+                    "mia_auc": False, "attack_auc": False, "attack_tpr_at_low_fpr": False}
 CONFIGURATION = ["target_epsilon", "alpha", "variant"]
 
 
 @dataclass
 class Finding:
-    """A claim's verdict: ``ours`` is the text of our numbers, ``rows`` the comparisons."""
+    """A claim's verdict: ``ours`` is the text of our numbers, ``rows`` the comparisons,
+    ``fidelity`` the baseline check's lines, ``seeds_needed`` for an inconclusive claim."""
 
     claim: dict
     verdict: str
     reason: str
     ours: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
+    fidelity: list[str] = field(default_factory=list)
+    seeds_needed: int | None = None
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -65,6 +93,12 @@ def load_claims(path: Path) -> list[dict]:
         if claim["rule"] == "within" and not isinstance(claim.get("margin"), (int, float)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'within' needs a "
                               f"numeric margin, not {claim.get('margin')!r}")
+        reproduce = claim.get("reproduce")
+        if reproduce is not None and not (isinstance(reproduce, dict) and
+                                          {"method", "metric", "paper"} <= set(reproduce)):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reproduce needs method, "
+                              f"metric and paper (the paper's baseline numbers), not "
+                              f"{reproduce!r}")
         if claim.get("metric") not in HIGHER_IS_BETTER:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: metric "
                               f"{claim.get('metric')!r} is not one of {list(HIGHER_IS_BETTER)}")
@@ -86,10 +120,14 @@ def _by_seed(table: pd.DataFrame, method: str, metric: str) -> pd.Series:
     return table[table["method"] == method].set_index("seed")[metric].astype(float)
 
 
+def _number(value) -> str:
+    return {math.inf: "+inf", -math.inf: "-inf"}.get(value, f"{value:.4g}")
+
+
 def _interval_text(mean, low, high) -> str:
     if low is None or pd.isna(low):
         return f"{mean:.4g}"
-    return f"{mean:.4g} [{low:.4g}, {high:.4g}]"
+    return f"{mean:.4g} [{_number(low)}, {_number(high)}]"
 
 
 def _label(key: dict) -> str:
@@ -101,41 +139,43 @@ def _label(key: dict) -> str:
     return ", ".join(parts)
 
 
+def for_configuration(value, row: dict):
+    """A claim's number for one configuration: ``value`` itself, or the entry of a mapping
+    keyed by the row's baseline, variant or target epsilon (None when it has none)."""
+    if not isinstance(value, dict):
+        return value
+    for key in (row.get("baseline"), row.get("variant")):
+        if key in value:
+            return value[key]
+    for key, number in value.items():
+        try:
+            if float(key) == float(row["target_epsilon"]):
+                return number
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _paired_row(key: dict, baseline: str, mine: pd.Series, theirs: pd.Series) -> dict:
+    seeds = sorted(set(mine.dropna().index) & set(theirs.dropna().index))
+    d = (mine.loc[seeds] - theirs.loc[seeds]).to_numpy(dtype=float)
+    mean, low, high, p = paired_test(d)
+    return {**key, "baseline": baseline, "seeds": len(d), "differences": d.tolist(),
+            "method_mean": mean_interval(mine.loc[seeds]),
+            "baseline_mean": mean_interval(theirs.loc[seeds]),
+            "difference": mean, "difference_low": low, "difference_high": high, "p": p}
+
+
 def _comparisons(table: pd.DataFrame, method: str, baselines: list[str],
                  metric: str) -> list[dict]:
     """Per configuration and baseline: both means with intervals and the paired difference."""
     rows = []
     for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
         key = dict(zip(CONFIGURATION, values))
-        mine = _by_seed(group, method, metric)
         for baseline in baselines:
-            theirs = _by_seed(group, baseline, metric)
-            seeds = sorted(set(mine.index) & set(theirs.index))
-            d = (mine.loc[seeds] - theirs.loc[seeds]).dropna().to_numpy()
-            mean, low, high, p = paired_test(d)
-            rows.append({**key, "baseline": baseline, "seeds": len(d),
-                         "method_mean": mean_interval(mine.loc[seeds]),
-                         "baseline_mean": mean_interval(theirs.loc[seeds]),
-                         "difference": mean, "difference_low": low, "difference_high": high,
-                         "p": p})
+            rows.append(_paired_row(key, baseline, _by_seed(group, method, metric),
+                                    _by_seed(group, baseline, metric)))
     return rows
-
-
-def _significant(row: dict, higher_is_better: bool) -> str:
-    """better / worse / not distinguishable, at 5% after the claim's correction."""
-    if pd.isna(row["p_holm"]) or row["p_holm"] >= 1 - CONFIDENCE:
-        return "not distinguishable"
-    return "better" if (row["difference"] > 0) == higher_is_better else "worse"
-
-
-def _describe(row: dict, method: str, metric: str) -> str:
-    text = (f"{_label(row)}: {method} {_interval_text(*row['method_mean'])} vs "
-            f"{row['baseline']} {_interval_text(*row['baseline_mean'])} ({metric}, "
-            f"{row['seeds']} seeds); difference "
-            f"{_interval_text(row['difference'], row['difference_low'], row['difference_high'])}")
-    if "p_holm" in row and not pd.isna(row["p_holm"]):
-        text += f", Holm p {row['p_holm']:.3g}"
-    return text + (f": {row['outcome']}" if "outcome" in row else "")
 
 
 def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -> list[dict]:
@@ -150,17 +190,84 @@ def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -
                 columns=sorted(group["variant"].unique()))  # a missing variant: no range
             spreads[who] = (wide.max(axis=1) - wide.min(axis=1)).where(
                 wide.notna().all(axis=1))
-        seeds = sorted(set(spreads[method].dropna().index) & set(spreads[baseline].dropna().index))
-        d = (spreads[method].loc[seeds] - spreads[baseline].loc[seeds]).to_numpy()
-        mean, low, high, p = paired_test(d)
-        rows.append({"target_epsilon": values[0], "alpha": values[1], "variant": None,
-                     "baseline": baseline, "seeds": len(d), "variants": int(
-                         group["variant"].nunique()),
-                     "method_mean": mean_interval(spreads[method].loc[seeds]),
-                     "baseline_mean": mean_interval(spreads[baseline].loc[seeds]),
-                     "difference": mean, "difference_low": low, "difference_high": high,
-                     "p": p})
+        key = {"target_epsilon": values[0], "alpha": values[1], "variant": None}
+        rows.append({**_paired_row(key, baseline, spreads[method], spreads[baseline]),
+                     "variants": int(group["variant"].nunique())})
     return rows
+
+
+def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> None:
+    """Set the row's ``outcome`` (module docstring) and, when inconclusive, ``seeds_needed``.
+    ``sign`` is +1 when a larger difference is the paper's direction, -1 otherwise; ``effect``
+    is the paper's difference (method minus baseline) or None."""
+    low, high = row["difference_low"], row["difference_high"]
+    gain = (sign * low, sign * high) if sign > 0 else (sign * high, sign * low)  # favourable
+    null = -margin if margin is not None else 0.0
+    favourable_effect = None if effect is None else sign * float(effect)
+    strict = 1 - (1 - CONFIDENCE) / family  # Bonferroni for "some configuration contradicts"
+    _, wide_low, wide_high, _ = paired_test(row["differences"], strict)
+    wide_top = sign * wide_high if sign > 0 else sign * wide_low
+    row["contradiction_interval"] = (wide_low, wide_high)
+    decides = not degenerate(low, high)
+    if decides and gain[0] > null:
+        row["outcome"] = HELD
+    elif decides and not degenerate(wide_low, wide_high) and (
+            wide_top < null or (margin is None and favourable_effect is not None
+                                and favourable_effect > 0 and wide_top < favourable_effect)):
+        row["outcome"] = CONTRADICTED
+    else:
+        row["outcome"] = INCONCLUSIVE
+        spread = float(pd.Series(row["differences"]).std(ddof=1)) if row["seeds"] >= 2 \
+            else math.nan
+        target = (favourable_effect or 0.0) + margin if margin is not None else favourable_effect
+        row["seeds_needed"] = seeds_needed(spread, target) if target and target > 0 else None
+        if not decides:
+            row["why"] = "no spread over seeds" if row["seeds"] >= 2 else "one seed"
+
+
+def _describe(row: dict, method: str, metric: str) -> str:
+    text = (f"{_label(row)}: {method} {_interval_text(*row['method_mean'])} vs "
+            f"{row['baseline']} {_interval_text(*row['baseline_mean'])} ({metric}, "
+            f"{row['seeds']} seeds); difference "
+            f"{_interval_text(row['difference'], row['difference_low'], row['difference_high'])}")
+    if not pd.isna(row["p"]):
+        text += f", p {row['p']:.3g}"
+    if row.get("paper_effect") is not None:
+        text += f"; the paper's difference {row['paper_effect']:+.4g}"
+    text += f": {row['outcome']}" if "outcome" in row else ""
+    if row.get("outcome") == INCONCLUSIVE:
+        needed = row.get("seeds_needed")
+        text += f" ({row['why']}; " if row.get("why") else " ("
+        text += (f"about {needed} seeds would decide it)" if needed else
+                 "seeds needed unknown: no paper effect, or more than 1000)")
+    return text
+
+
+def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str]]:
+    """The baseline check of ``reproduce``: (reproduced, one line per configuration with our
+    mean and the paper's number). A higher-is-better metric must be at most ``tolerance``
+    below the paper's; a lower-is-better one at most ``tolerance`` above it."""
+    check = claim.get("reproduce")
+    if not check:
+        return True, []
+    method, metric = check["method"], check["metric"]
+    tolerance = float(check.get("tolerance", 0.015))
+    higher = HIGHER_IS_BETTER.get(metric, True)
+    ok, lines = True, []
+    for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
+        key = dict(zip(CONFIGURATION, values))
+        paper = for_configuration(check["paper"], key)
+        ours = _by_seed(group, method, metric).dropna()
+        if paper is None or ours.empty:
+            continue
+        mean = float(ours.mean())
+        far = mean < paper - tolerance if higher else mean > paper + tolerance
+        ok &= not far
+        lines.append(f"{_label(key)}: {method} {metric} {mean:.4g} over {len(ours)} seeds vs "
+                     f"the paper's {paper:.4g}: " + (f"{'below' if higher else 'above'} it by "
+                                                      f"more than {tolerance:g}" if far else
+                                                      f"within {tolerance:g}"))
+    return ok, lines
 
 
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
@@ -171,50 +278,52 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
-    higher = HIGHER_IS_BETTER[metric]
     baselines = claim.get("baselines") or [claim["baseline"]]
-    needed = {method, *baselines}
-    missing = needed - set(table["method"])
+    missing = {method, *baselines} - set(table["method"])
     if missing:
         return Finding(claim, UNTESTABLE, f"the preset's runs have no {sorted(missing)}")
     if rule == "smaller_spread":
         rows = _spread_rows(table, method, baselines[0], metric)
-        higher = False  # a smaller range is better
-        metric_text = f"range of {metric} over the variants"
+        sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
     else:
         rows = _comparisons(table, method, baselines, metric)
-        metric_text = metric
+        sign, metric_text = (1 if HIGHER_IS_BETTER[metric] else -1), metric
     if not rows or min(r["seeds"] for r in rows) < 2:
         return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", rows=rows)
-    for row, adjusted in zip(rows, holm([r["p"] for r in rows])):
-        row["p_holm"] = adjusted
-        row["outcome"] = _significant(row, higher)
-    outcomes = [r["outcome"] for r in rows]
-    if rule == "within":
-        margin = float(claim["margin"])
-        for row in rows:
-            inside = row["difference_low"] > -margin if higher else \
-                row["difference_high"] < margin
-            row["outcome"] = f"{'inside' if inside else 'not inside'} the margin {margin:g}"
-        held = all(r["outcome"].startswith("inside") for r in rows)
-        reason = (f"the 95% interval of the difference stays within {margin:g} in every "
-                  f"configuration" if held else
-                  f"the 95% interval of the difference reaches beyond {margin:g}")
-    elif rule == "not_worse":
-        held = "worse" not in outcomes
-        reason = ("significantly worse in no configuration" if held else
-                  "significantly worse in " + ", ".join(_label(r) for r in rows
-                                                         if r["outcome"] == "worse"))
-    else:  # better, lowest, smaller_spread
-        held = all(o == "better" for o in outcomes)
-        reason = ("significantly better in every comparison" if held else
-                  "; ".join(f"{_label(r)}" + (f" vs {r['baseline']}" if len(baselines) > 1
-                                               else "") + f": {r['outcome']}"
-                            for r in rows if r["outcome"] != "better"))
-    ours = [_describe(r, method, metric_text) for r in rows]
+    margin = float(claim["margin"]) if rule == "within" else None
     for row in rows:
-        row["label"] = _label(row)
-    return Finding(claim, HELD if held else NOT_HELD, reason, ours, rows)
+        row["paper_effect"] = for_configuration(claim.get("effect"), row)
+        _assess(row, sign, row["paper_effect"], margin, len(rows))
+        row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
+    ours = [_describe(r, method, metric_text) for r in rows]
+    reproduced, fidelity_lines = fidelity(claim, table)
+    outcomes = [r["outcome"] for r in rows]
+    needed = None
+    if not reproduced:
+        verdict = NOT_REPRODUCED
+        reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
+                  f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
+    elif all(o == HELD for o in outcomes):
+        verdict = HELD
+        reason = ("non-inferior within the margin " if margin is not None else
+                  "significant in the paper's direction ") + "in every configuration"
+    elif CONTRADICTED in outcomes:
+        verdict = CONTRADICTED
+        reason = "; ".join(f"{r['label']}: the interval lies below " +
+                           ("the margin" if margin is not None else "the paper's effect")
+                           for r in rows if r["outcome"] == CONTRADICTED)
+    else:
+        verdict = INCONCLUSIVE
+        open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
+        counts = [r.get("seeds_needed") for r in open_rows]
+        needed = None if None in counts else max(counts)
+        reason = ("; ".join(r["label"] for r in open_rows) + ": the interval contains both "
+                  + ("a loss of the margin" if margin is not None else "no effect")
+                  + " and the paper's effect")
+        reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
+                   if needed else "; the seeds needed cannot be estimated (no paper effect, "
+                   "no spread, or more than 1000)")
+    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed)
 
 
 def evidence(claims_path: Path, results: Path) -> list[Finding]:
@@ -236,27 +345,39 @@ def _preset_facts(path: Path) -> str:
 
 def evidence_markdown(findings: list[Finding], results: Path, command: str,
                       figures: dict[str, str] | None = None) -> str:
-    """The verdict report: a summary table, then one section per claim."""
+    """The verdict report: what the verdicts mean, a summary table, one section per claim."""
     lines = ["# Evidence: the papers' claims, tested", "",
-             f"Regenerate: `{command}`. Each verdict follows the rule of its claim "
-             "(`presets/claims.yaml`, `dpclip.evidence`): paired over seeds, Holm-corrected "
-             "within the claim, 95% intervals; our numbers come from the preset runs' metrics "
+             f"Regenerate: `{command}`. Our numbers come from the preset runs' metrics "
              f"(`{results}/<preset>/<variant>/reports/comparison.csv`), as fractions where the "
-             "papers give percentages.", "",
-             "| claim | source | verdict |", "|---|---|---|"]
+             "papers give percentages. Each claim is paired over seeds per configuration "
+             "(exact sign-flip test and its interval up to 16 seeds, which cannot reach 5% "
+             f"below {minimum_exact_seeds()} seeds; 95% intervals; `dpclip.evidence`). A "
+             "verdict is one of:", ""]
+    lines += [f"- **{name}**: {meaning}." for name, meaning in VERDICT_MEANINGS.items()]
+    lines += ["", "| claim | source | verdict | seeds to decide |", "|---|---|---|---|"]
     for f in findings:
-        lines.append(f"| {f.claim['id']} | {f.claim['source']} | **{f.verdict}** |")
+        needed = str(f.seeds_needed) if f.seeds_needed else \
+            ("more than 1000 or unknown" if f.verdict == INCONCLUSIVE else "")
+        lines.append(f"| {f.claim['id']} | {f.claim['source']} | **{f.verdict}** | {needed} |")
     for f in findings:
         c = f.claim
         lines += ["", f"## {c['id']}: {f.verdict}", "", f"*Claim.* {' '.join(c['claim'].split())}",
                   "", f"*Source.* {c['source']}", "", f"*Paper.* {c['paper']}", ""]
         if "preset" in c:
-            lines += [f"*Preset.* `{c['preset']}` (rule `{c['rule']}`)" +
+            lines += [f"*Preset.* `{c['preset']}` (rule `{c['rule']}`" +
+                      (f", margin {c['margin']:g}" if "margin" in c else "") + ")" +
                       _preset_facts(results / c["preset"] / "preset.json"), ""]
         if "note" in c:
             lines += [f"*Note.* {' '.join(c['note'].split())}", ""]
+        if f.fidelity:
+            lines += ["*Baseline against the paper's own.*", ""] + \
+                [f"- {text}" for text in f.fidelity] + [""]
+        elif "preset" in c and f.verdict != UNTESTABLE:
+            lines += ["*Baseline against the paper's own.* Not checked: the claim names no "
+                      "baseline number of the paper (`reproduce`).", ""]
         if f.ours:
-            lines += ["*Ours.*", ""] + [f"- {text}" for text in f.ours] + [""]
+            lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
+                [f"- {text}" for text in f.ours] + [""]
         if (figures or {}).get(c["id"]):
             lines += [f"![{c['id']}]({figures[c['id']]})", ""]
         lines += [f"*Verdict.* **{f.verdict}**: {f.reason}."]

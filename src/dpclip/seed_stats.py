@@ -4,22 +4,41 @@ methods compared.
 
 Runs of one (target epsilon, alpha) that share a training seed share the partition and, where
 the method allows it, the initialisation and the Poisson draws, so a method and the baseline are
-compared seed by seed (paired). For each headline metric and method, with d_s = metric(method,
-seed s) - metric(baseline, seed s) over the n seeds both ran:
+compared seed by seed (paired): d_s = metric(method, seed s) - metric(baseline, seed s) over
+the n seeds both ran, mean d = (1/n) sum d_s.
 
-    mean  d = (1/n) sum d_s,   sd  s_d = sqrt( sum (d_s - d)^2 / (n - 1) ),
-    interval  d +- t_{0.975, n-1} s_d / sqrt(n),   p = 2 P(T_{n-1} > |d| sqrt(n) / s_d)
+**Up to** :data:`EXACT_UP_TO` **seeds: the exact sign-flip test.** Under "no difference" each d_s
+is as likely positive as negative (symmetric about 0), so the 2^n sign patterns of the observed
+|d_s| are equally likely. With the sum as statistic, the one-sided p-values are
 
-(the paired t-test: a one-sample t-test of the differences, ``scipy.stats.ttest_1samp``).
-Differences without spread leave t undefined: zero everywhere (identical runs) has p = 1, and
-the same non-zero value everywhere gets the exact sign-flip test's p = 2^(1 - n) (all n signs
-agree; 0.5 for two seeds): no spread is not certainty, and TPRs on a few hundred records are
-coarse enough to tie. The p-values of the methods compared with the
-baseline on one metric and (epsilon, alpha) form a family, adjusted by Holm's step-down rule:
-with the m p-values sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) is
-max_{j <= i} min(1, (m - j + 1) p_(j)). The verdict is "better" or "worse" (by the metric's
-direction) when the adjusted p is below 0.05, else "not distinguishable"; with fewer than two
-paired seeds nothing is tested.
+    p_up = #{sign patterns s : sum s_i d_i >= sum d_i} / 2^n
+         = #{subsets S (the empty one included) : sum_{i in S} d_i <= 0} / 2^n
+
+(flipping the signs of S lowers the sum by 2 sum_S d_i), p_down alike with >=, and the
+two-sided p = min(1, 2 min(p_up, p_down)). No p is below 2^(1-n): 0.5 for two seeds, 0.25 for
+three, and n >= 6 seeds are needed before any difference can be significant at 5%. The
+interval inverts the same test (Hartigan 1969): the 2^n - 1 means of the non-empty subsets of
+the d_s, sorted M_(1) <= ... <= M_(2^n - 1), split the line into 2^n parts that each hold the
+true shift with probability 2^-n, so [M_(k), M_(2^n - k)] with k = floor(alpha 2^(n-1)) covers
+it with probability 1 - 2k / 2^n >= 1 - alpha; k = 0 (n <= 5 at 95%) gives no bound at all
+(-inf, +inf). The interval excludes 0 exactly when p <= alpha.
+
+**More seeds: the paired t-test** (``scipy.stats.ttest_1samp`` of the differences),
+
+    interval  d +- t_{0.975, n-1} s_d / sqrt(n),   p = 2 P(T_{n-1} > |d| sqrt(n) / s_d),
+
+never below the sign-flip floor 2^(1-n). A difference without spread (the same d on every
+seed) gives a zero-width interval, which decides nothing (:func:`degenerate`).
+
+The p-values of the methods compared with the baseline on one metric and (epsilon, alpha) form
+a family ("is any method different?"), adjusted by Holm's step-down rule: with the m p-values
+sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) is max_{j <= i} min(1, (m - j + 1) p_(j)).
+The verdict is "better" or "worse" (by the metric's direction) when the adjusted p is at most
+0.05, else "not distinguishable"; with fewer than two paired seeds nothing is tested.
+
+:func:`seeds_needed` is the number of seeds at which a two-sided paired t-test at 5% detects an
+effect of a given size with 80% power, given the observed spread (noncentral t), and never
+fewer than the sign-flip test needs to reach 5% at all.
 """
 
 from __future__ import annotations
@@ -30,6 +49,9 @@ import numpy as np
 import pandas as pd
 
 CONFIDENCE = 0.95
+POWER = 0.80
+EXACT_UP_TO = 16  # seeds: the sign-flip test enumerates 2^n patterns (65,536 at 16)
+MAX_SEEDS = 1000  # seeds_needed says "more than this" beyond it
 BASELINE = "dp_sgd"
 # headline metric (a comparison-table column) -> True when higher is better; None: reported
 # with its interval but not judged (a larger audited lower bound is neither better nor worse)
@@ -77,12 +99,19 @@ def with_headline(table: pd.DataFrame) -> pd.DataFrame:
 
 def seed_summary(table: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.DataFrame:
     """Per (target epsilon, alpha, method): the number of seeds and, per headline metric, its
-    mean and interval (``<metric>``, ``<metric>_low``, ``<metric>_high``)."""
+    mean and interval (``<metric>``, ``<metric>_low``, ``<metric>_high``); for the audited
+    epsilon, a lower bound per seed, the smallest and largest (``audit_epsilon_min``,
+    ``audit_epsilon_max``) instead, since a mean of lower bounds is not a bound."""
     table = with_headline(table)
     rows = []
     for key, group in table.groupby(CONFIGURATION, sort=False, dropna=False):
         row = dict(zip(CONFIGURATION, key), seeds=int(group["seed"].nunique()))
-        for metric in HEADLINE:
+        for metric, judged in HEADLINE.items():
+            if judged is None:  # a lower bound per seed: their mean is no bound, so the range
+                values = group[metric].astype(float).dropna()
+                row[f"{metric}_min"] = float(values.min()) if len(values) else math.nan
+                row[f"{metric}_max"] = float(values.max()) if len(values) else math.nan
+                continue
             row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(
                 group[metric], confidence)
         rows.append(row)
@@ -121,32 +150,103 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
                                    dropna=False):
         frame.loc[family.index, "p_holm"] = holm(family["p"])
     frame["verdict"] = [verdict(r.difference, r.p_holm, r.seeds, r.higher_is_better,
-                                1 - confidence) for r in frame.itertuples()]
+                                1 - confidence, (r.difference_low, r.difference_high))
+                        for r in frame.itertuples()]
     return frame
+
+
+def sign_flip_test(d, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(p, lower, upper): the exact two-sided sign-flip test of "no shift" and the interval it
+    inverts to (module docstring), for n = len(d) <= :data:`EXACT_UP_TO` differences. The
+    bounds are -inf / +inf when n is too small for any bound at this confidence."""
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if not 1 <= n <= EXACT_UP_TO:
+        raise ValueError(f"the exact sign-flip test takes 1 to {EXACT_UP_TO} values, not {n}")
+    subsets = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1  # row j: the subset j
+    sums = subsets @ d
+    tolerance = 1e-12 * max(1.0, float(np.abs(d).sum()))  # sums of floats: equal up to rounding
+    p_up = float(np.count_nonzero(sums <= tolerance)) / 2 ** n
+    p_down = float(np.count_nonzero(sums >= -tolerance)) / 2 ** n
+    p = min(1.0, 2 * min(p_up, p_down))
+    means = np.sort(sums[1:] / subsets[1:].sum(axis=1))  # the 2^n - 1 non-empty subsets
+    k = math.floor((1 - confidence) * 2 ** (n - 1) + 1e-9)
+    if k == 0:
+        return p, -math.inf, math.inf
+    return p, float(means[k - 1]), float(means[len(means) - k])
 
 
 def paired_test(d, confidence: float = CONFIDENCE) -> tuple[float, float | None,
                                                               float | None, float]:
-    """(mean, lower, upper, p) of paired differences ``d``: the t interval of the mean and the
-    paired t-test's two-sided p (NaN below two pairs). Differences with no spread make t 0/0 or
-    infinite: p is then 1 for zero differences, else the exact sign-flip test's 2^(1-n)."""
+    """(mean, lower, upper, p) of paired differences ``d``: up to :data:`EXACT_UP_TO` of them
+    the exact sign-flip test and its interval (bounds may be infinite), beyond that the paired
+    t-test and its interval with p floored at 2^(1-n); no interval and p NaN below two
+    pairs."""
     from scipy import stats
 
-    d = np.asarray(d, dtype=float)
-    mean, low, high = mean_interval(d, confidence)
-    p = math.nan
-    # no spread, up to rounding (a difference of rates is a difference of floats)
-    if len(d) >= 2 and np.allclose(d, d[0], rtol=1e-9, atol=1e-12):
+    d = np.asarray([v for v in d if v is not None and not pd.isna(v)], dtype=float)
+    if len(d) < 2:
+        return (float(d.mean()) if len(d) else math.nan), None, None, math.nan
+    mean = float(d.mean())
+    if len(d) <= EXACT_UP_TO:
+        p, low, high = sign_flip_test(d, confidence)
+        return mean, low, high, p
+    _, low, high = mean_interval(d, confidence)
+    if np.allclose(d, d[0], rtol=1e-9, atol=1e-12):  # t is 0/0 or infinite: sign flips
         p = 1.0 if abs(d[0]) <= 1e-12 else 2.0 ** (1 - len(d))
-    elif len(d) >= 2:
-        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    else:
+        p = max(float(stats.ttest_1samp(d, 0.0).pvalue), 2.0 ** (1 - len(d)))
     return mean, low, high, p
 
 
+def degenerate(low, high) -> bool:
+    """An interval that cannot decide anything: missing, or of zero width (no spread over
+    seeds, or a tie of the subset means) up to rounding."""
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return True
+    return math.isfinite(low) and math.isfinite(high) and \
+        high - low <= 1e-12 * max(1.0, abs(low), abs(high))
+
+
+def minimum_exact_seeds(confidence: float = CONFIDENCE) -> int:
+    """The fewest paired seeds at which the sign-flip test can reach significance:
+    2^(1-n) <= 1 - confidence (6 at 95%)."""
+    return math.ceil(1 - math.log2(1 - confidence))
+
+
+def seeds_needed(spread: float, effect: float, confidence: float = CONFIDENCE,
+                 power: float = POWER) -> int | None:
+    """The smallest n >= :func:`minimum_exact_seeds` at which the two-sided paired t-test at
+    level 1 - confidence rejects "no difference" with probability ``power`` when the true
+    mean difference is ``effect`` and the differences' standard deviation is ``spread``:
+    P(|T'| > t_{1-a/2, n-1}) with T' ~ noncentral t(n - 1, effect sqrt(n) / spread). None when
+    the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed; the exact minimum
+    when the observed spread is 0."""
+    from scipy import stats
+
+    least = minimum_exact_seeds(confidence)
+    if effect == 0 or pd.isna(effect) or pd.isna(spread):
+        return None
+    if spread <= 0:
+        return least
+    alpha = 1 - confidence
+    for n in range(max(2, least), MAX_SEEDS + 1):
+        critical = stats.t.ppf(1 - alpha / 2, n - 1)
+        shift = abs(effect) * math.sqrt(n) / spread
+        achieved = stats.nct.sf(critical, n - 1, shift) + stats.nct.cdf(-critical, n - 1, shift)
+        if achieved >= power:
+            return n
+    return None
+
+
 def verdict(difference: float, p_adjusted: float, seeds: int, higher_is_better: bool,
-            alpha: float = 1 - CONFIDENCE) -> str:
+            alpha: float = 1 - CONFIDENCE, interval: tuple | None = None) -> str:
+    """better / worse / not distinguishable at ``alpha``; a zero-width ``interval`` (the same
+    difference on every seed) decides nothing."""
     if seeds < 2 or pd.isna(p_adjusted):
         return "not tested (fewer than two paired seeds)"
-    if p_adjusted >= alpha:
+    if interval is not None and degenerate(*interval):
+        return "not distinguishable (no spread over seeds)"
+    if p_adjusted > alpha:
         return "not distinguishable"
     return "better" if (difference > 0) == higher_is_better else "worse"
