@@ -181,19 +181,29 @@ def test_one_seed_says_no_difference_is_tested(reported):
 def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
     from dpclip.stages.report import seeds_section
 
-    rows = []
-    for method, shift, noises in (("dp_sgd", 0.0, (0.0, 0.002, -0.001)),
-                                  ("auto_s", 0.05, (0.001, 0.001, -0.001))):
-        for seed, noise in enumerate(noises):
-            rows.append({"method": method, "target_epsilon": 8.0, "alpha": "iid", "seed": seed,
-                         "accuracy": 0.9 + shift + noise, "ece": 0.05, "strongest_auc": 0.55,
-                         "strongest_tpr_at_fpr_0.1pct": 0.0, "audit_whitebox": 1.5,
-                         "audit_blackbox": None})
-    text = "\n".join(seeds_section(pd.DataFrame(rows), tmp_path))
-    assert "| 8 | iid | auto_s | 3 | 0.9503 [" in text  # mean [interval]: 0.95 + 0.001 / 3
+    def table(seeds):
+        rows = []
+        for method, shift, noises in (("dp_sgd", 0.0, (0.0, 0.002, -0.001, 0.001, 0.0, -0.002)),
+                                      ("auto_s", 0.05, (0.001, 0.001, -0.001, 0.0, 0.002, 0.0))):
+            for seed, noise in enumerate(noises[:seeds]):
+                rows.append({"method": method, "target_epsilon": 8.0, "alpha": "iid",
+                             "seed": seed, "accuracy": 0.9 + shift + noise, "ece": 0.05,
+                             "strongest_auc": 0.55, "strongest_tpr_at_fpr_0.1pct": 0.0,
+                             "audit_whitebox": 1.5 + seed, "audit_blackbox": None})
+        return pd.DataFrame(rows)
+
+    text = "\n".join(seeds_section(table(6), tmp_path))
+    assert "| 8 | iid | auto_s | 6 | 0.9505 [" in text  # mean [interval]: 0.95 + 0.003 / 6
+    assert "| 1.5 to 6.5 |" in text  # the audited bounds: per-seed range, not a mean
     line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
-    assert line.endswith("| better |") and "0.05 [" in line
+    # differences 0.05 + (0.001, -0.001, 0, -0.001, 0.002, 0.002), every one a gain: sign-flip
+    # p = 2 / 64 = 0.03125; the interval is [min, max] of them
+    assert line.endswith("| better |") and "0.0505 [0.049, 0.052]" in line
     assert pd.read_csv(tmp_path / "paired_vs_dp_sgd.csv")["verdict"].tolist().count("better") == 1
+    # three seeds: p = 2 / 8 = 0.25 at best, no bound: a 0.05 gain is not distinguishable
+    text = "\n".join(seeds_section(table(3), tmp_path))
+    line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
+    assert line.endswith("| not distinguishable |") and "[-inf, inf]" in line
 
 
 def test_a_figure_of_what_is_gone_does_not_stay(tmp_path, tiny_raw):
