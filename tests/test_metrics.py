@@ -246,3 +246,26 @@ def test_classifier_auc_of_a_diverged_model_is_none():
 
     probs = np.array([[np.nan, np.nan], [0.5, 0.5]])
     assert classifier_auc(probs, np.array([0, 1])) is None
+
+
+def test_low_fpr_is_reported_only_where_the_non_members_allow_ten_false_positives():
+    from dpclip.metrics import low_fpr_level, meaningful_fpr
+
+    # 354 non-members (the default): 0.1% allows 0.35 false positives, 1% 3.54; the honest
+    # low-FPR point is 10 / 354 = 2.82%; 10,000 non-members allow 10 at 0.1%
+    assert not meaningful_fpr(0.001, 354) and not meaningful_fpr(0.01, 354)
+    assert meaningful_fpr(0.01, 1000) and meaningful_fpr(0.001, 10_000)
+    assert low_fpr_level(354) == pytest.approx(10 / 354)
+    assert low_fpr_level(1000) == pytest.approx(0.01)
+    assert low_fpr_level(50_000) == 0.001
+    rng = np.random.default_rng(0)
+    members, nonmembers = rng.normal(1.0, 1.0, 354), rng.normal(0.0, 1.0, 354)
+    result = attack_metrics(members, nonmembers)
+    low = result["low_fpr"]
+    assert low["fpr"] == pytest.approx(10 / 354) and low["false_positives_allowed"] == 10
+    # by hand: the members above the 11th highest non-member score (10 false positives)
+    threshold = np.sort(nonmembers)[-11]
+    assert low["tpr"] == pytest.approx(np.mean(members > threshold))
+    assert result["tpr_at_zero_fp"] == pytest.approx(np.mean(members > nonmembers.max()))
+    assert result["tpr_at_fpr_0.1pct"] == result["tpr_at_zero_fp"]  # the same thing here
+    assert result["tpr_at_fpr_0.1pct_meaningful"] is False

@@ -21,7 +21,9 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "label_only_auc", "label_only_auc_unmatched", "audit_whitebox", "audit_blackbox",
          "audit_violated", "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc",
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
-         "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc"]
+         "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc",
+         "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
+         "attack_tpr_at_zero_fp"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
@@ -188,7 +190,7 @@ def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
             for seed, noise in enumerate(noises[:seeds]):
                 rows.append({"method": method, "target_epsilon": 8.0, "alpha": "iid",
                              "seed": seed, "accuracy": 0.9 + shift + noise, "ece": 0.05,
-                             "strongest_auc": 0.55, "strongest_tpr_at_fpr_0.1pct": 0.0,
+                             "attack_auc": 0.55, "attack_tpr_at_low_fpr": 0.0,
                              "audit_whitebox": 1.5 + seed, "audit_blackbox": None})
         return pd.DataFrame(rows)
 

@@ -36,8 +36,8 @@ def test_holm_by_hand():
 
 def _table(rows):
     return pd.DataFrame(rows, columns=["run", "method", "target_epsilon", "alpha", "seed",
-                                       "accuracy", "ece", "strongest_auc",
-                                       "strongest_tpr_at_fpr_0.1pct", "audit_whitebox",
+                                       "accuracy", "ece", "attack_auc",
+                                       "attack_tpr_at_low_fpr", "audit_whitebox",
                                        "audit_blackbox"])
 
 

@@ -265,8 +265,12 @@ def _summary(command: str, result: dict) -> str:
                           if r["applicable"] else f"not applicable ({r['reason']})")
             for kind, r in result.items())
     if command == "reference":
-        return (f"{result['references']} {result['mode']} reference models on halves of "
-                f"{result['pool_size']} records ({result['pool']})")
+        first = result["models"][0] if result["models"] else {}
+        return (f"{result['references']} {result['mode']} reference models of "
+                f"{first.get('n_train')} records each (the target: "
+                f"{result['target_plan']['n_train']}), q={result['target_plan']['sample_rate']:.4g},"
+                f" {result['target_plan']['steps']} steps, from {result['pool_size']} records "
+                f"({result['pool']})")
     if command == "train":
         eps = result["privacy"]["epsilon"]
         eps_text = "inf" if eps is None else f"{eps:.3f}"

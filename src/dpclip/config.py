@@ -170,6 +170,7 @@ class ShadowParams(Section):
 
 ATTACK_MODES = ("offline", "online")
 POPULATIONS = ("public", "shadow_train", "shadow_holdout")
+HEADLINE_ATTACKS = ("auto", "loss", "lira", "rmia")
 
 
 class AttackParams(Section):
@@ -189,6 +190,14 @@ class AttackParams(Section):
     fixed_variance: StrictBool = True  # LiRA: one pooled variance (the paper's, few models)
     rmia_offline_a: Annotated[float, Field(ge=0, le=1), NUMBER] = 0.3  # P(x) from OUT models
     rmia_gamma: Annotated[float, Field(gt=0), NUMBER] = 1.0  # LR(x) / LR(z) > gamma
+    # the attack compared across methods and seeds, chosen before any run (auto: lira with
+    # reference models, else loss), not the per-run best, which is biased upward
+    headline: Literal[HEADLINE_ATTACKS] = "auto"
+
+    def headline_attack(self) -> str:
+        if self.headline != "auto":
+            return self.headline
+        return "lira" if self.references else "loss"
 
     @model_validator(mode="after")
     def _enough_references(self):
@@ -205,6 +214,9 @@ class AttackParams(Section):
             problems.append(bad_value("attack.references", k, "is too few for "
                                       "attack.fixed_variance false: a per-record variance "
                                       "needs 4 or more"))
+        if self.headline in ("lira", "rmia") and k == 0:
+            problems.append(bad_value("attack.headline", self.headline, "needs reference "
+                                      "models: attack.references is 0"))
         if problems:
             raise ValueError("\n".join(problems))
         return self

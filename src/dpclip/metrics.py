@@ -86,13 +86,41 @@ def attack_metrics(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> d
     n = len(member_scores)
     result = {"auc": float(roc_auc_score(truth, scores)),
               "balanced_accuracy": float(np.max((tpr + 1.0 - fpr) / 2.0))}
+    n_out = len(nonmember_scores)
     for name, level in (("1pct", 0.01), ("0.1pct", 0.001)):
         rate = tpr_at_fpr(fpr, tpr, level)
         lo, hi = clopper_pearson_limits(round(rate * n), n, 0.025)
         result[f"tpr_at_fpr_{name}"] = rate
         result[f"tpr_at_fpr_{name}_ci95"] = [float(lo), float(hi)]
+        result[f"tpr_at_fpr_{name}_meaningful"] = meaningful_fpr(level, n_out)
+    result["tpr_at_zero_fp"] = tpr_at_fpr(fpr, tpr, 0.0)
+    level = low_fpr_level(n_out)
+    rate = tpr_at_fpr(fpr, tpr, level)
+    lo, hi = clopper_pearson_limits(round(rate * n), n, 0.025)
+    result["low_fpr"] = {"fpr": level, "tpr": rate, "tpr_ci95": [float(lo), float(hi)],
+                         "false_positives_allowed": int(math.floor(level * n_out + 1e-9))}
     return {**result, "roc": {"fpr": fpr, "tpr": tpr},
-            "n_members": int(n), "n_nonmembers": int(len(nonmember_scores))}
+            "n_members": int(n), "n_nonmembers": int(n_out)}
+
+
+# a TPR "at FPR f" means something only where f allows this many false positives; with
+# fewer non-members it is the TPR at (almost) no false positive, a property of the few most
+# confident non-members
+MIN_FALSE_POSITIVES = 10
+LOW_FPR = 0.001  # the low-FPR point where the non-members allow it (Carlini et al. 2022)
+
+
+def meaningful_fpr(level: float, n_nonmembers: int) -> bool:
+    """Whether ``level`` allows at least :data:`MIN_FALSE_POSITIVES` false positives."""
+    return level * n_nonmembers >= MIN_FALSE_POSITIVES - 1e-9
+
+
+def low_fpr_level(n_nonmembers: int) -> float:
+    """The honest low-FPR point: 0.1% where n_nonmembers >= 10,000, else the smallest FPR that
+    allows :data:`MIN_FALSE_POSITIVES` false positives, 10 / n_nonmembers (2.8% for 354)."""
+    if n_nonmembers <= 0:
+        return 1.0
+    return max(LOW_FPR, min(1.0, MIN_FALSE_POSITIVES / n_nonmembers))
 
 
 def clopper_pearson_limits(successes, trials: int, alpha: float):

@@ -55,8 +55,8 @@ MAX_SEEDS = 1000  # seeds_needed says "more than this" beyond it
 BASELINE = "dp_sgd"
 # headline metric (a comparison-table column) -> True when higher is better; None: reported
 # with its interval but not judged (a larger audited lower bound is neither better nor worse)
-HEADLINE = {"accuracy": True, "ece": False, "strongest_auc": False,
-            "strongest_tpr_at_fpr_0.1pct": False, "audit_epsilon": None}
+HEADLINE = {"accuracy": True, "ece": False, "attack_auc": False,
+            "attack_tpr_at_low_fpr": False, "audit_epsilon": None}
 CONFIGURATION = ["target_epsilon", "alpha", "method"]
 
 
@@ -92,7 +92,10 @@ def holm(pvalues) -> np.ndarray:
 
 
 def with_headline(table: pd.DataFrame) -> pd.DataFrame:
-    """The comparison table with ``audit_epsilon``: the larger audited lower bound of a run."""
+    """The comparison table with ``audit_epsilon``: the larger audited lower bound of a run
+    (and empty headline columns a table of an older dpclip lacks)."""
+    table = table.assign(**{c: math.nan for c in [*HEADLINE, "audit_whitebox", "audit_blackbox"]
+                            if c not in table and c != "audit_epsilon"})
     audit = table[["audit_whitebox", "audit_blackbox"]].astype(float).max(axis=1)
     return table.assign(audit_epsilon=audit)
 

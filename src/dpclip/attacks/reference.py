@@ -138,3 +138,27 @@ def calibrated_scores(target_logits: np.ndarray, reference_logits: np.ndarray,
                        true_class_probability(population_reference_logits, population_labels),
                        a=a, gamma=gamma, reference_in=reference_in)
     return {"lira": lira, "rmia": rmia}
+
+
+def unseen_fit(logits: np.ndarray, labels: np.ndarray, seen: np.ndarray | None = None
+               ) -> dict:
+    """How confident models are on records they did not train on: per model (``logits``
+    (K, n, C), or one model's (n, C)), the accuracy and mean logit-confidence phi over the
+    records ``seen`` (K, n) marks False; the means over the models, and the mean pairwise
+    correlation of the models' phi on the records none of them saw (None for one model).
+    A reference model much less confident than the target makes LiRA and RMIA weaker."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim == 2:
+        logits = logits[None]
+    seen = np.zeros(logits.shape[:2], bool) if seen is None else np.asarray(seen, bool)
+    phi = logit_confidence(logits, labels)
+    right = logits.argmax(axis=-1) == labels
+    accuracy = [float(right[k][~seen[k]].mean()) for k in range(len(logits))]
+    confidence = [float(phi[k][~seen[k]].mean()) for k in range(len(logits))]
+    common = ~seen.any(axis=0)
+    correlation = None
+    if len(logits) > 1 and common.sum() > 2:
+        matrix = np.corrcoef(phi[:, common])
+        correlation = float(matrix[np.triu_indices(len(logits), 1)].mean())
+    return {"accuracy": float(np.mean(accuracy)), "mean_phi": float(np.mean(confidence)),
+            "phi_correlation": correlation}

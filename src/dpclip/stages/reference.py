@@ -1,19 +1,30 @@
 """reference: the reference models of LiRA and RMIA for one configuration
 (:mod:`dpclip.attacks.reference`).
 
-K = ``attack.references`` models are trained with the run's own code and configuration
-(method, options, target epsilon; a seed of their own each) on halves of a pool of records:
+K = ``attack.references`` models are trained like the target: the run's own code and
+configuration (method, options, tuned values, target epsilon; a seed of their own each), on a set
+of the target's size n where the pool allows it, at the target's sampling rate q = B / n, so they
+take the target's T steps at its noise multiplier sigma (the accountant gives the same sigma for
+the same epsilon, q and T). A weaker reference model (fewer records, another q) understates
+what LiRA and RMIA achieve; ``reference.json`` records the target's (n, q, T) beside each model's
+(n, q, T, sigma), and evaluate checks them against the target's own record.
 
 * ``attack.mode: offline``: the pool is the public population (``attack.population``: the
   shadow splits). No reference model sees a member or a holdout record, so every one is OUT
-  for the records the evaluation attacks.
+  for the records the evaluation attacks. Models 2j and 2j+1 train on the first and the last
+  m = min(n, pool) records of the j-th random permutation of the pool: disjoint when the pool
+  holds 2n records, overlapping by 2m - pool otherwise (the whole pool when it holds n or
+  fewer, topped up to n with records drawn a second time: ``repeated`` in each model's facts).
 * ``attack.mode: online``: the pool is the run's members and the target holdout (the data
-  owner evaluates with all its data), so each attacked record is IN for half of the models.
+  owner evaluates with all its data), split into complementary halves (models 2j, 2j+1), so
+  each attacked record is IN for exactly K/2 models; a half holds (n + holdout) / 2 records,
+  trained at the target's q (and so its T and sigma).
 
-The halves come in complementary pairs: models 2j and 2j+1 split a random permutation of the
-pool, so every pool record is IN for exactly K/2 models. RMIA's population records z are the
-pool's non-members of the run (offline the public pool, online the holdout): IN for exactly
-half of the models, their mean probability over all K is the paper's P(z) = (P_in + P_out) / 2.
+RMIA's population records z are the pool's records that the run did not train on (offline the
+public pool, online the holdout), P(z) their mean probability over all K models. RMIA's score
+is a strictly increasing function of the record's own ratio LR(x) (a count of population
+ratios below it, ties broken by LR(x)), so its ROC, AUC and TPRs do not depend on how P(z) is
+estimated, only its scale does.
 
 The models stay on the data owner's machine and are not kept: ``references/<run>/signals.npz``
 holds each model's logits on the members (K, n_members, C), the holdout (K, n_holdout, C) and the
@@ -38,7 +49,7 @@ from dpclip.stages.provenance import REFERENCE
 from dpclip.stages.retire import set_aside
 from dpclip.stages.train import run_inputs
 from dpclip.threads import use_threads
-from dpclip.train import train_model
+from dpclip.train import plan_steps, train_model
 
 POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
                      "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
@@ -65,6 +76,36 @@ def population_source(params: Params) -> str:
     return f"public ({' + '.join(POPULATION_SPLITS[params.attack.population])})"
 
 
+def first_and_last(n: int, size: int, k: int, seed: int) -> np.ndarray:
+    """(k, n) booleans: model 2j trains on the first ``size`` records of the j-th random
+    permutation of the n pool records, model 2j+1 on its last ``size`` (disjoint when
+    n >= 2 size, sharing 2 size - n records otherwise)."""
+    if k % 2:
+        raise ValueError(f"reference models come in pairs: {k} is odd")
+    if not 0 < size <= n:
+        raise ValueError(f"a reference set of {size} records from a pool of {n}")
+    rng = np.random.default_rng(seed)
+    inside = np.zeros((k, n), dtype=bool)
+    for j in range(k // 2):
+        order = rng.permutation(n)
+        inside[2 * j, order[:size]] = True
+        inside[2 * j + 1, order[n - size:]] = True
+    return inside
+
+
+def topped_up(records: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """``records`` (pool positions), with as many of them drawn a second time as ``size``
+    exceeds their number (without replacement while it can): a pool a few records smaller
+    than the target's set still gives reference models of the target's size n (on the
+    default, 716 public records for 719 members: 3 records twice)."""
+    missing = size - len(records)
+    if missing <= 0:
+        return records
+    rng = np.random.default_rng(seed)
+    again = rng.choice(records, missing, replace=missing > len(records))
+    return np.concatenate([records, again])
+
+
 def complementary_halves(n: int, k: int, seed: int) -> np.ndarray:
     """(k, n) booleans: model 2j trains on the first half of the j-th random permutation of the
     n pool records, model 2j+1 on the rest, so each record is IN for exactly k / 2 models."""
@@ -89,23 +130,31 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     data = run_inputs(params, key, layout)  # the run's members, configuration, public data
     x_out, y_out, _ = load_split(layout, "target_holdout")
     n_m, n_h = len(data.x), len(x_out)
+    # the target's plan: q = B / n and its T steps (train_model plans the target alike)
+    q, _, steps = plan_steps(n_m, data.cfg.train.batch_size, data.cfg.train.epochs)
+    seed = reference_seed(params, run, "halves")
     if a.mode == "offline":
         pool_x, pool_y = public_population(params, layout)
         population = slice(0, len(pool_x))
+        inside = first_and_last(len(pool_x), min(n_m, len(pool_x)), a.references, seed)
     else:
         pool_x, pool_y = np.concatenate([data.x, x_out]), np.concatenate([data.y, y_out])
         population = slice(n_m, n_m + n_h)  # the holdout: the pool's non-members of the run
-    inside = complementary_halves(len(pool_x), a.references, reference_seed(params, run, "halves"))
+        inside = complementary_halves(len(pool_x), a.references, seed)
     parts = {"members": (data.x, []), "holdout": (x_out, []), "population": (pool_x[population], [])}
     models = []
     for k in range(a.references):
-        cfg = replace(data.cfg, seed=reference_seed(params, run, f"model{k}"))
-        result = train_model(pool_x[inside[k]], pool_y[inside[k]], data.shape, data.n_classes,
+        cfg = replace(data.cfg, seed=reference_seed(params, run, f"model{k}"), sample_rate=q)
+        chosen = topped_up(np.flatnonzero(inside[k]), n_m if a.mode == "offline" else 0,
+                           reference_seed(params, run, f"top-up{k}"))
+        result = train_model(pool_x[chosen], pool_y[chosen], data.shape, data.n_classes,
                              cfg, progress=False, desc=f"{run} reference {k}",
                              public=data.public)
         for x, logits in parts.values():
             logits.append(logits_of(result.model, x))
-        models.append({"seed": cfg.seed, "n_train": int(inside[k].sum()),
+        models.append({"seed": cfg.seed, "n_train": int(len(chosen)),
+                       "repeated": int(len(chosen) - inside[k].sum()),
+                       "sample_rate": result.privacy.get("sample_rate"),
                        "epsilon": result.privacy["epsilon"],
                        "noise_multiplier": result.privacy.get("noise_multiplier"),
                        "steps": result.training["steps_planned"]})
@@ -121,7 +170,9 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     facts = {"run": run, "mode": a.mode, "references": a.references,
              "pool": source if a.mode == "offline" else "members + target_holdout",
              "pool_size": int(len(pool_x)), "population": source,
-             "population_size": int(population.stop - population.start), "models": models}
+             "population_size": int(population.stop - population.start),
+             "target_plan": {"n_train": n_m, "sample_rate": q, "steps": steps},
+             "models": models}
     write_json(folder / "reference.json", facts)
     REFERENCE.record(layout, key, inputs)
     return facts

@@ -38,7 +38,9 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "audit_whitebox", "audit_blackbox", "audit_violated",
            "lira_auc", "lira_tpr_at_fpr_0.1pct", "rmia_auc", "rmia_tpr_at_fpr_0.1pct",
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
-           "audit_status", "strongest_auc", "test_auc"]
+           "audit_status", "strongest_auc", "test_auc",
+           "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
+           "attack_tpr_at_zero_fp"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -110,6 +112,12 @@ def attack_columns(mia: dict, privacy: dict) -> dict:
     columns["strongest_tpr_at_fpr_0.1pct"] = strongest[1]["tpr_at_fpr_0.1pct"] if strongest \
         else None
     columns["tpr_bound_at_fpr_0.1pct"] = tpr_bound_at(0.001, privacy)
+    headline = mia.get("headline") or {}  # the attack chosen in advance (attack.headline)
+    columns["attack"] = headline.get("attack")
+    columns["attack_auc"] = headline.get("auc")
+    columns["attack_low_fpr"] = headline.get("low_fpr")
+    columns["attack_tpr_at_low_fpr"] = headline.get("tpr_at_low_fpr")
+    columns["attack_tpr_at_zero_fp"] = headline.get("tpr_at_zero_fp")
     return columns
 
 
@@ -200,12 +208,17 @@ ADDED_NOTES = [
     "claimed epsilon of a run with a DP guarantee) is a privacy bug. — = not applicable (no DP "
     "claim, replace-one-features adjacency) or not audited; `audit_status` says which.",
     "`lira_*`, `rmia_*`: LiRA (Carlini et al. 2022) and RMIA (Zarifzadeh et al. 2024), "
-    "calibrated per record with `attack.references` reference models trained with the run's "
-    "own configuration (`attack.mode`: offline on halves of the public population, online on "
-    "halves of members and holdout); — = no reference models. TPR at 0.1% FPR: with fewer "
-    "than 1000 non-members it is the TPR at no false positive at all. "
-    "`strongest_attack`: the record-level attack (loss, LiRA, RMIA) with the highest TPR at "
-    "0.1% FPR (ties: AUC); `tpr_bound_at_fpr_0.1pct`: the most any attack may reach there "
+    "calibrated per record with `attack.references` reference models trained like the run "
+    "(its configuration, its sampling rate, steps and noise, on as many records as it had: "
+    "offline from the public population, online on halves of members and holdout); — = no "
+    "reference models. TPR at 0.1% FPR: with fewer than 10,000 non-members it allows fewer "
+    "than 10 false positives, and below 1000 it is the TPR at no false positive at all. "
+    "`attack`: the attack compared across methods and seeds, chosen in advance "
+    "(`attack.headline`); `attack_tpr_at_low_fpr`: its TPR at `attack_low_fpr`, the smallest "
+    "FPR that allows 10 false positives (never below 0.1%); `attack_tpr_at_zero_fp`: its TPR "
+    "with no false positive. `strongest_attack`: the record-level attack (loss, LiRA, RMIA) with "
+    "the highest TPR at 0.1% FPR (ties: AUC), the best of each run and so biased upward; "
+    "`tpr_bound_at_fpr_0.1pct`: the most any attack may reach there "
     "under the row's DP claim in this evaluation game, min(1, e^eps' 0.001 + delta', "
     "1 - e^-eps' (0.999 - delta')) with the eps', delta' of `dp_bound_margin` (about 1 = the "
     "claim allows about anything at this FPR).",
@@ -248,8 +261,9 @@ def seeds_section(table: pd.DataFrame, out) -> list[str]:
             continue
         shown[metric] = [_with_interval(*v) for v in zip(
             summary[metric], summary[f"{metric}_low"], summary[f"{metric}_high"])]
-    lines += ["Mean and 95% Student-t interval over seeds (`seeds.csv`); `strongest_*`: the "
-              "strongest record-level attack of each run, `audit_epsilon`: the smallest and "
+    lines += ["Mean and 95% Student-t interval over seeds (`seeds.csv`); `attack_*`: the "
+              "attack chosen in advance (`attack.headline`), its AUC and its TPR at the honest "
+              "low FPR (at least 10 false positives allowed), `audit_epsilon`: the smallest and "
               "largest per-seed audited lower bound (each run's larger kind; a mean of lower "
               "bounds would be no bound).", "", markdown_table(shown)]
     if paired.empty:

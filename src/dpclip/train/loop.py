@@ -41,7 +41,8 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     device = resolve_device(cfg.train.device)
     hidden = method_cls.model_hidden(dict(cfg.method_options), cfg.train.hidden)
     model = build_model(cfg.train.model, feature_shape, n_classes, hidden).to(device)
-    q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size, cfg.train.epochs)
+    q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size,
+                                                 cfg.train.epochs, cfg.sample_rate)
     groups = LayerGroups.of(model)
     method = method_cls(MethodContext(cfg.train.clip_norm, groups.names, count_parameters(model),
                                       q * n_records, dict(cfg.method_options), model,

@@ -26,6 +26,9 @@ class TrainConfig:
     privacy: PrivacyParams
     method_options: dict = field(default_factory=dict)  # params.yaml methods.<method>
     shadow_risk: dict | None = None  # the shadow stage's risk record, for methods that need it
+    # the Poisson rate q when it is not train.batch_size / n: a reference model trained with
+    # another run's q (so its steps and noise match that run's) on a set of another size
+    sample_rate: float | None = None
 
     @classmethod
     def of(cls, method: str, target_epsilon: float | None, seed: int = 0, *,
@@ -47,11 +50,15 @@ class TrainConfig:
         seed, options and the training and privacy settings it uses, but not the matrix it
         belongs to (train.methods, train.seeds, privacy.target_epsilons) nor how often it is
         checkpointed, so growing the matrix keeps a crashed run's checkpoint usable."""
-        return {"method": self.method, "target_epsilon": self.target_epsilon,
-                "seed": self.seed, "method_options": self.method_options,
-                "shadow_risk": self.shadow_risk,
-                "train": self.train.model_dump(exclude={"methods", "seeds", "checkpoint_every"}),
-                "privacy": self.privacy.model_dump(exclude={"target_epsilons"})}
+        identity = {"method": self.method, "target_epsilon": self.target_epsilon,
+                    "seed": self.seed, "method_options": self.method_options,
+                    "shadow_risk": self.shadow_risk,
+                    "train": self.train.model_dump(exclude={"methods", "seeds",
+                                                            "checkpoint_every"}),
+                    "privacy": self.privacy.model_dump(exclude={"target_epsilons"})}
+        if self.sample_rate is not None:  # absent otherwise: older checkpoints stay usable
+            identity["sample_rate"] = self.sample_rate
+        return identity
 
     def with_train(self, **changes) -> "TrainConfig":
         """The same run with some ``train.*`` fields changed (a method's own epochs or
@@ -120,8 +127,16 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % (2 ** 32))
 
 
-def plan_steps(n_records: int, batch_size: int, epochs: int) -> tuple[float, int, int]:
-    """(q, steps per epoch, total steps T) for Poisson sampling with expected batch B."""
+def plan_steps(n_records: int, batch_size: int, epochs: int,
+               sample_rate: float | None = None) -> tuple[float, int, int]:
+    """(q, steps per epoch, total steps T) for Poisson sampling with expected batch B, or at
+    the given ``sample_rate`` q (expected batch qN)."""
+    if sample_rate is not None:
+        if not 0 < sample_rate <= 1:
+            raise DpclipError(f"sample_rate: {sample_rate} is not in (0, 1]")
+        q = float(sample_rate)
+        steps_per_epoch = max(1, int(1 / q))
+        return q, steps_per_epoch, epochs * steps_per_epoch
     if batch_size > n_records:
         raise DpclipError(f"train.batch_size: {batch_size} is larger than the training set "
                           f"({n_records} records)")

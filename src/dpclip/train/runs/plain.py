@@ -18,7 +18,8 @@ class PlainRun(Run):
 
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
-        n, b = len(x), self.cfg.train.batch_size
+        n = len(x)
+        b = max(1, min(n, round(self.q * n)))  # train.batch_size, or q n at a given rate
         order = torch.randperm(n, generator=self.rng.sampling).to(self.device)
         for k in range(self.steps_per_epoch):
             idx = order[k * b:(k + 1) * b] if (k + 1) * b <= n else order[-b:]
