@@ -229,6 +229,9 @@ class AuditParams(Section):
     # at moderate epsilon, and one more model per run); [] = off
     kinds: unique_list(Literal["whitebox", "blackbox"], min_length=0) = ["whitebox"]
     canaries: Count = 1000  # white-box: gradient canaries (distinct model coordinates)
+    # white-box canary shape: one_layer (a coordinate) | every_layer (one per layer group, so a
+    # per-layer rule clips it to its full C) | auto (every_layer for a per-layer rule)
+    canary_span: Literal["auto", "one_layer", "every_layer"] = "auto"
     input_canaries: Count = 200  # black-box: mislabelled public records (shadow holdout)
     confidence: Annotated[float, Field(gt=0, lt=1), NUMBER] = 0.95
     seed: Seed = 0

@@ -1,19 +1,30 @@
 """Canaries of the one-run audit (:mod:`dpclip.audit.bound`): m of them, each included in
 training independently with probability 1/2, scored after training.
 
-* :class:`GradientCanaries` (white-box): canary i is a record whose gradient is zero except for
-  one coordinate of the model (a "Dirac" canary, Nasr et al. 2023; distinct coordinates, so
+* :class:`GradientCanaries` (white-box): canary i is a record whose gradient is zero except at
+  a few coordinates of the model (a "Dirac" canary, Nasr et al. 2023; distinct coordinates, so
   canaries do not interfere), with a norm far above any clip threshold. An included canary
   joins the DP step like a record: Poisson-sampled with the run's rate q at every step, its
   per-layer norms seen by the method's scaling rule and extra queries, its clipped gradient
-  added to the clipped sum before the noise. Its score is how far training moved its
-  coordinate against the gradient, -(theta_T - theta_0)[j]. This audits the DP step itself:
-  sampling, clipping, the method's rule and the noise.
+  added to the clipped sum before the noise. This audits the DP step itself: sampling,
+  clipping, the method's rule and the noise. Two shapes (``span``):
+
+  - ``one_layer``: one coordinate j in one layer; score -(theta_T - theta_0)[j]. Under a
+    whole-record clip the canary is clipped to C, its full sensitivity.
+  - ``every_layer``: one coordinate j_l in each of the L layer groups, raw norm R / sqrt(L)
+    in each. A per-layer rule (LM-DP-SGD's C w_l per layer) clips a one-layer canary to
+    C w_l < C, which would audit it below its sensitivity; this canary is clipped to
+    (C w_l)_l, of norm C. Its score is the movement projected on the direction the mechanism
+    adds it in, sum_l a_l (-(theta_T - theta_0)[j_l]), with a_l the summed per-layer factors
+    the method's rule gives a canary at every step (from the rule's state, a function of what
+    the run released; the same for every canary, so it reveals no inclusion).
 * :func:`input_canaries` (black-box): public records with a wrong label, added to the members
   when included; scored by minus their loss under the trained model.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -21,40 +32,78 @@ import torch
 from dpclip.train.step import LayerGroups
 
 RAW_NORM = 1e4  # a canary's gradient norm: above every clip threshold, so it is clipped
+SPANS = ("one_layer", "every_layer")
 
 
 class GradientCanaries:
-    """White-box canaries on the parameters of ``groups`` (see the module docstring)."""
+    """White-box canaries on the parameters of ``groups`` (see the module docstring).
+    ``param``, ``offset`` and ``layer`` are (m, S) arrays: canary i's S coordinates (S = 1
+    for ``one_layer``, L for ``every_layer``)."""
 
-    def __init__(self, groups: LayerGroups, m: int, q: float, seed: int) -> None:
+    def __init__(self, groups: LayerGroups, m: int, q: float, seed: int,
+                 span: str = "one_layer") -> None:
+        if span not in SPANS:
+            raise ValueError(f"audit: canary span {span!r} is not one of {SPANS}")
         params = groups.flat()
         sizes = [p.numel() for p in params]
-        if m > sum(sizes):
-            raise ValueError(f"audit: {m} canaries need as many parameters; the model has "
-                             f"{sum(sizes)}")
-        rng = np.random.default_rng(seed)
-        flat = np.sort(rng.choice(sum(sizes), size=m, replace=False))
         starts = np.cumsum([0] + sizes)
+        layer_of = np.array([k for k, group in enumerate(groups.params) for _ in group])
+        rng = np.random.default_rng(seed)
+        self.span, self.n_layers, self.q = span, len(groups.names), q
+        if span == "one_layer":
+            if m > sum(sizes):
+                raise ValueError(f"audit: {m} canaries need as many parameters; the model has "
+                                 f"{sum(sizes)}")
+            flat = np.sort(rng.choice(sum(sizes), size=m, replace=False))[:, None]
+        else:  # one coordinate per layer group: m distinct ones in each
+            columns = []
+            for layer in range(self.n_layers):
+                mine = np.flatnonzero(layer_of == layer)
+                coordinates = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in mine])
+                if m > len(coordinates):
+                    raise ValueError(f"audit: {m} canaries spanning every layer need as many "
+                                     f"parameters in each; layer {groups.names[layer]!r} has "
+                                     f"{len(coordinates)}")
+                columns.append(rng.choice(coordinates, size=m, replace=False))
+            flat = np.stack(columns, axis=1)
         self.param = np.searchsorted(starts, flat, side="right") - 1  # which parameter
         self.offset = flat - starts[self.param]  # where in it
-        layer_of = [k for k, group in enumerate(groups.params) for _ in group]
-        self.layer = np.array([layer_of[i] for i in self.param])
-        self.n_layers, self.q = len(groups.names), q
+        self.layer = layer_of[self.param]
+        # the raw norm of a canary in each of its layers: R in one, R / sqrt(L) in each of L
+        self.raw = RAW_NORM / math.sqrt(self.layer.shape[1])
+        self.direction = np.zeros(self.layer.shape[1])  # a_l (every_layer), summed each step
         self.included = rng.random(m) < 0.5  # fixed before training, secret to the scorer
         self.sampling = torch.Generator().manual_seed(int(rng.integers(2**62)))
 
     def __len__(self) -> int:
         return len(self.included)
 
+    def profile(self, k: int, device) -> torch.Tensor:
+        """k canaries' per-layer gradient norms, shape (k, L): one row each."""
+        norms = torch.zeros((k, self.n_layers), device=device)
+        if self.span == "every_layer":
+            return norms + self.raw
+        return norms
+
     def sample(self, device) -> tuple[np.ndarray, torch.Tensor]:
         """The included canaries in this step's Poisson batch (each with probability q) and
-        their per-layer gradient norms, shape (k, L): RAW_NORM in their layer, 0 elsewhere."""
+        their per-layer gradient norms, shape (k, L): R in a one-layer canary's layer (0
+        elsewhere), R / sqrt(L) in every layer of a spanning one."""
         draws = torch.rand(len(self), generator=self.sampling).numpy() < self.q
         chosen = np.flatnonzero(draws & self.included)
-        norms = torch.zeros((len(chosen), self.n_layers), device=device)
-        norms[torch.arange(len(chosen)), torch.as_tensor(self.layer[chosen],
-                                                         dtype=torch.int64)] = RAW_NORM
+        norms = self.profile(len(chosen), device)
+        if self.span == "one_layer":
+            norms[torch.arange(len(chosen)), torch.as_tensor(self.layer[chosen, 0],
+                                                             dtype=torch.int64)] = RAW_NORM
         return chosen, norms
+
+    def observe(self, method, device) -> None:
+        """Add this step's per-layer factors of the method's rule for a spanning canary to
+        the scoring direction a (a function of the rule's state, not of any sampling)."""
+        if self.span != "every_layer":
+            return
+        factors = method.scale(self.profile(1, device)).detach().reshape(-1).cpu().numpy()
+        self.direction += np.broadcast_to(factors, (self.n_layers,)) * self.raw
 
     def add(self, sums: list[torch.Tensor], chosen: np.ndarray, factors: torch.Tensor) -> None:
         """Add the chosen canaries' scaled gradients (``factors``: their rows of the method's
@@ -62,20 +111,33 @@ class GradientCanaries:
         if not len(chosen):
             return
         factors = factors.detach()
-        if factors.dim() == 2:  # per-layer factors: each canary's own layer
-            factors = factors[torch.arange(len(chosen)), torch.as_tensor(self.layer[chosen])]
-        values = factors * RAW_NORM
-        for index in np.unique(self.param[chosen]):
-            rows = np.flatnonzero(self.param[chosen] == index)
-            target = sums[index].view(-1)
-            target.index_add_(0, torch.as_tensor(self.offset[chosen[rows]], device=target.device),
-                              values[torch.as_tensor(rows)].to(target.dtype))
+        rows = torch.arange(len(chosen))
+        for slot in range(self.layer.shape[1]):
+            each = factors if factors.dim() == 1 else \
+                factors[rows, torch.as_tensor(self.layer[chosen, slot])]  # the slot's layer
+            values = each * self.raw
+            params, offsets = self.param[chosen, slot], self.offset[chosen, slot]
+            for index in np.unique(params):
+                picked = np.flatnonzero(params == index)
+                target = sums[index].view(-1)
+                target.index_add_(0, torch.as_tensor(offsets[picked], device=target.device),
+                                  values[torch.as_tensor(picked)].to(target.dtype))
 
     def scores(self, start: list[torch.Tensor], end: list[torch.Tensor]) -> np.ndarray:
-        """-(theta_T - theta_0) at each canary's coordinate: training moves an included
-        canary's coordinate against its gradient."""
+        """-(theta_T - theta_0) at each canary's coordinate (one-layer), or its projection on
+        the direction a (every-layer): training moves an included canary against its
+        gradient."""
         moved = [(b.detach().cpu() - a.detach().cpu()).reshape(-1) for a, b in zip(start, end)]
-        return np.array([-float(moved[p][o]) for p, o in zip(self.param, self.offset)])
+        against = np.array([[-float(moved[p][o]) for p, o in zip(ps, os)]
+                            for ps, os in zip(self.param, self.offset)])
+        weights = self.direction if self.span == "every_layer" else np.ones(1)
+        return against @ weights
+
+    def facts(self) -> dict:
+        """What the audit's record says of its canaries."""
+        return {"canary_span": self.span, "canary_coordinates": int(self.layer.shape[1]),
+                **({"canary_direction": [float(v) for v in self.direction]}
+                   if self.span == "every_layer" else {})}
 
 
 def input_canaries(x: np.ndarray, y: np.ndarray, n_classes: int, m: int, seed: int

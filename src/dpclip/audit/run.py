@@ -46,13 +46,37 @@ def _verdict(kind: str, result: dict, privacy: dict, run_name: str) -> dict:
             "violated": bool(violated)}
 
 
+def per_layer_rule(run: Run) -> bool:
+    """Whether the run's method scales each layer of a record on its own (factors B x L), as
+    a spanning canary shows it (LM-DP-SGD): then a one-layer canary is clipped below C."""
+    probe = torch.full((1, len(run.groups.names)), 1.0, device=run.device)
+    return run.method.scale(probe).dim() == 2
+
+
+def canary_span(run: Run, choice: str = "auto") -> str:
+    """``audit.canary_span``: auto is every_layer for a per-layer rule, else one_layer (which
+    fits the most canaries in the model)."""
+    if choice != "auto":
+        return choice
+    return "every_layer" if per_layer_rule(run) else "one_layer"
+
+
+def canaries_that_fit(run: Run, m: int, span: str) -> int:
+    """At most ``m`` canaries with distinct coordinates: one each in the model, or one in
+    every layer group (the smallest group's size)."""
+    sizes = [sum(p.numel() for p in group) for group in run.groups.params]
+    return min(m, sum(sizes) if span == "one_layer" else min(sizes))
+
+
 def audit_whitebox(run: Run, x: np.ndarray, y: np.ndarray, m: int, seed: int,
-                   confidence: float = 0.95, name: str = "") -> dict:
+                   confidence: float = 0.95, name: str = "", span: str = "auto") -> dict:
     """Fit ``run`` (built by :func:`dpclip.train.build_run`, not yet trained) on ``x, y`` with
-    ``m`` gradient canaries in its DP step; the bound from their movement."""
+    at most ``m`` gradient canaries of ``span`` (:func:`canary_span`) in its DP step; the
+    bound from their movement."""
     if run.kind not in WHITEBOX_KINDS:
         return not_applicable("whitebox", f"run kind {run.kind!r} has no shared DP step")
-    canaries = GradientCanaries(run.groups, m, run.q, seed)
+    span = canary_span(run, span)
+    canaries = GradientCanaries(run.groups, canaries_that_fit(run, m, span), run.q, seed, span)
     run.canaries = canaries
     start = [p.detach().clone() for p in run.groups.flat()]
     run.fit(torch.as_tensor(x, dtype=torch.float32, device=run.device),
@@ -60,8 +84,8 @@ def audit_whitebox(run: Run, x: np.ndarray, y: np.ndarray, m: int, seed: int,
             desc=name or "audit")
     scores = canaries.scores(start, run.groups.flat())
     privacy = run.privacy_record()
-    return _verdict("whitebox", audit(scores, canaries.included, privacy["delta"], confidence),
-                    privacy, name)
+    return {**_verdict("whitebox", audit(scores, canaries.included, privacy["delta"],
+                                         confidence), privacy, name), **canaries.facts()}
 
 
 def audit_blackbox(x: np.ndarray, y: np.ndarray, public_x: np.ndarray, public_y: np.ndarray,

@@ -86,8 +86,8 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
     confidence = kind_confidence(params)
     if kind == "whitebox":
         run = build_run(data.shape, data.n_classes, len(data.x), data.cfg, data.public)
-        m = min(a.canaries, sum(p.numel() for p in run.groups.flat()))  # one coordinate each
-        return audit_whitebox(run, data.x, data.y, m, seed, confidence, name)
+        return audit_whitebox(run, data.x, data.y, a.canaries, seed, confidence, name,
+                              a.canary_span)
     px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
     return audit_blackbox(data.x, data.y, px, py, data.shape, data.n_classes, data.cfg,
                           min(a.input_canaries, len(px)), seed, confidence, name, data.public)

@@ -279,6 +279,8 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
         factors = method.scale(layer_norms)
         sums = scaled_sum(groups, kept, factors[:len(x)])
+    if canaries is not None:
+        canaries.observe(method, x.device)  # every step, whoever was sampled
     if len(chosen):
         canaries.add(sums, chosen, factors[len(x):])
     extras = method.release_extras(layer_norms, rng)
