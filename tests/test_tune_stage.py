@@ -48,6 +48,10 @@ def test_every_method_gets_the_same_trials_from_params_yaml_first(tmp_path, tiny
             assert entry["default_accuracy"] == pytest.approx(first["accuracy"])
             assert entry["accuracy"] == pytest.approx(rows["accuracy"].max())
             assert entry["accuracy"] >= entry["default_accuracy"]
+            # the gain is scored on records the search never saw: the chosen trial's
+            assert entry["heldout_accuracy"] == pytest.approx(
+                rows[rows["trial"] == entry["trial"]]["heldout_accuracy"].iloc[0])
+            assert entry["default_heldout_accuracy"] == pytest.approx(first["heldout_accuracy"])
     assert "methods.dc_sgd_p.p" in trials and "train.clip_norm" in trials
     # no noise: the values do not depend on epsilon, one search serves both
     assert record["runs"]["non_private"]["eps1"] == record["runs"]["non_private"]["eps8"]
@@ -86,11 +90,12 @@ def test_tuning_reads_public_splits_only_and_keeps_validation_apart(tmp_path, ti
     data = tuning_data(parse_params(raw), Layout(tmp_path))
     assert sorted(read) == ["shadow_holdout", "shadow_train"]
     rows = lambda x: {r.tobytes() for r in x}  # noqa: E731
-    validation, public, check = rows(data.val_x), rows(data.public.x), \
-        rows(data.public.held_out[0])
-    assert not validation & public and not validation & check and not public & check
+    validation, scoring, public, check = rows(data.val_x), rows(data.test_x), \
+        rows(data.public.x), rows(data.public.held_out[0])
+    parts = [validation, scoring, public, check]
+    assert all(not a & b for i, a in enumerate(parts) for b in parts[i + 1:])  # disjoint
     holdout = real(Layout(tmp_path), "shadow_holdout")[0]
-    assert len(validation) + len(public) + len(check) == len(rows(holdout))
+    assert sum(len(part) for part in parts) == len(rows(holdout))
     # stratified: every class in the validation half
     assert set(np.unique(data.val_y)) == set(np.unique(data.y))
 
@@ -138,13 +143,17 @@ def test_the_report_shows_the_untuned_contrast(tmp_path):
     out = tmp_path / "reports"
     out.mkdir()
     assert "Not tuned" in "\n".join(tuning_section(layout, out))
+    # selected at 0.9 over 0.8 on the selection records; on records the search never saw,
+    # 0.84 against 0.8: the gain is 0.04, not the selection's 0.1
     entry = {"values": {"train.lr": 0.25, "train.clip_norm": 2.0}, "accuracy": 0.9,
-             "default_accuracy": 0.8, "trials": 5}
+             "default_accuracy": 0.8, "heldout_accuracy": 0.84,
+             "default_heldout_accuracy": 0.8, "trials": 5}
     write_json(layout.tuned, {"trials": 5, "seed": 0, "sampler": "optuna TPE",
                               "objective": "accuracy", "runs": {"dp_sgd": {"eps8": entry}}})
     text = "\n".join(tuning_section(layout, out))
-    assert "| dp_sgd | 8 | 5 | 0.8 | 0.9 | 0.1 | train.lr = 0.25, train.clip_norm = 2 |" in text
-    assert pd.read_csv(out / "tuning.csv")["gain"].iloc[0] == pytest.approx(0.1)
+    assert "| dp_sgd | 8 | 5 | 0.8 | 0.84 | 0.04 | 0.9 | train.lr = 0.25, train.clip_norm = 2 |" \
+        in text
+    assert pd.read_csv(out / "tuning.csv")["gain"].iloc[0] == pytest.approx(0.04)
 
 
 def test_mlflow_shows_the_values_a_tuned_run_trained_with(tmp_path, tiny_raw, write_params):

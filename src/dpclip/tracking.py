@@ -234,6 +234,9 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
                 if entry["default_accuracy"] is not None:
                     mlflow.log_metric(f"{method}_{tag}_default_accuracy",
                                       entry["default_accuracy"])
+                for key in ("heldout_accuracy", "default_heldout_accuracy"):  # the gain's
+                    if entry.get(key) is not None:
+                        mlflow.log_metric(f"{method}_{tag}_{key}", entry[key])
         mlflow.log_artifact(str(layout.tuned), artifact_path="tuning")
         mlflow.log_artifact(str(layout.tuning_trials), artifact_path="tuning")
         trials = pd.read_csv(layout.tuning_trials)

@@ -294,19 +294,23 @@ def tuning_section(layout: Layout, out) -> list[str]:
                         "params.yaml. `dpclip tune` gives every method the same number of "
                         "trials on public data (README, \"Tuning\")."]
     rows = [{"method": method, "target_epsilon": tag.removeprefix("eps"),
-             "trials": e["trials"], "default_accuracy": e["default_accuracy"],
-             "tuned_accuracy": e["accuracy"],
-             "gain": None if e["default_accuracy"] is None else
-             e["accuracy"] - e["default_accuracy"],
+             "trials": e["trials"], "default_accuracy": e.get("default_heldout_accuracy"),
+             "tuned_accuracy": e.get("heldout_accuracy"),
+             "gain": None if None in (e.get("default_heldout_accuracy"),
+                                      e.get("heldout_accuracy")) else
+             e["heldout_accuracy"] - e["default_heldout_accuracy"],
+             "selection_accuracy": e["accuracy"],
              "values": ", ".join(f"{k} = {v:.4g}" for k, v in e["values"].items())}
             for method, by_eps in record["runs"].items() for tag, e in by_eps.items()]
     frame = pd.DataFrame(rows)
     write_csv_frame(out / "tuning.csv", frame)
     return lines + [f"Every run above trained with the values below, chosen by "
                     f"{record['trials']} {record['sampler']} trials per method and target "
-                    f"epsilon (seed {record['seed']}); objective: {record['objective']}. "
-                    f"The first trial is params.yaml's values (`default_accuracy`, the "
-                    f"untuned contrast on the same public data). Public data only: the "
+                    f"epsilon (seed {record['seed']}); objective: {record['objective']} "
+                    f"(`selection_accuracy`: the best trial's, biased upward by the choice). "
+                    f"The first trial is params.yaml's values; `default_accuracy` and "
+                    f"`tuned_accuracy` score them and the chosen values on public records the "
+                    f"search never saw, and `gain` is their difference. Public data only: the "
                     f"search spends no privacy budget (`tuning.csv`).", "",
                     markdown_table(frame)]
 

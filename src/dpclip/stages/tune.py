@@ -8,7 +8,10 @@ tuning gained over them on the same footing.
 
 A trial trains the method, with its real DP mechanism at the run's target epsilon, on the
 public ``shadow_train`` split standing in for the members, and scores the model's accuracy on
-half of the public ``shadow_holdout`` split (the validation half). A method that reads public
+a quarter of the public ``shadow_holdout`` split (the selection quarter: the search maximises
+it). Another quarter, never seen by the search, scores the chosen values and params.yaml's
+(``heldout_accuracy``, ``default_heldout_accuracy``): the best of many trials on the records
+that picked it is biased upward, so the gain is measured on these. A method that reads public
 data of its own (sanitize's encoder pre-training, early stopping) gets the other half (three
 quarters to train on, one quarter as its held-out check), so no trial sees its validation
 records outside the DP step. No private record is read, so the search costs no privacy budget
@@ -45,7 +48,7 @@ from dpclip.threads import use_threads
 from dpclip.train import PublicData, train_model
 from dpclip.tuned import fingerprint, with_values
 
-OBJECTIVE = "accuracy on the validation half of the public shadow_holdout split"
+OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"
 
 
 @dataclass
@@ -55,15 +58,18 @@ class TuningData:
 
     x: np.ndarray
     y: np.ndarray
-    val_x: np.ndarray
+    val_x: np.ndarray  # selection: the search maximises accuracy here
     val_y: np.ndarray
+    test_x: np.ndarray  # held out from the search: the gain is scored here
+    test_y: np.ndarray
     public: PublicData
     feature_shape: tuple[int, ...]
     n_classes: int
 
     def sizes(self) -> dict:
         return {"members (shadow_train)": int(len(self.x)),
-                "validation (shadow_holdout half)": int(len(self.val_x)),
+                "selection (shadow_holdout quarter)": int(len(self.val_x)),
+                "gain scoring (shadow_holdout quarter)": int(len(self.test_x)),
                 "method's public data (other half)": int(len(self.public.x)),
                 "its held-out check": int(len(self.public.held_out[0]))}
 
@@ -81,22 +87,26 @@ def _halves(y: np.ndarray, rng: np.random.Generator, fraction: float) -> tuple:
 
 def tuning_data(params: Params, layout: Layout) -> TuningData:
     """The public splits, divided by ``tune.seed`` (stratified): shadow_train as members;
-    shadow_holdout half validation, half the method's public data (3/4 train, 1/4 check)."""
+    shadow_holdout half validation (a quarter for selection, a quarter to score the gain), half
+    the method's public data (3/4 train, 1/4 check)."""
     x, y, _ = load_split(layout, "shadow_train")
     hx, hy, _ = load_split(layout, "shadow_holdout")
     rng = np.random.default_rng(params.tune.seed)
     val, rest = _halves(hy, rng, 0.5)
     pub, check = _halves(hy[rest], rng, 0.75)
     pub, check = rest[pub], rest[check]
+    select, score = _halves(hy[val], rng, 0.5)
+    select, score = val[select], val[score]
     meta = read_json(layout.prepared_meta)
-    return TuningData(x, y, hx[val], hy[val], PublicData(hx[pub], hy[pub], (hx[check], hy[check])),
+    return TuningData(x, y, hx[select], hy[select], hx[score], hy[score],
+                      PublicData(hx[pub], hy[pub], (hx[check], hy[check])),
                       tuple(meta["feature_shape"]), int(meta["n_classes"]))
 
 
 def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
-                   layout: Layout) -> float:
+                   layout: Layout) -> tuple[float, float]:
     """Train ``method`` under ``params`` on the stand-in members at the target epsilon; its
-    accuracy on the validation records."""
+    accuracy on the selection records and on the held-out scoring records."""
     cfg = train_config(params, method, epsilon, params.tune.seed, layout, tuned=False)
     if params.tune.epochs is not None:
         cfg = cfg.with_train(epochs=params.tune.epochs)
@@ -104,8 +114,9 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
                          progress=False, public=data.public if needs_public(cfg) else None)
     meta = {"feature_shape": list(data.feature_shape), "n_classes": data.n_classes}
     model = evaluation_model(checkpoint_of(result, cfg, meta), method)
-    predicted = logits_of(model, data.val_x).argmax(axis=1)
-    return float(np.mean(predicted == data.val_y))
+    selection = logits_of(model, data.val_x).argmax(axis=1)
+    held_out = logits_of(model, data.test_x).argmax(axis=1)
+    return float(np.mean(selection == data.val_y)), float(np.mean(held_out == data.test_y))
 
 
 def _suggest(trial, key: str, t: Tunable):
@@ -149,10 +160,10 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
             rows.append({**values, "trial": trial.number, "state": "refused",
                          "accuracy": None, "reason": str(exc)})
             raise optuna.TrialPruned(str(exc)) from exc
-        accuracy = trial_accuracy(trial_params, method, epsilon, data, layout)
+        accuracy, held_out = trial_accuracy(trial_params, method, epsilon, data, layout)
         rows.append({**values, "trial": trial.number, "state": "complete",
-                     "accuracy": accuracy, "reason": ""})
-        return accuracy
+                     "accuracy": accuracy, "heldout_accuracy": held_out, "reason": ""})
+        return accuracy  # the search sees the selection records only
 
     def advance(study, trial) -> None:
         bar.update(1)
@@ -171,6 +182,8 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     entry = {"values": {key: best[key] for key in space}, "accuracy": best["accuracy"],
              "trial": best["trial"], "default_values": defaults,
              "default_accuracy": default["accuracy"], "trials": tune.trials,
+             "heldout_accuracy": best.get("heldout_accuracy"),
+             "default_heldout_accuracy": default.get("heldout_accuracy"),
              "fingerprint": fingerprint(params, method)}
     return entry, [{"method": method, "epsilon": epsilon_tag(epsilon), **r} for r in rows]
 
@@ -236,7 +249,7 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
                 rows += trial_rows
                 if not get_method(method).private:
                     searched = entry, trial_rows
-    columns = ["method", "epsilon", "trial", "state", "accuracy", "reason"]
+    columns = ["method", "epsilon", "trial", "state", "accuracy", "heldout_accuracy", "reason"]
     rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))}
             for r in rows]  # a kept row has empty cells for other methods' knobs
     frame = pd.DataFrame(rows)
