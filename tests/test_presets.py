@@ -39,6 +39,13 @@ def test_a_variant_overlays_the_preset_and_an_unknown_one_is_refused(tmp_path):
         variant_params(preset, "C3", PROJECT / "params.yaml", tmp_path)
     with pytest.raises(DpclipError, match="does not exist"):
         load_preset("table99", PROJECT / "presets")
+    # LiRA and RMIA in a preset: at least 8 reference models, or none
+    weak = {**preset, "params": {**preset["params"], "attack": {"references": 2}}}
+    with pytest.raises(DpclipError, match="attack.references: 2 is too few for evidence"):
+        variant_params(weak, "C1", PROJECT / "params.yaml", tmp_path)
+    strong = {**preset, "params": {**preset["params"], "attack": {"references": 8}}}
+    assert variant_params(strong, "C1", PROJECT / "params.yaml", tmp_path)["attack"][
+        "references"] == 8
 
 
 def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):

@@ -57,8 +57,15 @@ def _resolve_datasets(overlay: dict, datasets: Path) -> dict:
     return {**overlay, "data": data} if data else overlay
 
 
+# reference models of a preset's LiRA / RMIA: fewer make the calibrated attacks a loose lower
+# bound of what they achieve (README, "LiRA and RMIA")
+PRESET_MIN_REFERENCES = 8
+
+
 def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> dict:
-    """The raw parameters of one variant: params.yaml, the preset's overlay, the variant's."""
+    """The raw parameters of one variant: params.yaml, the preset's overlay, the variant's.
+    A preset that runs LiRA and RMIA uses at least :data:`PRESET_MIN_REFERENCES` reference
+    models."""
     raw = yaml.safe_load(base.read_text())
     raw = with_overrides(raw, _resolve_datasets(preset["params"], datasets))
     variants = preset.get("variants") or {}
@@ -66,6 +73,11 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
         if variant not in variants:
             raise DpclipError(f"preset variant {variant!r} is not one of {list(variants)}")
         raw = with_overrides(raw, _resolve_datasets(variants[variant], datasets))
+    references = (raw.get("attack") or {}).get("references", 0)
+    if isinstance(references, int) and 0 < references < PRESET_MIN_REFERENCES:
+        raise DpclipError(f"preset variant {variant!r}: attack.references: {references} is too "
+                          f"few for evidence: a preset with LiRA and RMIA uses at least "
+                          f"{PRESET_MIN_REFERENCES} (or 0: off)")
     return raw
 
 
