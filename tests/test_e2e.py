@@ -144,6 +144,13 @@ def test_dvc_metrics_and_plots(dvc_project):
 
     name, strongest = strongest_attack(full["mia"])  # loss, LiRA or RMIA
     assert dp["mia_auc"] == strongest["auc"] and name in ("loss", "lira", "rmia")
+    # the attack chosen in advance (auto: LiRA, with reference models) at its honest low FPR
+    assert full["mia"]["headline"]["attack"] == "lira"
+    assert dp["attack_auc"] == full["mia"]["lira"]["auc"]
+    assert dp["attack_tpr_at_low_fpr"] == full["mia"]["lira"]["low_fpr"]["tpr"]
+    assert full["mia"]["lira"]["low_fpr"]["false_positives_allowed"] >= 10
+    # the reference models trained like the target: its n, q, steps and sigma
+    assert all(full["mia"]["references"]["match"]["matched"].values())
     out = _sh([str(BIN / "dvc"), "plots", "show", "--json"], project, env)
     plots = json.loads(out[out.index("{"):])["data"]
     # the overlays, each with every run in one plot and a title, and the claimed-vs-audited
@@ -192,6 +199,7 @@ def test_mlflow_parent_and_children(dvc_project):
             full[attack]["tpr_at_fpr_0.1pct"]
         assert dp.data.metrics[f"mia_{attack}_dp_bound_margin"] == \
             full[attack]["dp_bound"]["worst_margin"]
+    assert dp.data.metrics["attack_tpr_at_low_fpr"] == full["headline"]["tpr_at_low_fpr"]
     history = client.get_metric_history(dp.info.run_id, "clip_threshold")
     assert len(history) == json.loads(
         (dvc_project[1] / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text()

@@ -291,9 +291,15 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     if not rows or min(r["seeds"] for r in rows) < 2:
         return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", rows=rows)
     margin = float(claim["margin"]) if rule == "within" else None
+    check = claim.get("reproduce") or {}
     for row in rows:
         row["paper_effect"] = for_configuration(claim.get("effect"), row)
         _assess(row, sign, row["paper_effect"], margin, len(rows))
+        if rule != "smaller_spread" and check.get("metric") == metric and \
+                check.get("method") == row["baseline"]:  # the paper's numbers, for the figure
+            row["paper_baseline"] = for_configuration(check["paper"], row)
+            if row["paper_baseline"] is not None and row["paper_effect"] is not None:
+                row["paper_method"] = row["paper_baseline"] + row["paper_effect"]
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
     ours = [_describe(r, method, metric_text) for r in rows]
     reproduced, fidelity_lines = fidelity(claim, table)

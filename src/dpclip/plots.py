@@ -221,7 +221,9 @@ def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
 def claim_figure(path: Path, rows: list[dict], method: str, metric: str,
                  title: str) -> Path | None:
     """One claim's comparisons (:mod:`dpclip.evidence`): per configuration, the method's mean
-    and each baseline's with their 95% intervals over seeds. None without comparisons."""
+    and each baseline's with their 95% intervals over seeds, and the paper's own numbers where
+    the claim gives them (a row's ``paper_method`` and ``paper_baseline``, drawn as crosses).
+    None without comparisons."""
     if not rows:
         return None
     labels = sorted({r["label"] for r in rows}, key=[r["label"] for r in rows].index)
@@ -237,7 +239,13 @@ def claim_figure(path: Path, rows: list[dict], method: str, metric: str,
         high = np.array([by_label.get(lab, (np.nan, None, None))[2] for lab in labels], float)
         err = np.vstack([mean - np.where(np.isnan(low), mean, low),
                          np.where(np.isnan(high), mean, high) - mean])
-        ax.errorbar(x, mean, yerr=err, fmt="o", capsize=4, label=name)
+        drawn = ax.errorbar(x, mean, yerr=err, fmt="o", capsize=4, label=name)
+        key = "paper_method" if name == method else "paper_baseline"
+        paper = [next((r.get(key) for r in rows if r["label"] == lab and
+                       (name == method or r["baseline"] == name)), None) for lab in labels]
+        if any(v is not None for v in paper):
+            ax.plot(x, [np.nan if v is None else v for v in paper], "x", markersize=9,
+                    color=drawn[0].get_color(), label=f"{name}: the paper's")
     ax.set_xticks(np.arange(len(labels)), labels)
     ax.set(ylabel=metric, title=title)
     ax.grid(True, axis="y", alpha=0.3)

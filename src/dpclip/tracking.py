@@ -70,6 +70,10 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "audit_whitebox_epsilon_lower_bound": ("audit", "whitebox", "epsilon_lower_bound"),
     "audit_blackbox_epsilon_lower_bound": ("audit", "blackbox", "epsilon_lower_bound"),
     "mia_tpr_at_fpr_0.1pct": ("mia", "loss", "tpr_at_fpr_0.1pct"),
+    # the attack chosen in advance (attack.headline) at its honest low FPR
+    "attack_auc": ("mia", "headline", "auc"),
+    "attack_tpr_at_low_fpr": ("mia", "headline", "tpr_at_low_fpr"),
+    "attack_low_fpr": ("mia", "headline", "low_fpr"),
     # the attacks calibrated with reference models, mia_<attack>_<value> (absent without them)
     **{f"mia_{attack}_{name}": ("mia", attack, *path) for attack in ("lira", "rmia")
        for name, path in (("auc", ("auc",)), ("tpr_at_fpr_1pct", ("tpr_at_fpr_1pct",)),
