@@ -121,7 +121,7 @@ def test_the_seed_bands_hold_the_mean_and_interval_per_method_and_epsilon(tmp_pa
         epsilon = None if key.method == "non_private" else 7.9
         write_json(layout.summary(key.name), {
             "epsilon": epsilon, "accuracy": 0.9 + 0.01 * key.seed, "ece": 0.05,
-            "mia_tpr_at_fpr_0.1pct": 0.0})
+            "attack_tpr_at_low_fpr": 0.02 * key.seed})
     from dpclip.stages.overlays import privacy_utility_seeds_table
 
     table = privacy_utility_seeds_table(layout, runs)
@@ -133,3 +133,4 @@ def test_the_seed_bands_hold_the_mean_and_interval_per_method_and_epsilon(tmp_pa
     assert (row["accuracy_low"], row["accuracy_high"]) == pytest.approx(
         (0.91 - 0.0248414, 0.91 + 0.0248414), abs=1e-6)
     assert (row["ece_low"], row["ece_high"]) == pytest.approx((0.05, 0.05))  # no spread
+    assert row["attack_tpr_at_low_fpr"] == pytest.approx(0.02)  # the headline attack's

@@ -138,14 +138,15 @@ def audit_figure(path: Path, table: pd.DataFrame) -> Path | None:
 
 
 def privacy_utility_figure(path: Path, table: pd.DataFrame) -> Path | None:
-    """Accuracy, ECE and the strongest attack's TPR at 0.1% FPR against the epsilon spent (log
+    """Accuracy, ECE and the headline attack's TPR at its honest low FPR (``attack.headline``,
+    chosen in advance) against the epsilon spent (log
     axis), one line per method and alpha through its target epsilons, with the 95% band over
     seeds where there are two or more (``overlays/privacy_utility_seeds.csv``). None when no
     run has a DP claim."""
     if table.empty:
         return None
     panels = [("accuracy", "holdout accuracy"), ("ece", "ECE"),
-              ("mia_tpr_at_fpr_0.1pct", "strongest attack TPR at 0.1% FPR")]
+              ("attack_tpr_at_low_fpr", "attack TPR at low FPR (10 false positives)")]
     fig, axes = _subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8))
     fig.subplots_adjust(wspace=0.35)
     groups = list(table.sort_values("epsilon").groupby("series", sort=False))
