@@ -109,6 +109,11 @@ def test_reference_models_and_the_calibrated_attacks(tmp_path, tiny_raw, write_p
     assert 0 <= match["references"]["unseen_accuracy"] <= 1
     assert 0 <= match["target"]["unseen_accuracy"] <= 1
     assert metrics["mia"]["headline"]["attack"] == "lira"  # auto: LiRA with references
+    from dpclip.stages.report import references_section
+
+    section = "\n".join(references_section([metrics]))
+    same = "yes, yes, yes, yes" if mode == "offline" else "no, yes, yes, yes"
+    assert f"| {run} | 4 | {n_members} |" in section and f"| {same} |" in section
     assert metrics["mia"]["headline"]["auc"] == metrics["mia"]["lira"]["auc"]
     n = metrics["mia"]["matching"]["n_members"]
     for attack in ("loss", "lira", "rmia"):

@@ -282,6 +282,39 @@ def seeds_section(table: pd.DataFrame, out) -> list[str]:
                     markdown_table(verdicts)]
 
 
+def references_section(metrics: list[dict]) -> list[str]:
+    """The report's check that LiRA's and RMIA's reference models were trained like each
+    target (``mia.references.match``): the target's (n, q, T, sigma), whether every reference
+    model has the same, and how confident each side is on records it did not train on."""
+    rows = []
+    for m in metrics:
+        match = ((m.get("mia") or {}).get("references") or {}).get("match")
+        if not match:
+            continue
+        target, refs = match["target"], match["references"]
+        rows.append({"run": m["run"], "K": len(refs["n_train"]),
+                     "n": target["n_train"], "q": target["sample_rate"],
+                     "steps": target["steps"], "sigma": target["noise_multiplier"],
+                     "same (n, q, T, sigma)": ", ".join(
+                         "yes" if match["matched"][k] else "no" for k in
+                         ("n_train", "sample_rate", "steps", "noise_multiplier")),
+                     "unseen accuracy: target / references": f"{target['unseen_accuracy']:.3f} / "
+                                                             f"{refs['unseen_accuracy']:.3f}",
+                     "unseen mean phi: target / references": f"{target['unseen_mean_phi']:.2f} / "
+                                                             f"{refs['unseen_mean_phi']:.2f}",
+                     "phi correlation of the references":
+                         "—" if refs.get("unseen_phi_correlation") is None
+                         else f"{refs['unseen_phi_correlation']:.2f}"})
+    if not rows:
+        return []
+    return ["", "## Reference models of LiRA and RMIA", "",
+            "Each run's reference models are trained like it (its n, sampling rate q, steps T "
+            "and noise multiplier sigma: `mia.references.match` in the metrics); weaker ones "
+            "would understate the attacks. Accuracy and mean logit-confidence phi on the "
+            "holdout, which none of them trained on (offline).", "", markdown_table(
+                pd.DataFrame(rows))]
+
+
 def tuning_section(layout: Layout, out) -> list[str]:
     """The report's section on ``dpclip tune`` (and ``tuning.csv``): per method and epsilon,
     the public validation accuracy of params.yaml's values and of the chosen ones, and the
@@ -371,6 +404,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
     notes += seeds_section(table, out)
+    notes += references_section(metrics)
     notes += tuning_section(layout, out)
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
