@@ -185,6 +185,7 @@ def test_a_baseline_far_from_the_papers_means_setting_not_reproduced():
     assert finding.verdict == NOT_REPRODUCED  # held on its own numbers, but not the paper's
     assert finding.fidelity == ["eps 8: dp_sgd accuracy 0.84 over 6 seeds vs the paper's "
                                 "0.9752: below it by more than 0.015"]
+    assert finding.worst_baseline == ("eps 8", pytest.approx(0.84), 0.9752)
     rows = [dict(r, accuracy=0.965) for r in _pair(good, "ece")]  # 1.02 points below: close
     finding = judge(_claim("better", effect=-0.003, reproduce=check), _table(rows))
     assert finding.verdict == HELD and "within 0.015" in finding.fidelity[0]
@@ -221,8 +222,8 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
         {"deviations": ["a subset of MNIST"], "variants": {"main": {"wall_s": 61.4}}}))
     assert main(["--root", str(tmp_path), "evidence", "--out", "docs/evidence.md"]) == 0
     text = (tmp_path / "docs" / "evidence.md").read_text()
-    assert "| ece-claim | s | **inconclusive** | 6 |" in text
-    assert "| later | s | **not testable here** |  |" in text
+    assert "| ece-claim | s | **inconclusive** | 6 |  |" in text
+    assert "| later | s | **not testable here** |  |  |" in text
     for outcome in ("held", "contradicted", "inconclusive", "setting not reproduced"):
         assert f"- **{outcome}**: " in text  # the verdicts are defined in the header
     assert "dpclip evidence --out docs/evidence.md" in text

@@ -80,6 +80,7 @@ class Finding:
     rows: list[dict] = field(default_factory=list)
     fidelity: list[str] = field(default_factory=list)
     seeds_needed: int | None = None
+    worst_baseline: tuple | None = None  # (configuration, ours, the paper's) furthest below
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -243,17 +244,18 @@ def _describe(row: dict, method: str, metric: str) -> str:
     return text
 
 
-def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str]]:
+def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple | None]:
     """The baseline check of ``reproduce``: (reproduced, one line per configuration with our
-    mean and the paper's number). A higher-is-better metric must be at most ``tolerance``
-    below the paper's; a lower-is-better one at most ``tolerance`` above it."""
+    mean and the paper's number, the configuration furthest on the wrong side as (label,
+    ours, the paper's)). A higher-is-better metric must be at most ``tolerance`` below the
+    paper's; a lower-is-better one at most ``tolerance`` above it."""
     check = claim.get("reproduce")
     if not check:
-        return True, []
+        return True, [], None
     method, metric = check["method"], check["metric"]
     tolerance = float(check.get("tolerance", 0.015))
     higher = HIGHER_IS_BETTER.get(metric, True)
-    ok, lines = True, []
+    ok, lines, worst, gap = True, [], None, -math.inf
     for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
         key = dict(zip(CONFIGURATION, values))
         paper = for_configuration(check["paper"], key)
@@ -262,12 +264,14 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str]]:
             continue
         mean = float(ours.mean())
         far = mean < paper - tolerance if higher else mean > paper + tolerance
+        if (paper - mean if higher else mean - paper) > gap:
+            gap, worst = (paper - mean if higher else mean - paper), (_label(key), mean, paper)
         ok &= not far
         lines.append(f"{_label(key)}: {method} {metric} {mean:.4g} over {len(ours)} seeds vs "
                      f"the paper's {paper:.4g}: " + (f"{'below' if higher else 'above'} it by "
                                                       f"more than {tolerance:g}" if far else
                                                       f"within {tolerance:g}"))
-    return ok, lines
+    return ok, lines, worst
 
 
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
@@ -302,7 +306,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                 row["paper_method"] = row["paper_baseline"] + row["paper_effect"]
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
     ours = [_describe(r, method, metric_text) for r in rows]
-    reproduced, fidelity_lines = fidelity(claim, table)
+    reproduced, fidelity_lines, worst = fidelity(claim, table)
     outcomes = [r["outcome"] for r in rows]
     needed = None
     if not reproduced:
@@ -329,7 +333,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
                    if needed else "; the seeds needed cannot be estimated (no paper effect, "
                    "no spread, or more than 1000)")
-    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed)
+    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst)
 
 
 def evidence(claims_path: Path, results: Path) -> list[Finding]:
@@ -360,11 +364,15 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
              f"below {minimum_exact_seeds()} seeds; 95% intervals; `dpclip.evidence`). A "
              "verdict is one of:", ""]
     lines += [f"- **{name}**: {meaning}." for name, meaning in VERDICT_MEANINGS.items()]
-    lines += ["", "| claim | source | verdict | seeds to decide |", "|---|---|---|---|"]
+    lines += ["", "| claim | source | verdict | seeds to decide | our baseline / the paper's "
+              "(furthest configuration) |", "|---|---|---|---|---|"]
     for f in findings:
         needed = str(f.seeds_needed) if f.seeds_needed else \
             ("more than 1000 or unknown" if f.verdict == INCONCLUSIVE else "")
-        lines.append(f"| {f.claim['id']} | {f.claim['source']} | **{f.verdict}** | {needed} |")
+        baseline = "" if f.worst_baseline is None else \
+            f"{f.worst_baseline[1]:.3f} / {f.worst_baseline[2]:.3f} ({f.worst_baseline[0]})"
+        lines.append(f"| {f.claim['id']} | {f.claim['source']} | **{f.verdict}** | {needed} | "
+                     f"{baseline} |")
     for f in findings:
         c = f.claim
         lines += ["", f"## {c['id']}: {f.verdict}", "", f"*Claim.* {' '.join(c['claim'].split())}",
