@@ -13,8 +13,8 @@ import yaml
 
 from dpclip.cli import main
 from dpclip.errors import DpclipError
-from dpclip.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_REPRODUCED, UNTESTABLE,
-                             evidence, for_configuration, judge, load_claims)
+from dpclip.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE, NOT_REPRODUCED,
+                             UNTESTABLE, evidence, for_configuration, judge, load_claims)
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +191,41 @@ def test_a_baseline_far_from_the_papers_means_setting_not_reproduced():
     assert finding.verdict == HELD and "within 0.015" in finding.fidelity[0]
 
 
+def test_a_mechanism_that_cannot_act_makes_a_claim_not_testable_at_this_scale():
+    good = [-0.010, -0.011, -0.009, -0.012, -0.008, -0.010]
+    moves = [{"kind": "clip_moves", "method": "ww_dp_sgd", "min": 0.05}]
+    # C from 1.0 to 1.01 on every run: |log 1.01| = 0.00995 < 0.05
+    rows = [dict(r, c_initial=1.0, c_final=1.01) for r in _pair(good, "ece")]
+    finding = judge(_claim("better", effect=-0.004, preconditions=moves), _table(rows))
+    assert finding.verdict == NOT_AT_SCALE  # significant, but not the controller's doing
+    assert finding.preconditions == ["ww_dp_sgd's clip threshold moves by |log(C_T / C_0)| = "
+                                     "0.00995 on average over 6 runs (below 0.05)"]
+    # from 1 to 2 (log 2 = 0.69): the mechanism acts, the comparison decides
+    rows = [dict(r, c_initial=1.0, c_final=2.0) for r in _pair(good, "ece")]
+    assert judge(_claim("better", effect=-0.004, preconditions=moves), _table(rows)).verdict \
+        == HELD
+    # a run without the initial threshold cannot tell: reported, no verdict from it
+    rows = [dict(r, c_final=2.0) for r in _pair(good, "ece")]
+    finding = judge(_claim("better", effect=-0.004, preconditions=moves), _table(rows))
+    assert finding.verdict == HELD and "not checked" in finding.preconditions[0]
+    # nothing to protect: the non-private model's peak IR attack at 0.55 (mean of 0.5, 0.6)
+    leaks = [{"kind": "leaks", "method": "non_private", "metric": "peak_ir_mia", "min": 0.65}]
+    rows = _pair(good, "peak_ir_mia") + _rows({"non_private": [0.5, 0.6]}, "peak_ir_mia")
+    finding = judge(_claim("better", "peak_ir_mia", effect=-0.01, preconditions=leaks),
+                    _table(rows))
+    assert finding.verdict == NOT_AT_SCALE and "0.55 over 2 runs (below 0.65" in finding.reason
+    # epsilons of another neighbouring notion than the paper's
+    notion = [{"kind": "adjacency", "method": "ww_dp_sgd", "paper": "add_remove"}]
+    rows = [dict(r, adjacency="replace_one_features") for r in _pair(good, "ece")]
+    finding = judge(_claim("better", effect=-0.004, preconditions=notion), _table(rows))
+    assert finding.verdict == NOT_AT_SCALE and "do not compare" in finding.reason
+    # a baseline far from the paper's comes first
+    check = {"method": "dp_sgd", "metric": "accuracy", "paper": 0.99}
+    rows = [dict(r, accuracy=0.5, c_initial=1.0, c_final=1.0) for r in _pair(good, "ece")]
+    assert judge(_claim("better", effect=-0.004, preconditions=moves, reproduce=check),
+                 _table(rows)).verdict == NOT_REPRODUCED
+
+
 def test_a_claims_number_per_configuration():
     row = {"baseline": "auto_s", "variant": "heart", "target_epsilon": 2.0}
     assert for_configuration(0.5, row) == 0.5
@@ -224,7 +259,8 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
     text = (tmp_path / "docs" / "evidence.md").read_text()
     assert "| ece-claim | s | **inconclusive** | 6 |  |" in text
     assert "| later | s | **not testable here** |  |  |" in text
-    for outcome in ("held", "contradicted", "inconclusive", "setting not reproduced"):
+    for outcome in ("held", "contradicted", "inconclusive", "setting not reproduced",
+                    "not testable at this scale"):
         assert f"- **{outcome}**: " in text  # the verdicts are defined in the header
     assert "dpclip evidence --out docs/evidence.md" in text
     assert "wall time on this machine: main 61 s" in text and "  - a subset of MNIST" in text
@@ -251,4 +287,8 @@ def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
     bad.write_text(yaml.safe_dump({"claims": [{**_claim("better"), "id": "b",
                                                "reproduce": {"method": "dp_sgd"}}]}))
     with pytest.raises(DpclipError, match="reproduce needs method, metric and paper"):
+        load_claims(bad)
+    bad.write_text(yaml.safe_dump({"claims": [{**_claim("better"), "id": "b",
+                                               "preconditions": [{"kind": "magic"}]}]}))
+    with pytest.raises(DpclipError, match="a precondition needs a kind"):
         load_claims(bad)

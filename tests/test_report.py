@@ -23,7 +23,7 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
          "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc",
          "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
-         "attack_tpr_at_zero_fp"]
+         "attack_tpr_at_zero_fp", "c_initial"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 
@@ -92,9 +92,11 @@ def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
     names = [c.strip() for c in header.strip("|").split("|")]
     old = next(line for line in text.splitlines() if line.startswith(f"| {OLD_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in old.strip("|").split("|"))))
-    # the strongest attack and the bound follow from any metrics file with a loss attack
+    # the strongest attack and the bound follow from any metrics file with a loss attack, the
+    # initial clip threshold from its clip section
     derived = {"strongest_attack": "loss", "strongest_tpr_at_fpr_0.1pct": "0",
-               "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95"}  # 1 - 1e-7, 4 digits
+               "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95",  # 1 - 1e-7, 4 digits
+               "c_initial": "1"}
     assert all(cells[name] == derived.get(name, "—") for name in ADDED), cells
     new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))

@@ -21,6 +21,10 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
 * **contradicted**: in *some* configuration the interval at level 1 - 0.05 / m (Bonferroni: any
   one of m may contradict) lies below the paper's effect, U' < e (which includes significantly
   the other way, U' < 0), for a configuration not held; for ``within``, U' < -margin;
+* **not testable at this scale**: a ``preconditions`` entry of the claim fails: the mechanism
+  the claim is about cannot act in these runs (:data:`PRECONDITIONS`: the method's clip threshold
+  barely moves, a model without noise does not leak, another neighbouring notion than the
+  paper's), so whatever the comparison says is not about the claim;
 * **inconclusive**: neither: the interval contains both no effect and the paper's effect. The
   report says how many seeds would decide it at 80% power from the observed spread
   (:func:`dpclip.seed_stats.seeds_needed`; the effect to detect is e, or e + margin for
@@ -37,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -47,7 +52,13 @@ from dpclip.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval, min
 
 HELD, CONTRADICTED, INCONCLUSIVE = "held", "contradicted", "inconclusive"
 NOT_REPRODUCED, UNTESTABLE = "setting not reproduced", "not testable here"
-VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, UNTESTABLE)
+NOT_AT_SCALE = "not testable at this scale"
+VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, NOT_AT_SCALE, UNTESTABLE)
+# what a claim's mechanism needs to act in the runs (claims.yaml `preconditions`, each
+# {kind, method, ...}): clip_moves (min: |log(C_T / C_0)| averaged over the method's runs),
+# leaks (metric, min: the method's mean over seeds), adjacency (paper: the neighbouring notion
+# of the paper's epsilon, which the method's runs must state)
+PRECONDITIONS = ("clip_moves", "leaks", "adjacency")
 VERDICT_MEANINGS = {
     HELD: "significant in the paper's direction in every configuration (the 95% interval of "
           "the difference excludes no effect)",
@@ -58,6 +69,9 @@ VERDICT_MEANINGS = {
                   "that would decide it at 80% power are given",
     NOT_REPRODUCED: "our baseline is more than the stated tolerance below the paper's own "
                     "baseline number: the runs test our stand-in, not the paper's setting",
+    NOT_AT_SCALE: "the mechanism the claim is about cannot act in these runs (a stated "
+                  "precondition fails: the clip threshold barely moves, a model without noise "
+                  "does not leak, or the epsilon is of another neighbouring notion)",
     UNTESTABLE: "no runs, fewer than two paired seeds, or nothing in the paper to compare "
                 "with",
 }
@@ -81,6 +95,7 @@ class Finding:
     fidelity: list[str] = field(default_factory=list)
     seeds_needed: int | None = None
     worst_baseline: tuple | None = None  # (configuration, ours, the paper's) furthest below
+    preconditions: list[str] = field(default_factory=list)
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -100,6 +115,12 @@ def load_claims(path: Path) -> list[dict]:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reproduce needs method, "
                               f"metric and paper (the paper's baseline numbers), not "
                               f"{reproduce!r}")
+        for condition in claim.get("preconditions") or []:
+            if not isinstance(condition, dict) or condition.get("kind") not in PRECONDITIONS \
+                    or "method" not in condition:
+                raise DpclipError(f"{path}: claim {claim.get('id')!r}: a precondition needs a "
+                                  f"kind of {list(PRECONDITIONS)} and a method, not "
+                                  f"{condition!r}")
         if claim.get("metric") not in HIGHER_IS_BETTER:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: metric "
                               f"{claim.get('metric')!r} is not one of {list(HIGHER_IS_BETTER)}")
@@ -274,6 +295,36 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
     return ok, lines, worst
 
 
+def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str]:
+    """One precondition on the preset's runs: (holds, or None when the runs cannot tell; the
+    line that says so)."""
+    kind, method = condition["kind"], condition["method"]
+    runs = table[table["method"] == method]
+    if runs.empty:
+        return None, f"{kind} of {method}: not checked, the preset has no {method} runs"
+    if kind == "clip_moves":
+        if "c_initial" not in runs or runs["c_initial"].isna().all():
+            return None, (f"{kind} of {method}: not checked, the runs record no initial clip "
+                          f"threshold (`dpclip report` again)")
+        moved = float(np.mean(np.abs(np.log(runs["c_final"].astype(float)
+                                            / runs["c_initial"].astype(float)))))
+        least = float(condition.get("min", 0.05))
+        return moved >= least, (f"{method}'s clip threshold moves by |log(C_T / C_0)| = "
+                                f"{moved:.3g} on average over {len(runs)} runs "
+                                f"({'at least' if moved >= least else 'below'} {least:g})")
+    if kind == "leaks":
+        metric, least = condition["metric"], float(condition["min"])
+        value = float(runs[metric].astype(float).mean())
+        return value >= least, (f"{method}'s {metric} is {value:.3g} over {len(runs)} runs "
+                                f"({'at least' if value >= least else 'below'} {least:g}: "
+                                + ("it leaks" if value >= least else "nothing to protect") + ")")
+    ours = sorted(set(runs["adjacency"].dropna().astype(str))) if "adjacency" in runs else []
+    holds = ours == [condition["paper"]]
+    return holds, (f"{method}'s epsilon is for {', '.join(ours) or 'an unstated'} adjacency, the "
+                   f"paper's for {condition['paper']}" + ("" if holds else
+                                                           ": the epsilons do not compare"))
+
+
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     """The verdict of one claim on its preset's runs (``table``: None when not run)."""
     if "untestable" in claim:
@@ -307,12 +358,17 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
     ours = [_describe(r, method, metric_text) for r in rows]
     reproduced, fidelity_lines, worst = fidelity(claim, table)
+    checked = [precondition(c, table) for c in claim.get("preconditions") or []]
+    failed = [line for holds, line in checked if holds is False]
     outcomes = [r["outcome"] for r in rows]
     needed = None
     if not reproduced:
         verdict = NOT_REPRODUCED
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
                   f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
+    elif failed:
+        verdict = NOT_AT_SCALE
+        reason = "; ".join(failed)
     elif all(o == HELD for o in outcomes):
         verdict = HELD
         reason = ("non-inferior within the margin " if margin is not None else
@@ -333,7 +389,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
                    if needed else "; the seeds needed cannot be estimated (no paper effect, "
                    "no spread, or more than 1000)")
-    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst)
+    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
+                   [line for _, line in checked])
 
 
 def evidence(claims_path: Path, results: Path) -> list[Finding]:
@@ -389,6 +446,9 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
         elif "preset" in c and f.verdict != UNTESTABLE:
             lines += ["*Baseline against the paper's own.* Not checked: the claim names no "
                       "baseline number of the paper (`reproduce`).", ""]
+        if f.preconditions:
+            lines += ["*Can the mechanism act here?*", ""] + \
+                [f"- {text}" for text in f.preconditions] + [""]
         if f.ours:
             lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
                 [f"- {text}" for text in f.ours] + [""]
