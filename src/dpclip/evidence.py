@@ -366,6 +366,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         verdict = NOT_REPRODUCED
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
                   f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
+        if failed:  # both: say so, the scale would not be enough either
+            reason += "; nor could the mechanism act here: " + "; ".join(failed)
     elif failed:
         verdict = NOT_AT_SCALE
         reason = "; ".join(failed)
