@@ -210,10 +210,13 @@ def test_a_mechanism_that_cannot_act_makes_a_claim_not_testable_at_this_scale():
     assert finding.verdict == HELD and "not checked" in finding.preconditions[0]
     # nothing to protect: the non-private model's peak IR attack at 0.55 (mean of 0.5, 0.6)
     leaks = [{"kind": "leaks", "method": "non_private", "metric": "peak_ir_mia", "min": 0.65}]
-    rows = _pair(good, "peak_ir_mia") + _rows({"non_private": [0.5, 0.6]}, "peak_ir_mia")
+    # (a non-private run has no target epsilon: it opens no configuration of its own)
+    rows = _pair(good, "peak_ir_mia") + [dict(r, target_epsilon=None) for r in _rows(
+        {"non_private": [0.5, 0.6]}, "peak_ir_mia")]
     finding = judge(_claim("better", "peak_ir_mia", effect=-0.01, preconditions=leaks),
                     _table(rows))
     assert finding.verdict == NOT_AT_SCALE and "0.55 over 2 runs (below 0.65" in finding.reason
+    assert len(finding.rows) == 1 and finding.rows[0]["seeds"] == 6
     # epsilons of another neighbouring notion than the paper's
     notion = [{"kind": "adjacency", "method": "ww_dp_sgd", "paper": "add_remove"}]
     rows = [dict(r, adjacency="replace_one_features") for r in _pair(good, "ece")]

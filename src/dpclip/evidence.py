@@ -337,11 +337,14 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     missing = {method, *baselines} - set(table["method"])
     if missing:
         return Finding(claim, UNTESTABLE, f"the preset's runs have no {sorted(missing)}")
+    # the compared methods only: a run of another (a non-private model some precondition
+    # reads, with no target epsilon) must not open a configuration of its own
+    compared = table[table["method"].isin([method, *baselines])]
     if rule == "smaller_spread":
-        rows = _spread_rows(table, method, baselines[0], metric)
+        rows = _spread_rows(compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
     else:
-        rows = _comparisons(table, method, baselines, metric)
+        rows = _comparisons(compared, method, baselines, metric)
         sign, metric_text = (1 if HIGHER_IS_BETTER[metric] else -1), metric
     if not rows or min(r["seeds"] for r in rows) < 2:
         return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", rows=rows)
