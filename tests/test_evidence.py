@@ -189,6 +189,13 @@ def test_a_baseline_far_from_the_papers_means_setting_not_reproduced():
     rows = [dict(r, accuracy=0.965) for r in _pair(good, "ece")]  # 1.02 points below: close
     finding = judge(_claim("better", effect=-0.003, reproduce=check), _table(rows))
     assert finding.verdict == HELD and "within 0.015" in finding.fidelity[0]
+    # the paper's other number for the same baseline is shown beside ours, not gated on
+    also = {**check, "also": [{"source": "Table 11", "paper": {8: 0.9445}}]}
+    finding = judge(_claim("better", effect=-0.003, reproduce=also), _table(rows))
+    assert finding.verdict == HELD
+    assert finding.fidelity[1] == ("eps 8: the paper's Table 11 gives 0.9445 for the same "
+                                   "baseline (ours +0.0205 from it; informative, the gate uses "
+                                   "the number above)")
 
 
 def test_a_mechanism_that_cannot_act_makes_a_claim_not_testable_at_this_scale():
@@ -199,7 +206,13 @@ def test_a_mechanism_that_cannot_act_makes_a_claim_not_testable_at_this_scale():
     finding = judge(_claim("better", effect=-0.004, preconditions=moves), _table(rows))
     assert finding.verdict == NOT_AT_SCALE  # significant, but not the controller's doing
     assert finding.preconditions == ["ww_dp_sgd's clip threshold moves by |log(C_T / C_0)| = "
-                                     "0.00995 on average over 6 runs (below 0.05)"]
+                                     "0.00995 on average over 6 runs (below 0.05); C_0 -> "
+                                     "median C_t -> C_T, mean over seeds: eps 8 1 -> ? -> 1.01"]
+    # with the median recorded and the paper's schedule stated, both are shown
+    rows = [dict(r, c_initial=1.0, c_median=1.004, c_final=1.01) for r in _pair(good, "ece")]
+    told = [{**moves[0], "paper": "Table 11: C_T 1.12 to 1.25"}]
+    assert judge(_claim("better", effect=-0.004, preconditions=told), _table(rows)) \
+        .preconditions[0].endswith("eps 8 1 -> 1 -> 1.01; the paper: Table 11: C_T 1.12 to 1.25")
     # from 1 to 2 (log 2 = 0.69): the mechanism acts, the comparison decides
     rows = [dict(r, c_initial=1.0, c_final=2.0) for r in _pair(good, "ece")]
     assert judge(_claim("better", effect=-0.004, preconditions=moves), _table(rows)).verdict \

@@ -174,6 +174,22 @@ def test_ww_controller_sign_saturation_ema_and_clamp():
     assert low.signal == pytest.approx(-1.0) and low.clip_threshold == pytest.approx(np.exp(-0.1))
 
 
+def test_ww_with_zero_gain_is_the_clamp_alone():
+    """kappa = 0 (the clamp-only ablation): C_0 outside [c_min, c_max] goes to the nearest bound
+    at the first probe and stays there whatever the spectrum says; inside, C never moves."""
+    outside = _ww(kappa=0.0, c_min=1.0, c_max=3.0)
+    outside.clip_threshold, outside.log_c = 0.25, np.log(0.25)
+    for zeta in (100.0, 1.0, 6.0):
+        outside.control(zeta)
+        assert outside.clip_threshold == pytest.approx(1.0)
+    assert outside.clamp_hits == {"min": 1, "max": 0}  # once: C then sits on the bound
+    inside = _ww(kappa=0.0, c_min=0.5, c_max=3.0)
+    for zeta in (100.0, 1.0):
+        inside.control(zeta)
+        assert inside.clip_threshold == pytest.approx(1.0)
+    assert inside.clamp_hits == {"min": 0, "max": 0}
+
+
 def test_ww_probes_only_every_k_steps_and_ignores_empty_batches():
     ww = _ww(probe_every=3)
     measured = []

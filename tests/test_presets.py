@@ -15,6 +15,7 @@ from dpclip.config import parse_params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.presets import available_presets, load_preset, variant_params
+from dpclip.seed_stats import minimum_exact_seeds, seeds_needed
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -27,14 +28,15 @@ def test_every_committed_preset_is_valid_and_reads_the_shared_datasets(name, tmp
         raw = variant_params(preset, variant, PROJECT / "params.yaml", tmp_path / "sets")
         params = parse_params(raw)  # validated as params.yaml is
         assert params.data.path.startswith(str(tmp_path / "sets"))
-        assert len(params.train.seeds) >= 3  # the issue's minimum for evidence
+        # the fewest seeds at which the exact test can reach 5% (runs may use fewer: --seeds)
+        assert len(params.train.seeds) >= minimum_exact_seeds()
         assert not params.data.download  # the real files, never fetched
 
 
 def test_a_variant_overlays_the_preset_and_an_unknown_one_is_refused(tmp_path):
     preset = load_preset("table11", PROJECT / "presets")
     raw = variant_params(preset, "C0.25", PROJECT / "params.yaml", tmp_path)
-    assert raw["train"]["clip_norm"] == 0.25 and raw["train"]["model"] == "cnn"
+    assert raw["train"]["clip_norm"] == 0.25 and raw["train"]["model"] == "paper_cnn"
     with pytest.raises(DpclipError, match="'C3' is not one of"):
         variant_params(preset, "C3", PROJECT / "params.yaml", tmp_path)
     with pytest.raises(DpclipError, match="does not exist"):
@@ -66,3 +68,98 @@ def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):
     assert yaml.safe_load((out / "C2" / "params.yaml").read_text())["train"]["clip_norm"] == 2.0
     assert not (tmp_path / "runs").exists()  # the project's own outputs untouched
     assert "tiny C2:" in capsys.readouterr().out
+
+
+def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
+    from dpclip.config import load_params
+    from dpclip.layout import Layout
+    from dpclip.presets import expected_cost
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny.yaml").write_text(yaml.safe_dump({
+        "description": "d", "source": "s", "deviations": ["digits"],
+        "params": {"train": {"methods": ["dp_sgd"], "seeds": [0, 1], "epochs": 2},
+                   "attack": {"references": 0}, "audit": {"kinds": []},
+                   "evaluate": {"ir_attack": False}, "shadow": {"epochs": 1}}}))
+    assert main(["--root", str(tmp_path), "preset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "expected training: 2 runs, about" in out and "dp_sgd 2 x " in out
+    root = tmp_path / "results" / "presets" / "tiny" / "main"
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    assert expected_cost(params, layout) == {"runs": 0, "seconds": 0.0, "methods": {}}
+    # the plan it states is the run's own: the steps each trained run records
+    steps = read_json(root / "runs" / "dp_sgd-eps8-iid-seed0" / "record.json")["privacy"]["steps"]
+    assert f"dp_sgd 2 x {steps} steps" in out
+    assert main(["--root", str(tmp_path), "preset", "tiny"]) == 0
+    assert "expected training: none, every run is up to date" in capsys.readouterr().out
+
+
+# --- seeds by power --------------------------------------------------------------------------
+
+# paired differences ww - dp per seed: mean 0.01 and sample sd 0.02 whatever the count
+# (alternating +-c about the mean, c set so the sample variance is 0.02^2; an odd count adds
+# one difference at the mean)
+def _differences(n: int) -> list[float]:
+    pairs = n - n % 2
+    c = 0.02 * ((n - 1) / pairs) ** 0.5
+    return [0.01 + (c if i % 2 else -c) * (i < pairs) for i in range(n)]
+
+
+def _fake_run(seconds_per_seed: float, calls: list):
+    """A stand-in for the pipeline: writes the summary a preset run would, for the seeds asked,
+    with the differences above; its wall time is the new seeds' cost."""
+    import pandas as pd
+
+    def run_variant(raw, root, track=False, progress=True):
+        seeds = raw["train"]["seeds"]
+        calls.append(len(seeds))
+        done = len(pd.read_csv(root / "reports" / "comparison.csv")) // 2 \
+            if (root / "reports" / "comparison.csv").is_file() else 0
+        rows = []
+        for seed, d in zip(seeds, _differences(len(seeds))):
+            rows += [{"method": "dp_sgd", "seed": seed, "target_epsilon": 8, "alpha": "iid",
+                      "accuracy": 0.9},
+                     {"method": "ww_dp_sgd", "seed": seed, "target_epsilon": 8,
+                      "alpha": "iid", "accuracy": 0.9 + d}]
+        (root / "reports").mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(root / "reports" / "comparison.csv", index=False)
+        return seconds_per_seed * (len(seeds) - done)
+    return run_variant
+
+
+def _power_project(tmp_path: Path) -> Path:
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "toy.yaml").write_text(yaml.safe_dump({
+        "description": "d", "source": "s", "deviations": ["none"],
+        "params": {"attack": {"references": 0}}}))
+    (tmp_path / "presets" / "claims.yaml").write_text(yaml.safe_dump({"claims": [{
+        "id": "toy", "claim": "ww is more accurate", "source": "s", "paper": "p",
+        "preset": "toy", "rule": "better", "method": "ww_dp_sgd", "baseline": "dp_sgd",
+        "metric": "accuracy", "effect": 0.01}]}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("budget_s, expected_capped", [(10_000, False), (120, True)])
+def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
+        tmp_path, monkeypatch, budget_s, expected_capped):
+    from dpclip import presets
+
+    project = _power_project(tmp_path)
+    calls: list[int] = []
+    monkeypatch.setattr(presets, "run_variant", _fake_run(10.0, calls))
+    needed = seeds_needed(0.02, 0.01)  # d = 0.5: the G*Power value is 34
+    assert needed == 34
+    record = presets.seeds_by_power("toy", budget_s, project=project)
+    power = record["power"]
+    assert calls[0] == minimum_exact_seeds()  # first the fewest the exact test can use
+    if expected_capped:  # 120 s at 10 s a seed: 12 seeds, short of the 34 needed
+        assert power == {"seeds": 12, "seeds_needed": 34, "budget_s": 120, "capped": True}
+    else:
+        assert power == {"seeds": 34, "seeds_needed": 34, "budget_s": 10_000, "capped": False}
+    assert calls[-1] == power["seeds"]
+    assert record["variants"]["main"]["seeds"] == power["seeds"]
+    assert record["variants"]["main"]["wall_s_total"] == pytest.approx(10.0 * power["seeds"])
+    saved = read_json(project / "results" / "presets" / "toy" / "preset.json")
+    assert saved["power"] == power

@@ -137,6 +137,34 @@ def test_joint_mode_is_flagged_and_says_what_its_epsilon_covers():
     assert "sanitized activations only" in result.privacy["epsilon_covers"]
 
 
+def test_paper_accounting_reproduces_the_papers_own_epsilons():
+    """The paper's CIFAR-10 numbers (sigma 1, B 250 of 50,000, delta 1e-5): epsilon 4.00 after
+    82 epochs, 4.46 after 100, 2.34 after 30, from the DP-SGD accountant at q = B / N; on MNIST
+    (60,000) B = 20 gives the paper's epsilon 1 after 100 epochs."""
+    cifar = 250 / 50_000
+    for epochs, paper in ((82, 4.00), (100, 4.46), (30, 2.34)):
+        assert record_epsilon(1.0, epochs * 200, 1e-5, cifar) == pytest.approx(paper, abs=0.01)
+    assert record_epsilon(1.0, 100 * 3000, 1e-5, 20 / 60_000) == pytest.approx(1.0, abs=0.01)
+
+
+def test_paper_accounting_runs_at_the_methods_batch_and_is_flagged():
+    from dpclip.train import train_model
+
+    x, y = _sanitize_data()  # 80 records, batch 8: q = 0.1, 10 uses per epoch
+    result = train_model(x, y, (6,), 3, _sanitize_cfg(encoder="joint", accounting="paper",
+                                                      batch_size=8), progress=False)
+    record = result.privacy
+    assert record["dp_guarantee"] is False and record["sample_rate"] == pytest.approx(0.1)
+    assert "nothing the run gives" in record["epsilon_covers"]
+    assert record["steps"] == 4 * 10
+    assert record["epsilon"] == pytest.approx(
+        record_epsilon(record["noise_multiplier"], 40, 1e-5, 0.1)) and record["epsilon"] <= 4.0
+    # the sound accounting of the same run needs far more noise
+    sound = train_model(x, y, (6,), 3, _sanitize_cfg(encoder="joint", batch_size=8),
+                        progress=False).privacy
+    assert sound["noise_multiplier"] > 1.5 * record["noise_multiplier"]
+
+
 def test_frozen_mode_without_public_data_names_the_split():
     from dpclip.errors import DpclipError
     from dpclip.train import build_run

@@ -302,6 +302,42 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     return table
 
 
+def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) -> dict:
+    """The expected training time of the runs ``keys`` on this machine, before they train:
+    per method, its steps per run (the run's own plan) times its median step time, measured
+    now on the prepared data (``steps`` steps after one warm-up; the step a benchmark times,
+    so a method whose run kind steps otherwise is an estimate). Evaluation is not included.
+    Returns {"runs", "seconds", "methods": {method: {"runs", "steps_per_run", "step_s"}}}."""
+    data = _data(layout)
+    x, y, shape, n_classes = data
+    methods: dict[str, dict] = {}
+    for method in sorted({key.method for key in keys}):
+        run = build_run(shape, n_classes, len(x), _config(params, layout, method))
+        step, _, q = _stepper(params, layout, method, data)
+        batches = _batches(len(x), q, steps + 1)
+        step(batches[0])  # warm-up
+        times = []
+        for batch in batches[1:]:
+            tic = time.perf_counter()
+            step(batch)
+            times.append(time.perf_counter() - tic)
+        methods[method] = {"runs": sum(key.method == method for key in keys),
+                           "steps_per_run": int(run.total_steps),
+                           "step_s": float(np.median(times))}
+    seconds = sum(m["runs"] * m["steps_per_run"] * m["step_s"] for m in methods.values())
+    return {"runs": len(keys), "seconds": seconds, "methods": methods}
+
+
+def cost_text(cost: dict) -> str:
+    """One line: how many runs, about how long, and from what."""
+    if not cost["runs"]:
+        return "expected training: none, every run is up to date"
+    parts = ", ".join(f"{name} {m['runs']} x {m['steps_per_run']} steps x "
+                      f"{1000 * m['step_s']:.1f} ms" for name, m in cost["methods"].items())
+    return (f"expected training: {cost['runs']} runs, about {cost['seconds'] / 60:.1f} min on "
+            f"this machine ({parts}; step times measured now, evaluation not included)")
+
+
 def _has_tabulate() -> bool:
     try:
         import tabulate  # noqa: F401

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "as ratios to the non-private step, Opacus's ghost "
                                          "clipping and dp_sgd (needs `dpclip prepare`)")
     bench.add_argument("--methods", nargs="*", help="default: train.methods")
-    bench.add_argument("--models", nargs="*", choices=["mlp", "cnn"],
+    bench.add_argument("--models", nargs="*", choices=["mlp", "cnn", "paper_cnn"],
                        help="one table per model (default: train.model)")
     bench.add_argument("--hidden", nargs="*", type=int, help="default: train.hidden")
     bench.add_argument("--batch-size", type=int, help="default: train.batch_size")
@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     preset.add_argument("--datasets", help="folder of the real datasets (default: "
                                            "../shared/datasets beside the project)")
     preset.add_argument("--track", action="store_true", help="also log to MLflow")
+    preset.add_argument("--seeds", type=int, help="seeds 0 .. N-1 instead of the preset's")
+    preset.add_argument("--power-budget", type=float, metavar="MINUTES",
+                        help="run the seeds the preset's claims need at 80%% power, within "
+                             "this much wall time (starting with --seeds, default 6)")
     ev = sub.add_parser("evidence", help="the verdict report: each paper claim "
                                          "(presets/claims.yaml) against the preset runs")
     ev.add_argument("--results", default="results/presets", help="the preset runs' folder")
@@ -119,7 +123,7 @@ def _schema(out: str | None) -> int:
 
 
 def _preset(args) -> int:
-    from dpclip.presets import available_presets, load_preset, run_preset
+    from dpclip.presets import available_presets, load_preset, run_preset, seeds_by_power
 
     root = Path(args.root)
     try:
@@ -127,9 +131,19 @@ def _preset(args) -> int:
             for name in available_presets(root / "presets"):
                 print(f"{name}: {load_preset(name, root / 'presets')['source']}")
             return 0
-        record = run_preset(args.name, variants=args.variant, project=root,
-                            datasets=Path(args.datasets) if args.datasets else None,
-                            track=args.track, progress=not args.quiet)
+        options = dict(variants=args.variant, project=root, track=args.track,
+                       datasets=Path(args.datasets) if args.datasets else None,
+                       progress=not args.quiet)
+        if args.seeds is not None and args.seeds < 1:
+            raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
+        if args.power_budget is not None:
+            if args.power_budget <= 0:
+                raise DpclipError(f"--power-budget: {args.power_budget:g} must be above 0 "
+                                  f"minutes")
+            record = seeds_by_power(args.name, args.power_budget * 60, first=args.seeds,
+                                    **options)
+        else:
+            record = run_preset(args.name, seeds=args.seeds, **options)
     except DpclipError as exc:
         print(f"dpclip: error: {exc}", file=sys.stderr)
         return 2

@@ -125,7 +125,7 @@ class EarlyStopping(Section):
 
 class TrainParams(Section):
     methods: unique_list(str) = ["non_private", "dp_sgd"]
-    model: Literal["mlp", "cnn"] = "mlp"
+    model: Literal["mlp", "cnn", "paper_cnn"] = "mlp"
     hidden: unique_list(Count, min_length=0) = [128, 64]
     seeds: unique_list(Seed) = [0]
     epochs: Count = 30

@@ -292,7 +292,24 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
                      f"the paper's {paper:.4g}: " + (f"{'below' if higher else 'above'} it by "
                                                       f"more than {tolerance:g}" if far else
                                                       f"within {tolerance:g}"))
+        for other in check.get("also") or []:  # the paper's other numbers for this baseline
+            number = for_configuration(other["paper"], key)
+            if number is not None:
+                lines.append(f"{_label(key)}: the paper's {other['source']} gives {number:.4g} "
+                             f"for the same baseline (ours {mean - number:+.4g} from it; "
+                             f"informative, the gate uses the number above)")
     return ok, lines, worst
+
+
+def _schedule(runs: pd.DataFrame) -> str:
+    """Each configuration's clip schedule, C_0 -> median C_t -> C_T (means over its runs)."""
+    parts = []
+    for values, group in runs.groupby(CONFIGURATION, sort=True, dropna=False):
+        c = [float(group[col].astype(float).mean()) if col in group else math.nan
+             for col in ("c_initial", "c_median", "c_final")]
+        parts.append(f"{_label(dict(zip(CONFIGURATION, values)))} "
+                     + " -> ".join("?" if math.isnan(v) else f"{v:.3g}" for v in c))
+    return "; ".join(parts)
 
 
 def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str]:
@@ -309,9 +326,12 @@ def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str
         moved = float(np.mean(np.abs(np.log(runs["c_final"].astype(float)
                                             / runs["c_initial"].astype(float)))))
         least = float(condition.get("min", 0.05))
-        return moved >= least, (f"{method}'s clip threshold moves by |log(C_T / C_0)| = "
-                                f"{moved:.3g} on average over {len(runs)} runs "
-                                f"({'at least' if moved >= least else 'below'} {least:g})")
+        line = (f"{method}'s clip threshold moves by |log(C_T / C_0)| = {moved:.3g} on average "
+                f"over {len(runs)} runs ({'at least' if moved >= least else 'below'} {least:g}); "
+                f"C_0 -> median C_t -> C_T, mean over seeds: {_schedule(runs)}")
+        if condition.get("paper"):
+            line += f"; the paper: {condition['paper']}"
+        return moved >= least, line
     if kind == "leaks":
         metric, least = condition["metric"], float(condition["min"])
         value = float(runs[metric].astype(float).mean())
@@ -410,9 +430,20 @@ def _preset_facts(path: Path) -> str:
     if not path.is_file():
         return ""
     record = read_json(path)
-    times = ", ".join(f"{v} {facts['wall_s']:.0f} s" for v, facts in record["variants"].items())
+    times = ", ".join(f"{v} {facts.get('wall_s_total', facts['wall_s']):.0f} s"
+                      + (f" ({facts['seeds']} seeds)" if "seeds" in facts else "")
+                      for v, facts in record["variants"].items())
+    power = record.get("power") or {}
+    seeds = ""
+    if power:
+        seeds = (f" Seeds by power: {power['seeds']} run"
+                 + (f", {power['seeds_needed']} needed at 80% power"
+                    if power.get("seeds_needed") else "")
+                 + (f": the compute budget ({power['budget_s'] / 60:.0f} min) capped them"
+                    if power.get("capped") else "") + ".")
     deviations = "".join(f"\n  - {' '.join(str(d).split())}" for d in record["deviations"])
-    return f", wall time on this machine: {times}. Deviations from the paper:\n{deviations}"
+    return (f", wall time on this machine: {times}.{seeds} Deviations from the paper:\n"
+            f"{deviations}")
 
 
 def evidence_markdown(findings: list[Finding], results: Path, command: str,

@@ -21,10 +21,13 @@ from pathlib import Path
 
 import yaml
 
+from dpclip.bench import cost_text, training_cost
 from dpclip.config import load_params, with_overrides
 from dpclip.errors import DpclipError
-from dpclip.io import write_json, write_text
+from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
+from dpclip.naming import configured_runs
+from dpclip.stages.provenance import TRAIN
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
@@ -81,8 +84,16 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
     return raw
 
 
+def expected_cost(params, layout: Layout) -> dict:
+    """The expected training time of the runs that are not up to date (:mod:`dpclip.bench`)."""
+    stale = [key for key in configured_runs(params) if not TRAIN.is_current(params, key, layout)]
+    return training_cost(params, layout, stale) if stale else {"runs": 0, "seconds": 0.0,
+                                                               "methods": {}}
+
+
 def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True) -> float:
-    """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s."""
+    """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s. Before
+    training, the expected training time of the runs to train is printed."""
     from dpclip import stages
 
     params_path = root / "params.yaml"
@@ -96,6 +107,8 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
         stages.partition(params, alpha, layout)
     stages.shadow(params, layout, progress=progress)
     stages.tune(params, layout, progress=progress)
+    if progress:
+        print(cost_text(expected_cost(params, layout)), flush=True)
     for step in (lambda: stages.train_all(params, layout, progress=progress),
                  lambda: stages.audit_all(params, layout),
                  lambda: stages.reference_all(params, layout),
@@ -108,9 +121,11 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
 
 
 def run_preset(name: str, *, variants: list[str] | None = None, project: Path = Path("."),
-               datasets: Path | None = None, track: bool = False,
-               progress: bool = True) -> dict:
-    """Run the preset's variants (all by default); write and return ``preset.json``."""
+               datasets: Path | None = None, track: bool = False, progress: bool = True,
+               seeds: int | None = None) -> dict:
+    """Run the preset's variants (all by default), with seeds 0 .. ``seeds`` - 1 instead of the
+    preset's own when given; write and return ``preset.json``. Runs already done are not run
+    again (the per-run provenance), so more seeds only train the new ones."""
     preset = load_preset(name, project / PRESETS)
     datasets = (datasets or (project / DATASETS_PREFIX)).resolve()  # the runs may move
     chosen = variants or list(preset.get("variants") or {SINGLE: {}})
@@ -119,14 +134,57 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     record = {"name": name, "source": preset["source"], "description": preset["description"],
               "deviations": preset["deviations"], "variants": {}}
     if record_path.is_file():  # variants run earlier keep their times
-        from dpclip.io import read_json
-
-        record["variants"] = read_json(record_path).get("variants", {})
+        old = read_json(record_path)
+        record["variants"], record["power"] = old.get("variants", {}), old.get("power")
     for variant in chosen:
         if progress:
             print(f"preset {name}, variant {variant}", flush=True)
         raw = variant_params(preset, variant, project / "params.yaml", datasets)
+        if seeds is not None:
+            raw = with_overrides(raw, {"train": {"seeds": list(range(seeds))}})
         seconds = run_variant(raw, out / variant, track=track, progress=progress)
-        record["variants"][variant] = {"wall_s": round(seconds, 1)}
+        earlier = record["variants"].get(variant, {})
+        # wall_s: this call's; wall_s_total: every call's (runs done before are not run again)
+        total = earlier.get("wall_s_total", earlier.get("wall_s", 0.0)) + seconds
+        record["variants"][variant] = {"wall_s": round(seconds, 1),
+                                       "wall_s_total": round(total, 1),
+                                       "seeds": len(raw["train"]["seeds"])}
         write_json(record_path, record)
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def seeds_by_power(name: str, budget_s: float, *, project: Path = Path("."),
+                   first: int | None = None, **options) -> dict:
+    """Run a preset with the seeds its claims need (scope: ``presets/claims.yaml``'s claims on
+    this preset), within a compute budget in seconds of wall time.
+
+    Runs ``first`` seeds (default: the exact test's minimum), judges the preset's claims and
+    takes the largest number of paired seeds an inconclusive claim needs at 80% power from the
+    observed spread (:func:`dpclip.seed_stats.seeds_needed`); runs that many, or as many as the
+    budget affords at the measured wall time per seed, and records in ``preset.json`` what was
+    needed, what ran and whether the budget capped it (the evidence report says so)."""
+    from dpclip.evidence import INCONCLUSIVE, evidence
+    from dpclip.seed_stats import minimum_exact_seeds
+
+    seeds = first or minimum_exact_seeds()
+    record = run_preset(name, project=project, seeds=seeds, **options)
+    needed = None
+    for _ in range(3):  # the spread, so the seeds needed, is re-estimated with more seeds
+        findings = [f for f in evidence(project / PRESETS / "claims.yaml", project / RESULTS)
+                    if f.claim.get("preset") == name]
+        wanted = [f.seeds_needed for f in findings if f.verdict == INCONCLUSIVE]
+        if not any(wanted):  # decided, or no estimate: more seeds would not be targeted
+            break
+        needed = max(n for n in wanted if n)
+        spent = sum(v["wall_s_total"] for v in record["variants"].values())
+        per_seed = spent / seeds
+        affordable = int(budget_s // per_seed) if per_seed > 0 else seeds
+        target = min(needed, max(affordable, seeds))
+        if target <= seeds:
+            break
+        seeds = target
+        record = run_preset(name, project=project, seeds=seeds, **options)
+    record["power"] = {"seeds": seeds, "seeds_needed": needed, "budget_s": budget_s,
+                       "capped": bool(needed and needed > seeds)}
+    write_json(project / RESULTS / name / "preset.json", record)
     return record

@@ -106,7 +106,8 @@ class WWDPSGD(Method):
         "zeta_star": Option(4.0, low=1.0, low_open=True, help="zone centre zeta*"),
         "r": Option(2.0, low=0.0, low_open=True, help="zone radius"),
         "beta": Option(0.98, low=0.0, high=1.0, high_open=True, help="EMA factor"),
-        "kappa": Option(0.05, low=0.0, low_open=True, help="controller gain (log C per probe)"),
+        "kappa": Option(0.05, low=0.0, help="controller gain (log C per probe); 0: the clamp "
+                                             "alone moves C (an ablation)"),
         "probe_every": Option(50, low=1, integer=True, help="K: probe period in steps"),
         "probe": Option("fc1", help="probe layer(s), comma-separated; median of exponents"),
         "clamp": Option(True, help="clamp C to [c_min, c_max]"),

@@ -40,7 +40,7 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
            "audit_status", "strongest_auc", "test_auc",
            "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
-           "attack_tpr_at_zero_fp", "c_initial"]
+           "attack_tpr_at_zero_fp", "c_initial", "c_median"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -80,7 +80,8 @@ def table_row(m: dict) -> dict:
             "label_only_auc": label_only.get("auc"),
             "label_only_auc_unmatched": label_only.get("auc_unmatched"),
             **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p),
-            "test_auc": u.get("auc"), "c_initial": m["clip"]["c_initial"]}
+            "test_auc": u.get("auc"), "c_initial": m["clip"]["c_initial"],
+            "c_median": m["clip"].get("c_median")}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
@@ -223,7 +224,7 @@ ADDED_NOTES = [
     "1 - e^-eps' (0.999 - delta')) with the eps', delta' of `dp_bound_margin` (about 1 = the "
     "claim allows about anything at this FPR).",
     "`c_initial`: the clip threshold of the run's first step (C_0; with `c_final`, how far an "
-    "adaptive method moved it).",
+    "adaptive method moved it); `c_median`: its median over the run's steps.",
     "— = not recorded (metrics written by an older version).",
 ]
 

@@ -35,11 +35,18 @@ class SanitizeRun(Run):
 
     def __init__(self, setup: RunSetup):
         method, n_records = setup.method, setup.n_records
-        steps_per_epoch = math.ceil(n_records / min(setup.cfg.train.batch_size, n_records))
         opts = method.options
-        cfg = setup.cfg.with_train(epochs=opts["epochs"])  # the method's own epochs
+        cfg = setup.cfg.with_train(epochs=opts["epochs"],  # the method's own epochs and batch
+                                   batch_size=opts["batch_size"] or setup.cfg.train.batch_size)
+        batch = min(cfg.train.batch_size, n_records)
+        steps_per_epoch = math.ceil(n_records / batch)
+        # the paper's accounting: one Poisson-subsampled use per step (not what the run gives)
+        paper = opts["accounting"] == "paper"
+        self.sample_rate = batch / n_records if paper else 1.0
+        self.uses_per_epoch = steps_per_epoch if paper else 1
         self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.privacy.delta,
-                                              cfg.train.epochs, cfg.privacy.epsilon_tolerance)
+                                              cfg.train.epochs * self.uses_per_epoch,
+                                              cfg.privacy.epsilon_tolerance, self.sample_rate)
         self.sanitizer = SanitizationLayer(method.clip_threshold, opts["drop_p"], self.sigma)
         self.after = f"act{len(setup.hidden)}"  # the n-wide layer's ReLU
         self.san_layer = f"fc{len(setup.hidden)}"
@@ -129,9 +136,13 @@ class SanitizeRun(Run):
 
     def end_epoch(self, epoch: int) -> bool:
         """Epsilon so far, the adaptive C, then the early-stopping rule."""
-        self.trace[-1]["epsilon_spent"] = record_epsilon(self.sigma, epoch, self.cfg.privacy.delta)
+        self.trace[-1]["epsilon_spent"] = self._epsilon(epoch)
         self._adapt_clip()
         return super().end_epoch(epoch)
+
+    def _epsilon(self, epochs: int) -> float:
+        return record_epsilon(self.sigma, epochs * self.uses_per_epoch, self.cfg.privacy.delta,
+                              self.sample_rate)
 
     def _adapt_clip(self) -> None:
         if self.method.options["adaptive"]:
@@ -145,20 +156,30 @@ class SanitizeRun(Run):
 
     def privacy_record(self) -> dict:
         epochs, planned = self.epochs_run(), self.cfg.train.epochs
-        epsilon = record_epsilon(self.sigma, epochs, self.cfg.privacy.delta)
+        epsilon = self._epsilon(epochs)
+        paper = self.method.options["accounting"] == "paper"
         record = {"dp_guarantee": bool(self.method.dp_guarantee),
-                  "accountant": "rdp-per-record", "target_epsilon": self.cfg.target_epsilon,
-                  "epsilon": epsilon, "delta": self.cfg.privacy.delta, "sample_rate": 1.0,
+                  "accountant": "rdp-poisson-as-the-paper" if paper else "rdp-per-record",
+                  "target_epsilon": self.cfg.target_epsilon,
+                  "epsilon": epsilon, "delta": self.cfg.privacy.delta,
+                  "sample_rate": self.sample_rate,
                   "noise_multiplier": self.sigma, "steps": len(self.trace),
                   "releases_per_record": epochs, "epsilon_bound": "fixed_horizon",
                   **self.randomness_record(),
                   "epsilon_covers": "the model (frozen public encoder, head on sanitized "
                                     "activations)" if self.method.dp_guarantee else
                                     "the sanitized activations only (joint encoder)"}
+        if paper:
+            record["epsilon_covers"] = ("nothing the run gives: the paper's accounting claims "
+                                        "Poisson amplification for shuffled batches, "
+                                        + ("and the encoder sees raw features"
+                                           if self.method.options["encoder"] == "joint" else
+                                           "with a public encoder"))
         if self.stopped_epoch is not None:
             record.update(early_stop_privacy(
-                record_epsilon(self.sigma, planned, self.cfg.privacy.delta),
-                stopped_epsilon([(self.sigma, 1.0, epochs)], self.cfg.privacy.delta)))
+                self._epsilon(planned),
+                stopped_epsilon([(self.sigma, self.sample_rate, epochs * self.uses_per_epoch)],
+                                self.cfg.privacy.delta)))
         return record
 
     def training_extras(self) -> dict:
