@@ -263,3 +263,31 @@ def test_the_step_computes_no_weight_gradient_in_its_backward_pass():
     kept = backward_keeping(wrapped, nn.functional.cross_entropy(out, y, reduction="none"), uses)
     assert all(p.grad is None for p in groups.flat())
     assert [type(m) for m, _, _ in kept] == [nn.Linear, nn.Linear]
+
+
+def test_public_init_starts_from_the_public_pre_training_and_reads_no_member():
+    """train.public_init: the model before any private step is the public pre-training's
+    (the same weights a direct call of the shared pre-training gives), the run's sampling stream
+    is the one without it, and without public data the run is refused, naming the key."""
+    from dpclip.errors import DpclipError
+    from dpclip.models import build_model
+    from dpclip.pretraining import PUBLIC_PRETRAINING, pretrain
+    from dpclip.train import PublicData
+    from dpclip.train.loop import seed_everything
+
+    x, y = _data()
+    public = PublicData(*_data(200, seed=1), held_out=_data(100, seed=2))
+    cfg = _cfg(public_init=True)
+    run = build_run((6,), 3, len(x), cfg, public)
+    seed_everything(cfg.seed)  # the same initial weights, pre-trained by hand
+    expected = build_model(cfg.train.model, (6,), 3, list(cfg.train.hidden))
+    fit = pretrain(expected, nn.CrossEntropyLoss(reduction="none"), public, PUBLIC_PRETRAINING,
+                   min(cfg.train.batch_size, 200), torch.Generator().manual_seed(cfg.seed), "cpu")
+    for (name, p), q in zip(expected.named_parameters(), run.groups.flat()):
+        torch.testing.assert_close(q, p, msg=name)
+    assert run.public_init == {f"init_{k}": v for k, v in fit.items()}
+    plain = build_run((6,), 3, len(x), _cfg(), public)
+    assert plain.public_init == {}
+    assert torch.equal(run.rng.sampling.get_state(), plain.rng.sampling.get_state())
+    with pytest.raises(DpclipError, match="train.public_init: true needs the public"):
+        build_run((6,), 3, len(x), cfg)

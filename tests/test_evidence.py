@@ -308,3 +308,15 @@ def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
                                                "preconditions": [{"kind": "magic"}]}]}))
     with pytest.raises(DpclipError, match="a precondition needs a kind"):
         load_claims(bad)
+
+
+def test_a_claim_about_some_variants_reads_only_those():
+    good = [-0.010, -0.011, -0.009, -0.012, -0.008, -0.010]
+    bad = [0.010, 0.011, 0.009, 0.012, 0.008, 0.010]
+    table = pd.concat([pd.DataFrame(_pair(good, "ece")).assign(variant="sound"),
+                       pd.DataFrame(_pair(bad, "ece")).assign(variant="paper")])
+    assert judge(_claim("better", effect=-0.003, variants=["sound"]), table).verdict == HELD
+    paper = judge(_claim("better", effect=-0.003, variants=["paper"]), table)
+    assert paper.verdict == CONTRADICTED and [r["variant"] for r in paper.rows] == ["paper"]
+    both = judge(_claim("better", effect=-0.003), table)
+    assert sorted(r["variant"] for r in both.rows) == ["paper", "sound"]

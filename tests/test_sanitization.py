@@ -296,7 +296,9 @@ def test_private_phase_beats_chance_and_the_public_only_model(head_fit):
     relabel = (2, 0, 1)  # the public task's class c is the private task's class relabel[c]
     public = PublicData(*_separable_records(600, 2, relabel),
                         held_out=_separable_records(300, 3, relabel))
-    cfg = _sanitize_cfg(head_fit=head_fit, public_steps=300, epochs=4, drop_p=0.1, n=4)
+    # another task's public data: its holdout cannot choose the head (keep_public_head off)
+    cfg = _sanitize_cfg(head_fit=head_fit, public_steps=300, epochs=4, drop_p=0.1, n=4,
+                        keep_public_head=False)
     cfg = _with(cfg, target_epsilon=2.0, batch_size=64)
     run = build_run((6,), 3, len(x), cfg, public)
     assert run.public_fit["public_held_out_accuracy"] > 0.9  # the encoder did learn (publicly)
@@ -316,6 +318,43 @@ def _with(cfg, *, target_epsilon, batch_size):
 
     return dataclasses.replace(cfg, target_epsilon=target_epsilon).with_train(
         batch_size=batch_size)
+
+
+def test_the_sound_variant_never_falls_below_its_public_only_model():
+    """Public data of the private task, an epsilon so small that the class means are mostly
+    noise: the private head scores below the public pre-training's head on the public holdout,
+    so the released model keeps the public head and matches the public-only model; at a
+    larger epsilon the private head wins and is kept."""
+    from dpclip.train import PublicData, build_run
+
+    x, y = _separable_records(300, seed=0)
+    held_x, held_y = _separable_records(600, seed=1)
+    public = PublicData(*_separable_records(600, 2), held_out=_separable_records(300, 3))
+    results = {}
+    for epsilon in (0.3, 50.0):
+        cfg = _with(_sanitize_cfg(public_steps=300, epochs=4, drop_p=0.1, n=4),
+                    target_epsilon=epsilon, batch_size=64)
+        run = build_run((6,), 3, len(x), cfg, public)
+        public_only = _accuracy(run.model, held_x, held_y)
+        run.fit(torch.as_tensor(x), torch.as_tensor(y), progress=False, desc="t")
+        fit = run.public_fit
+        assert fit["head_kept"] == ("public" if fit["public_head_public_accuracy"]
+                                    > fit["private_head_public_accuracy"] else "private")
+        results[epsilon] = (fit["head_kept"], public_only, _accuracy(run.model, held_x, held_y))
+    kept, public_only, released = results[0.3]
+    assert kept == "public" and released == public_only  # the public model, unchanged
+    assert results[50.0][0] == "private"
+
+
+def test_keep_public_head_is_refused_with_another_datasets_public_split(tiny_raw):
+    from dpclip.config import parse_params
+    from dpclip.errors import ConfigError
+
+    other = {"data": {"shadow_dataset": "digits"}, "train": {"methods": ["sanitize"]}}
+    with pytest.raises(ConfigError, match="methods.sanitize.keep_public_head"):
+        parse_params(tiny_raw(**other))
+    assert parse_params(tiny_raw(**other, methods={"sanitize": {"keep_public_head": False}}))
+    assert parse_params(tiny_raw(train={"methods": ["sanitize"]}))  # its own public split
 
 
 def test_public_pretraining_stops_on_the_held_out_split_and_keeps_the_best_weights():

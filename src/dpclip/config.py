@@ -137,6 +137,9 @@ class TrainParams(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Count | None = None  # torch's CPU threads (None: one per CPU); results depend on it
     checkpoint_every: Count = 5
+    # start from a model pre-trained on the public shadow split (no privacy cost): the same
+    # public knowledge the sound sanitize encoder has, for a fair pairing
+    public_init: StrictBool = False
     early_stopping: EarlyStopping = EarlyStopping()
 
     @field_validator("methods")
@@ -299,6 +302,21 @@ class Params(Section):
         return dict(self.methods.get(method, {}))
 
 
+def _public_head_problems(params: Params, methods: dict) -> list[str]:
+    """sanitize's keep_public_head scores heads on the public holdout split, which only says
+    anything of the private task when the public split is of the same dataset."""
+    from dpclip.methods import get_method
+
+    if "sanitize" not in params.train.methods or not params.data.shadow_dataset:
+        return []
+    options = {**get_method("sanitize").default_options(), **methods.get("sanitize", {})}
+    if options["encoder"] != "frozen" or not options["keep_public_head"]:
+        return []
+    return [bad_value("methods.sanitize.keep_public_head", True,
+                      f"would choose the head on another dataset's task (data.shadow_dataset: "
+                      f"{params.data.shadow_dataset}): set it false")]
+
+
 def parse_params(raw: dict | None) -> Params:
     """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
     if raw is not None and not isinstance(raw, dict):
@@ -318,6 +336,7 @@ def parse_params(raw: dict | None) -> Params:
 
         names = layer_names(params.train.model, params.train.hidden)
         methods = read_method_options(methods_raw, names, problems)
+        problems += _public_head_problems(params, methods)
     if problems:  # a shared old section is read by several methods: its problems once
         raise ConfigError(list(dict.fromkeys(problems)))
     return params.model_copy(update={"methods": methods})

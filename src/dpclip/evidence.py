@@ -354,6 +354,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                                           f"(`dpclip preset {claim['preset']}`)")
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
     baselines = claim.get("baselines") or [claim["baseline"]]
+    if claim.get("variants"):  # the claim is about these variants of the preset only
+        table = table[table["variant"].isin(claim["variants"])]
     missing = {method, *baselines} - set(table["method"])
     if missing:
         return Finding(claim, UNTESTABLE, f"the preset's runs have no {sorted(missing)}")

@@ -94,7 +94,7 @@ def needs_public(cfg: TrainConfig) -> bool:
     """Whether the run reads public data: a method's own use (a public pre-training) or early
     stopping's watched series."""
     return get_method(cfg.method).needs_public_data(cfg.method_options) or \
-        cfg.train.early_stopping.rule != "none"
+        cfg.train.early_stopping.rule != "none" or cfg.train.public_init
 
 
 def checkpoint_of(result, cfg: TrainConfig, meta: dict) -> dict:
@@ -170,7 +170,9 @@ def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alp
             **method_use,
             "feature_preprocessing": preprocessing,
             "early_stopping": stopping,
-            "initialisation": "random, from train.seed (no data)",
+            "initialisation": "pre-trained on the public shadow_train split (Adam, stopped "
+                              "on the public shadow_holdout split; no member read)"
+                              if cfg.train.public_init else "random, from train.seed (no data)",
             "hyperparameters": "chosen by dpclip tune on the public shadow splits only (no "
                                "member read)" if tuned else "params.yaml's values (not tuned)",
             "evaluation": "members and the target holdout, after training (the metrics are "

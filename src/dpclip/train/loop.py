@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpclip.errors import DpclipError
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext
 from dpclip.models import build_model, count_parameters
+from dpclip.pretraining import PUBLIC_PRETRAINING, pretrain
 from dpclip.train.checkpoint import Checkpoint
 from dpclip.train.runs import Run, run_class
 from dpclip.train.setup import (PublicData, RunSetup, TrainConfig, TrainResult, plan_steps,
@@ -41,6 +43,7 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     device = resolve_device(cfg.train.device)
     hidden = method_cls.model_hidden(dict(cfg.method_options), cfg.train.hidden)
     model = build_model(cfg.train.model, feature_shape, n_classes, hidden).to(device)
+    public_fit = _public_init(model, cfg, public, device) if cfg.train.public_init else {}
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size,
                                                  cfg.train.epochs, cfg.sample_rate)
     groups = LayerGroups.of(model)
@@ -54,7 +57,20 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
         hidden=list(hidden), public=public))
     if cfg.train.early_stopping.rule != "none":
         run.watch_public(public)
+    run.public_init = public_fit
     return run
+
+
+def _public_init(model: nn.Module, cfg: TrainConfig, public, device) -> dict:
+    """``train.public_init``: pre-train the whole model on the public split (its own seeded
+    generator, so the run's sampling stream is the same with or without it)."""
+    if public is None or len(public[0]) == 0:
+        raise DpclipError("train.public_init: true needs the public shadow split, which this "
+                          "run did not get (data.split.shadow_train)")
+    generator = torch.Generator().manual_seed(cfg.seed)
+    fit = pretrain(model, nn.CrossEntropyLoss(reduction="none"), public, PUBLIC_PRETRAINING,
+                   min(cfg.train.batch_size, len(public[0])), generator, device)
+    return {f"init_{k}": v for k, v in fit.items()}
 
 
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
@@ -82,6 +98,7 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
               "step_ended_at": [round(t, 3) for t in run.step_ended_at]},
         training={"epochs_planned": run.cfg.train.epochs, "steps_planned": run.total_steps,
                   "steps_per_epoch": run.steps_per_epoch, "n_train": int(len(x)),
-                  "stopped_by_budget": run.stopped_by_budget, **run.training_extras()},
+                  "stopped_by_budget": run.stopped_by_budget, **run.public_init,
+                  **run.training_extras()},
         architecture=run.architecture(),
     )

@@ -58,6 +58,7 @@ class Run:
         self.step_ended_at: list[float] = []  # wall clock (Unix seconds) when each step ended
         self.stopped_by_budget = False
         self.monitor: torch.Tensor | None = None  # public features watched by early stopping
+        self.public_init: dict = {}  # train.public_init's pre-training record (set by build_run)
         self.std_series: list[float] = []
         self.stopped_epoch: int | None = None
 
@@ -120,8 +121,12 @@ class Run:
                     break  # early stopping
                 if checkpoint and epoch < self.cfg.train.epochs:
                     checkpoint.maybe_save(self, epoch)
+        self.finish()
         if checkpoint:
             checkpoint.discard()
+
+    def finish(self) -> None:
+        """After the last epoch, before the model is released (a run kind's last step)."""
 
     # --- early stopping ----------------------------------------------------------------------
     def epoch_std(self) -> float | None:

@@ -21,9 +21,9 @@ import torch
 
 from dpclip.errors import DpclipError
 from dpclip.methods.sanitize import (ClassMeans, SanitizationLayer, noise_for_record_epsilon,
-                                     pretrain,
                                      record_epsilon, with_sanitizer)
 from dpclip.privacy import early_stop_privacy, stopped_epsilon
+from dpclip.pretraining import accuracy_on, held_out_check, pretrain
 from dpclip.train.runs.base import Run, register_run_kind
 from dpclip.train.setup import RunSetup, make_optimizer
 from dpclip.train.step import LayerGroups, plain_step
@@ -60,6 +60,7 @@ class SanitizeRun(Run):
         self.public_fit: dict = {}
         self.class_means: ClassMeans | None = None  # head_fit class_means (frozen encoder)
         self.encoded: torch.Tensor | None = None  # the frozen encoder's output, per record
+        self.public_check = None  # frozen: public holdout records that choose the head
         if opts["encoder"] == "frozen":
             tic = time.perf_counter()
             self._pretrain_and_freeze(setup.public)
@@ -86,6 +87,8 @@ class SanitizeRun(Run):
         self.public_fit = pretrain(self.model, self.loss_fn, public, self.method.options,
                                    min(self.cfg.train.batch_size, len(public[0])),
                                    self.rng.sampling, self.device)
+        self.public_head = {k: v.detach().clone() for k, v in self.model.head.state_dict().items()}
+        self.public_check = held_out_check(public, self.device)
         for name, param in self.model.named_parameters():
             param.requires_grad_(name.startswith("head."))
         self.optimizer = make_optimizer(self._private_cfg(), [p for p in self.model.parameters()
@@ -121,6 +124,21 @@ class SanitizeRun(Run):
         finally:
             self.sanitizer.noisy, self.sanitizer.generator = False, None
         return True
+
+    def finish(self) -> None:
+        """``keep_public_head``: release the better of the private head and the public
+        pre-training's head, by accuracy on the public holdout split (public data only)."""
+        if self.public_check is None or not self.method.options["keep_public_head"]:
+            return
+        private_head = {k: v.detach().clone() for k, v in self.model.head.state_dict().items()}
+        private = accuracy_on(self.model, self.public_check)
+        self.model.head.load_state_dict(self.public_head)
+        public = accuracy_on(self.model, self.public_check)
+        kept = "public" if public > private else "private"
+        if kept == "private":
+            self.model.head.load_state_dict(private_head)
+        self.public_fit.update(head_kept=kept, private_head_public_accuracy=private,
+                               public_head_public_accuracy=public)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         """The frozen encoder's output for every record, computed once: it is deterministic,
