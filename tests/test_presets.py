@@ -163,3 +163,22 @@ def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
     assert record["variants"]["main"]["wall_s_total"] == pytest.approx(10.0 * power["seeds"])
     saved = read_json(project / "results" / "presets" / "toy" / "preset.json")
     assert saved["power"] == power
+
+
+def test_params_only_writes_each_variant_as_a_project_the_flow_can_run(tmp_path, capsys):
+    from dpclip.config import load_params
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny.yaml").write_text(yaml.safe_dump({
+        "description": "d", "source": "s", "deviations": ["digits"],
+        "params": {"train": {"methods": ["dp_sgd"]}, "attack": {"references": 0}},
+        "variants": {"C1": {"train": {"clip_norm": 1.0}}, "C2": {"train": {"clip_norm": 2.0}}}}))
+    assert main(["--root", str(tmp_path), "preset", "tiny", "--params-only", "--seeds", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    out = tmp_path / "results" / "presets" / "tiny"
+    assert lines == [f"python -m flows.pipeline --params {out / v}/params.yaml --root {out / v} "
+                     f"--workers N   # or --dask-address tcp://HOST:8786" for v in ("C1", "C2")]
+    params = load_params(out / "C2" / "params.yaml")
+    assert params.train.clip_norm == 2.0 and params.train.seeds == [0, 1, 2]
+    assert not (out / "C2" / "runs").exists()  # nothing ran

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "../shared/datasets beside the project)")
     preset.add_argument("--track", action="store_true", help="also log to MLflow")
     preset.add_argument("--seeds", type=int, help="seeds 0 .. N-1 instead of the preset's")
+    preset.add_argument("--params-only", action="store_true",
+                        help="write each variant's params.yaml and print the commands that run "
+                             "it with the Prefect flow (on Dask), without running anything")
     preset.add_argument("--power-budget", type=float, metavar="MINUTES",
                         help="run the seeds the preset's claims need at 80%% power, within "
                              "this much wall time (starting with --seeds, default 6)")
@@ -123,7 +126,8 @@ def _schema(out: str | None) -> int:
 
 
 def _preset(args) -> int:
-    from dpclip.presets import available_presets, load_preset, run_preset, seeds_by_power
+    from dpclip.presets import (available_presets, load_preset, run_preset, seeds_by_power,
+                                write_variants)
 
     root = Path(args.root)
     try:
@@ -136,6 +140,13 @@ def _preset(args) -> int:
                        progress=not args.quiet)
         if args.seeds is not None and args.seeds < 1:
             raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
+        if args.params_only:
+            for folder in write_variants(args.name, project=root, seeds=args.seeds,
+                                         variants=args.variant,
+                                         datasets=Path(args.datasets) if args.datasets else None):
+                print(f"python -m flows.pipeline --params {folder}/params.yaml --root {folder} "
+                      f"--workers N   # or --dask-address tcp://HOST:8786")
+            return 0
         if args.power_budget is not None:
             if args.power_budget <= 0:
                 raise DpclipError(f"--power-budget: {args.power_budget:g} must be above 0 "

@@ -91,6 +91,27 @@ def expected_cost(params, layout: Layout) -> dict:
                                                                "methods": {}}
 
 
+def write_variants(name: str, *, project: Path = Path("."), datasets: Path | None = None,
+                   variants: list[str] | None = None, seeds: int | None = None) -> list[Path]:
+    """Write each variant's merged ``params.yaml`` into its folder without running anything:
+    each folder is then an ordinary project root, which the Prefect flow runs on Dask
+    (``python -m flows.pipeline --params F/params.yaml --root F --workers N``, or
+    ``--dask-address``). Returns the folders."""
+    preset = load_preset(name, project / PRESETS)
+    datasets = (datasets or (project / DATASETS_PREFIX)).resolve()
+    folders = []
+    for variant in variants or list(preset.get("variants") or {SINGLE: {}}):
+        raw = variant_params(preset, variant, project / "params.yaml", datasets)
+        if seeds is not None:
+            raw = with_overrides(raw, {"train": {"seeds": list(range(seeds))}})
+        root = project / RESULTS / name / variant
+        root.mkdir(parents=True, exist_ok=True)
+        write_text(root / "params.yaml", yaml.safe_dump(raw, sort_keys=False))
+        load_params(root / "params.yaml")  # validated as a run would
+        folders.append(root)
+    return folders
+
+
 def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True) -> float:
     """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s. Before
     training, the expected training time of the runs to train is printed."""
