@@ -320,3 +320,28 @@ def test_a_claim_about_some_variants_reads_only_those():
     assert paper.verdict == CONTRADICTED and [r["variant"] for r in paper.rows] == ["paper"]
     both = judge(_claim("better", effect=-0.003), table)
     assert sorted(r["variant"] for r in both.rows) == ["paper", "sound"]
+
+
+def test_an_ablation_is_shown_per_variant_beside_the_claimed_method(tmp_path):
+    from dpclip.evidence import ablation_lines
+
+    def write(preset, variant, accuracies, c_final):
+        folder = tmp_path / preset / variant / "reports"
+        folder.mkdir(parents=True)
+        pd.DataFrame([{"method": "ww_dp_sgd", "seed": s, "target_epsilon": 8, "alpha": "iid",
+                       "accuracy": a, "c_final": c_final} for s, a in enumerate(accuracies)]
+                     ).to_csv(folder / "comparison.csv", index=False)
+
+    write("t11", "C1", [0.90, 0.92], 1.2)
+    write("t11", "C4", [0.94, 0.96], 1.3)
+    write("k0", "C1", [0.80, 0.82], 1.0)
+    write("k0", "C4", [0.90, 0.92], 3.0)
+    claim = {"method": "ww_dp_sgd", "metric": "accuracy", "preset": "t11",
+             "ablation": {"preset": "k0", "label": "kappa 0"}}
+    assert ablation_lines(claim, tmp_path) == [
+        "kappa 0 (`k0`, 2 seeds): accuracy C1 0.81, C4 0.91; range over the variants 0.1; "
+        "C_T C1 1, C4 3",
+        "ww_dp_sgd as claimed (`t11`, 2 seeds): accuracy C1 0.91, C4 0.95; range over the "
+        "variants 0.04; C_T C1 1.2, C4 1.3"]
+    missing = {**claim, "ablation": {"preset": "none", "label": "kappa 0"}}
+    assert ablation_lines(missing, tmp_path)[0] == "kappa 0: not run (`dpclip preset none`)"

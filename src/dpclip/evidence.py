@@ -96,6 +96,7 @@ class Finding:
     seeds_needed: int | None = None
     worst_baseline: tuple | None = None  # (configuration, ours, the paper's) furthest below
     preconditions: list[str] = field(default_factory=list)
+    ablation: list[str] = field(default_factory=list)
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -420,11 +421,42 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                    [line for _, line in checked])
 
 
+def ablation_lines(claim: dict, results: Path) -> list[str]:
+    """A claim's ``ablation``: the same method in another preset with one part switched off
+    (e.g. WW's controller at kappa 0), its metric per variant and its range over the variants,
+    beside the claim's own method: descriptive, no verdict."""
+    spec = claim.get("ablation")
+    if not spec:
+        return []
+    metric = claim["metric"]
+    lines = []
+    for label, preset, method in ((spec["label"], spec["preset"], spec.get("method",
+                                                                          claim["method"])),
+                                  (f"{claim['method']} as claimed", claim["preset"],
+                                   claim["method"])):
+        table = preset_table(results, preset)
+        if table is None or table[table["method"] == method].empty:
+            lines.append(f"{label}: not run (`dpclip preset {preset}`)")
+            continue
+        runs = table[table["method"] == method]
+        means = runs.groupby("variant")[metric].mean()
+        seeds = runs.groupby("variant")["seed"].nunique().min()
+        per = ", ".join(f"{v} {m:.4g}" for v, m in means.items())
+        lines.append(f"{label} (`{preset}`, {seeds} seeds): {metric} {per}; range over the "
+                     f"variants {means.max() - means.min():.4g}; C_T "
+                     + ", ".join(f"{v} {c:.3g}" for v, c in
+                                 runs.groupby("variant")["c_final"].mean().items()))
+    return lines
+
+
 def evidence(claims_path: Path, results: Path) -> list[Finding]:
     """Every claim's finding, each preset's runs read once."""
     claims = load_claims(claims_path)
     tables = {c["preset"]: preset_table(results, c["preset"]) for c in claims if "preset" in c}
-    return [judge(c, tables.get(c.get("preset"))) for c in claims]
+    findings = [judge(c, tables.get(c.get("preset"))) for c in claims]
+    for f in findings:
+        f.ablation = ablation_lines(f.claim, results)
+    return findings
 
 
 def _preset_facts(path: Path) -> str:
@@ -490,6 +522,9 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
         if f.ours:
             lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
                 [f"- {text}" for text in f.ours] + [""]
+        if f.ablation:
+            lines += ["*Ablation* (descriptive, no verdict).", ""] + \
+                [f"- {text}" for text in f.ablation] + [""]
         if (figures or {}).get(c["id"]):
             lines += [f"![{c['id']}]({figures[c['id']]})", ""]
         lines += [f"*Verdict.* **{f.verdict}**: {f.reason}."]
