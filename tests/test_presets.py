@@ -4,6 +4,7 @@ its own folder (digits, tiny) without touching the project's outputs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,11 @@ def _fake_run(seconds_per_seed: float, calls: list):
                       "alpha": "iid", "accuracy": 0.9 + d}]
         (root / "reports").mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_csv(root / "reports" / "comparison.csv", index=False)
-        return seconds_per_seed * (len(seeds) - done)
+        (root / "timings").mkdir(exist_ok=True)
+        for seed in seeds:  # one run's training time per seed, as the train stage records
+            (root / "timings" / f"run-seed{seed}.json").write_text(
+                json.dumps({"train_s": seconds_per_seed}))
+        return seconds_per_seed * (len(seeds) - done) + 1.0  # + set-up
     return run_variant
 
 
@@ -160,7 +165,10 @@ def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
         assert power == {"seeds": 34, "seeds_needed": 34, "budget_s": 10_000, "capped": False}
     assert calls[-1] == power["seeds"]
     assert record["variants"]["main"]["seeds"] == power["seeds"]
-    assert record["variants"]["main"]["wall_s_total"] == pytest.approx(10.0 * power["seeds"])
+    # every call's wall time: the new seeds' and each call's set-up
+    calls_made = len(calls)
+    assert record["variants"]["main"]["wall_s_total"] == pytest.approx(
+        10.0 * power["seeds"] + calls_made)
     saved = read_json(project / "results" / "presets" / "toy" / "preset.json")
     assert saved["power"] == power
 
@@ -182,3 +190,26 @@ def test_params_only_writes_each_variant_as_a_project_the_flow_can_run(tmp_path,
     params = load_params(out / "C2" / "params.yaml")
     assert params.train.clip_norm == 2.0 and params.train.seeds == [0, 1, 2]
     assert not (out / "C2" / "runs").exists()  # nothing ran
+
+
+def test_a_preset_with_public_init_and_the_sound_sanitize_runs_end_to_end(tmp_path, capsys):
+    """The table2 `sound` variant's shape on digits: DP-SGD from the public pre-training beside
+    sanitize's frozen public encoder (pre-trained once, not twice), the expected cost stated."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "tiny.yaml").write_text(yaml.safe_dump({
+        "description": "d", "source": "s", "deviations": ["digits"],
+        "params": {"train": {"methods": ["dp_sgd", "sanitize"], "seeds": [0], "epochs": 1,
+                             "public_init": True},
+                   "methods": {"sanitize": {"epochs": 1, "public_steps": 20}},
+                   "attack": {"references": 0}, "audit": {"kinds": []},
+                   "evaluate": {"ir_attack": False}, "shadow": {"epochs": 1}}}))
+    assert main(["--root", str(tmp_path), "preset", "tiny"]) == 0
+    assert "expected training: 2 runs" in capsys.readouterr().out
+    runs = tmp_path / "results" / "presets" / "tiny" / "main" / "runs"
+    dp = read_json(runs / "dp_sgd-eps8-iid-seed0" / "record.json")
+    assert dp["privacy"]["data_use"]["initialisation"].startswith("pre-trained on the public")
+    assert dp["training"]["init_public_steps_run"] > 0
+    sanitize = read_json(runs / "sanitize-eps8-iid-seed0" / "record.json")["training"]
+    assert "init_public_steps_run" not in sanitize  # its own pre-training only
+    assert sanitize["head_kept"] in ("public", "private")

@@ -129,7 +129,8 @@ def test_paired_test_never_goes_below_the_exact_floor():
 
 
 def test_seeds_needed_matches_g_power():
-    # paired t-test, two-sided 5%, power 80% (G*Power: d = 1 -> 10, d = 0.5 -> 34)
+    # paired t-test, two-sided 5%, power 80% (G*Power: d = 1 -> 10, d = 0.5 -> 34); up to 16
+    # seeds the exact sign-flip test's own power decides, which at d = 1 also reaches 80% at 10
     assert seeds_needed(spread=1.0, effect=1.0) == 10
     assert seeds_needed(spread=2.0, effect=-1.0) == 34
     assert seeds_needed(spread=0.1, effect=5.0) == 6  # never below the exact test's minimum
@@ -179,3 +180,25 @@ def test_a_constant_difference_is_not_certainty():
     varied = rows[:6] + _runs("auto_s", [a + 0.01 + 0.001 * i for i, a in enumerate(base)])
     assert paired_comparison(_table(varied)).set_index("metric").loc[
         "accuracy", "verdict"] == "better"
+
+
+def test_the_exact_tests_power_is_below_the_t_tests_at_small_n():
+    """Checked against an independent simulation calling the test itself: at d = 1.5 the
+    t-test reaches 80% at 6 seeds (G*Power: 0.82), the exact sign-flip test only at 7, because
+    at 6 seeds it rejects only when every sign agrees (p = 2/64)."""
+    from scipy import stats
+
+    from dpclip.seed_stats import sign_flip_power
+
+    def simulated(n, ratio, draws=600):
+        rng = np.random.default_rng(99)
+        return np.mean([sign_flip_test(rng.normal(ratio, 1.0, n))[0] <= 0.05
+                        for _ in range(draws)])
+
+    for n in (6, 7, 10):  # within about 3 standard errors of the 600-draw check
+        assert abs(sign_flip_power(n, 1.5) - simulated(n, 1.5)) < 0.06
+    # at 6 seeds: P(all six positive) + P(all negative) for N(1.5, 1) draws
+    every_sign = stats.norm.cdf(1.5) ** 6 + stats.norm.cdf(-1.5) ** 6
+    assert sign_flip_power(6, 1.5) == pytest.approx(every_sign, abs=0.03)
+    assert every_sign < 0.8 and sign_flip_power(7, 1.5) >= 0.8
+    assert seeds_needed(spread=1.0, effect=1.5) == 7

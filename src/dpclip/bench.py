@@ -37,9 +37,10 @@ from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
 from dpclip.models import build_model, layer_names
 from dpclip.stages.prepare import load_split
-from dpclip.stages.train import train_config
+from dpclip.stages.train import load_public, needs_public, train_config
 from dpclip.train import TrainConfig, build_run
 from dpclip.train.runs import run_class
+from dpclip.train.step import plain_step
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -93,8 +94,6 @@ def _stepper(params: Params, layout: Layout, name: str, data):
         if hasattr(run, "guard"):
             run.step(xt, yt, batch, epoch=1)
         else:
-            from dpclip.train.step import plain_step
-
             idx = torch.as_tensor(batch, device=run.device)
             plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
     return step, run.device, run.q
@@ -304,17 +303,35 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
 
 def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) -> dict:
     """The expected training time of the runs ``keys`` on this machine, before they train:
-    per method, its steps per run (the run's own plan) times its median step time, measured
-    now on the prepared data (``steps`` steps after one warm-up; the step a benchmark times,
-    so a method whose run kind steps otherwise is an estimate). Evaluation is not included.
-    Returns {"runs", "seconds", "methods": {method: {"runs", "steps_per_run", "step_s"}}}."""
-    data = _data(layout)
-    x, y, shape, n_classes = data
+    per method, its run's set-up (a public pre-training, when there is one) plus its steps per
+    run (the run's own plan) times its median step time, measured now on the prepared data
+    (``steps`` steps after one warm-up). A private run times its DP step at its Poisson batch;
+    any other run kind a plain step at its own batch size (for ``sanitize``'s class-mean head
+    an upper bound). Evaluation is not included. Returns {"runs", "seconds", "methods":
+    {method: {"runs", "steps_per_run", "step_s", "setup_s"}}}."""
+    x, y, shape, n_classes = _data(layout)
     methods: dict[str, dict] = {}
     for method in sorted({key.method for key in keys}):
-        run = build_run(shape, n_classes, len(x), _config(params, layout, method))
-        step, _, q = _stepper(params, layout, method, data)
-        batches = _batches(len(x), q, steps + 1)
+        cfg = _config(params, layout, method)
+        tic = time.perf_counter()
+        run = build_run(shape, n_classes, len(x), cfg,
+                        load_public(layout) if needs_public(cfg) else None)
+        setup_s = time.perf_counter() - tic
+        xt = torch.as_tensor(x, dtype=torch.float32, device=run.device)
+        yt = torch.as_tensor(y, dtype=torch.int64, device=run.device)
+        if hasattr(run, "guard"):  # a private run kind: its DP step on Poisson batches
+            batches = _batches(len(x), run.q, steps + 1)
+
+            def step(batch, run=run):
+                run.step(xt, yt, batch, epoch=1)
+        else:  # plain and sanitize runs: shuffled batches of their own size
+            size = min(run.cfg.train.batch_size, len(x))
+            order = np.random.default_rng(0).permutation(len(x))
+            batches = [order[i * size:(i + 1) * size] for i in range(steps + 1)]
+
+            def step(batch, run=run):
+                idx = torch.as_tensor(batch, device=run.device)
+                plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
         step(batches[0])  # warm-up
         times = []
         for batch in batches[1:]:
@@ -323,8 +340,9 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
             times.append(time.perf_counter() - tic)
         methods[method] = {"runs": sum(key.method == method for key in keys),
                            "steps_per_run": int(run.total_steps),
-                           "step_s": float(np.median(times))}
-    seconds = sum(m["runs"] * m["steps_per_run"] * m["step_s"] for m in methods.values())
+                           "step_s": float(np.median(times)), "setup_s": setup_s}
+    seconds = sum(m["runs"] * (m["steps_per_run"] * m["step_s"] + m["setup_s"])
+                  for m in methods.values())
     return {"runs": len(keys), "seconds": seconds, "methods": methods}
 
 
@@ -333,7 +351,9 @@ def cost_text(cost: dict) -> str:
     if not cost["runs"]:
         return "expected training: none, every run is up to date"
     parts = ", ".join(f"{name} {m['runs']} x {m['steps_per_run']} steps x "
-                      f"{1000 * m['step_s']:.1f} ms" for name, m in cost["methods"].items())
+                      f"{1000 * m['step_s']:.1f} ms"
+                      + (f" (+ {m['setup_s']:.0f} s set-up)" if m["setup_s"] >= 1 else "")
+                      for name, m in cost["methods"].items())
     return (f"expected training: {cost['runs']} runs, about {cost['seconds'] / 60:.1f} min on "
             f"this machine ({parts}; step times measured now, evaluation not included)")
 

@@ -116,6 +116,16 @@ def load_claims(path: Path) -> list[dict]:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reproduce needs method, "
                               f"metric and paper (the paper's baseline numbers), not "
                               f"{reproduce!r}")
+        for other in (reproduce or {}).get("also") or []:
+            if not isinstance(other, dict) or not {"source", "paper"} <= set(other):
+                raise DpclipError(f"{path}: claim {claim.get('id')!r}: each reproduce.also "
+                                  f"entry needs a source and the paper's numbers, not "
+                                  f"{other!r}")
+        variants = claim.get("variants")
+        if variants is not None and not (isinstance(variants, list) and variants and
+                                         all(isinstance(v, str) for v in variants)):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: variants must be a list of "
+                              f"the preset's variant names, not {variants!r}")
         for condition in claim.get("preconditions") or []:
             if not isinstance(condition, dict) or condition.get("kind") not in PRECONDITIONS \
                     or "method" not in condition:
@@ -324,8 +334,8 @@ def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str
         if "c_initial" not in runs or runs["c_initial"].isna().all():
             return None, (f"{kind} of {method}: not checked, the runs record no initial clip "
                           f"threshold (`dpclip report` again)")
-        moved = float(np.mean(np.abs(np.log(runs["c_final"].astype(float)
-                                            / runs["c_initial"].astype(float)))))
+        moved = float(np.nanmean(np.abs(np.log(runs["c_final"].astype(float)
+                                               / runs["c_initial"].astype(float)))))
         least = float(condition.get("min", 0.05))
         line = (f"{method}'s clip threshold moves by |log(C_T / C_0)| = {moved:.3g} on average "
                 f"over {len(runs)} runs ({'at least' if moved >= least else 'below'} {least:g}); "
@@ -356,6 +366,10 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
     baselines = claim.get("baselines") or [claim["baseline"]]
     if claim.get("variants"):  # the claim is about these variants of the preset only
+        unknown = sorted(set(claim["variants"]) - set(table["variant"]))
+        if unknown:
+            return Finding(claim, UNTESTABLE, f"the preset's runs have no variant {unknown} "
+                                              f"(`dpclip preset {claim['preset']} --variant ...`)")
         table = table[table["variant"].isin(claim["variants"])]
     missing = {method, *baselines} - set(table["method"])
     if missing:

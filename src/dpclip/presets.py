@@ -174,38 +174,53 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     return {k: v for k, v in record.items() if v is not None}
 
 
+def _training_seconds(root: Path) -> float:
+    """The training time of every run in a variant's folder, from the runs' timing files."""
+    return sum(float(read_json(path).get("train_s") or 0.0)
+               for path in sorted((root / "timings").glob("*.json")))
+
+
+def _needed(name: str, project: Path) -> int | None:
+    """The most paired seeds an inconclusive claim on this preset needs (None: none does, or
+    no estimate)."""
+    from dpclip.evidence import INCONCLUSIVE, evidence
+
+    wanted = [f.seeds_needed for f in evidence(project / PRESETS / "claims.yaml",
+                                               project / RESULTS)
+              if f.claim.get("preset") == name and f.verdict == INCONCLUSIVE]
+    return max((n for n in wanted if n), default=None)
+
+
 def seeds_by_power(name: str, budget_s: float, *, project: Path = Path("."),
                    first: int | None = None, **options) -> dict:
-    """Run a preset with the seeds its claims need (scope: ``presets/claims.yaml``'s claims on
-    this preset), within a compute budget in seconds of wall time.
+    """Run a preset with the seeds its claims need (``presets/claims.yaml``'s claims on this
+    preset), within a budget of training time in seconds.
 
     Runs ``first`` seeds (default: the exact test's minimum), judges the preset's claims and
     takes the largest number of paired seeds an inconclusive claim needs at 80% power from the
     observed spread (:func:`dpclip.seed_stats.seeds_needed`); runs that many, or as many as the
-    budget affords at the measured wall time per seed, and records in ``preset.json`` what was
-    needed, what ran and whether the budget capped it (the evidence report says so)."""
-    from dpclip.evidence import INCONCLUSIVE, evidence
+    budget affords at the training time per seed the runs' own timing files give (evaluation
+    not counted), judges again (the spread is re-estimated), and records in ``preset.json``
+    what was needed, what ran and whether the budget capped it (the evidence report says so)."""
     from dpclip.seed_stats import minimum_exact_seeds
 
     seeds = first or minimum_exact_seeds()
     record = run_preset(name, project=project, seeds=seeds, **options)
-    needed = None
-    for _ in range(3):  # the spread, so the seeds needed, is re-estimated with more seeds
-        findings = [f for f in evidence(project / PRESETS / "claims.yaml", project / RESULTS)
-                    if f.claim.get("preset") == name]
-        wanted = [f.seeds_needed for f in findings if f.verdict == INCONCLUSIVE]
-        if not any(wanted):  # decided, or no estimate: more seeds would not be targeted
-            break
-        needed = max(n for n in wanted if n)
-        spent = sum(v["wall_s_total"] for v in record["variants"].values())
-        per_seed = spent / seeds
+    chosen = options.get("variants") or list(record["variants"])
+    out = project / RESULTS / name
+    needed = _needed(name, project)
+    for _ in range(3):  # at most three rounds: each re-estimates the spread
+        if needed is None:
+            break  # decided, or no estimate: more seeds would not be targeted
+        per_seed = sum(_training_seconds(out / v) for v in chosen) / seeds
         affordable = int(budget_s // per_seed) if per_seed > 0 else seeds
         target = min(needed, max(affordable, seeds))
         if target <= seeds:
             break
         seeds = target
         record = run_preset(name, project=project, seeds=seeds, **options)
+        needed = _needed(name, project) or needed  # a decided claim keeps the last estimate
     record["power"] = {"seeds": seeds, "seeds_needed": needed, "budget_s": budget_s,
                        "capped": bool(needed and needed > seeds)}
-    write_json(project / RESULTS / name / "preset.json", record)
+    write_json(out / "preset.json", record)
     return record

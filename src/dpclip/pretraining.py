@@ -20,14 +20,19 @@ PUBLIC_PRETRAINING = {"public_steps": 1000, "public_patience": 5, "public_check_
 HELD_OUT_CHECK = 2000
 
 
-def held_out_check(public, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """At most :data:`HELD_OUT_CHECK` records of the public held-out split (a fixed seeded
-    subset), as tensors; None without one."""
+def held_out_check(public, device,
+                   part: str = "stop") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """At most :data:`HELD_OUT_CHECK` records of one half of the public held-out split (a fixed
+    seeded division), as tensors; None without one. ``stop``: the half that stops the
+    pre-training (and keeps its best weights); ``choose``: the other half, which scores models
+    after it (sanitize's head choice), so that choice is not biased towards the pre-training's
+    own pick."""
     held = getattr(public, "held_out", None)
-    if held is None or not len(held[0]):
+    if held is None or len(held[0]) < 2:
         return None
     pick = torch.randperm(len(held[0]), generator=torch.Generator().manual_seed(0))
-    pick = pick[:HELD_OUT_CHECK].numpy()
+    half = len(pick) // 2
+    pick = (pick[:half] if part == "stop" else pick[half:])[:HELD_OUT_CHECK].numpy()
     return (torch.as_tensor(held[0][pick], dtype=torch.float32, device=device),
             torch.as_tensor(held[1][pick], dtype=torch.int64, device=device))
 

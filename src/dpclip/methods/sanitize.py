@@ -283,6 +283,8 @@ class Sanitize(Method):
         # shuffled batches do not give. Either way the epsilon is not one the run gives.
         self.dp_guarantee = (self.options["encoder"] == "frozen"
                              and self.options["accounting"] == "releases")
+        if self.options["accounting"] == "paper":  # the notion the paper's accounting claims
+            self.adjacency = "add_remove"
 
     def data_use(self) -> dict[str, str]:
         encoder = ("the public shadow_train split (pre-trained without noise, stopped on the "

@@ -47,8 +47,11 @@ def shadow_config(params: Params) -> TrainConfig:
     """The target architecture and optimizer, trained without privacy (public data: no early
     stopping, seeded noise) on the CPU for the shadow section's epochs and batch size."""
     s = params.shadow
+    # no public_init: the shadow model trains on public records already, and its members and
+    # non-members are the public splits a pre-training would read
     train = params.train.model_copy(update={"epochs": s.epochs, "batch_size": s.batch_size,
-                                            "device": "cpu", "early_stopping": EarlyStopping()})
+                                            "device": "cpu", "early_stopping": EarlyStopping(),
+                                            "public_init": False})
     privacy = params.privacy.model_copy(update={"secure_noise": False})
     return TrainConfig("non_private", None, s.seed, train, privacy)
 
