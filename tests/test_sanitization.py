@@ -385,3 +385,14 @@ def test_a_retired_option_names_what_replaced_it(tiny_raw):
         parse_params(tiny_raw(methods={"sanitize": {"public_epochs": 100}}))
     assert "methods.sanitize.public_epochs: 100 is no longer an option: the public " \
            "pre-training is sized by public_steps" in str(err.value)
+
+
+def test_the_methods_own_optimizer_trains_the_private_layers():
+    from dpclip.train import build_run
+
+    x, _ = _sanitize_data()
+    joint = build_run((6,), 3, len(x), _sanitize_cfg(encoder="joint", optimizer="adam"))
+    assert isinstance(joint.optimizer, torch.optim.Adam)
+    assert joint.optimizer.param_groups[0]["lr"] == 0.1  # head_lr
+    plain = build_run((6,), 3, len(x), _sanitize_cfg(encoder="joint"))  # train.optimizer: sgd
+    assert isinstance(plain.optimizer, torch.optim.SGD)

@@ -259,6 +259,9 @@ class Sanitize(Method):
                                   "q = B / N claimed for the shuffled batches (not a guarantee)"),
         "batch_size": Option(0, low=0, integer=True,
                              help="the method's own batch size (0: train.batch_size)"),
+        "optimizer": Option("train", choices=("train", "sgd", "adam"),
+                            help="the optimizer of the layers trained on private data (train: "
+                                 "train.optimizer)"),
         "head_lr": Option(0.002, low=0.0, low_open=True,
                           help="head_fit sgd / joint: learning rate (train.optimizer) on the "
                                "sanitized activations"),

@@ -73,8 +73,11 @@ class SanitizeRun(Run):
         """Nothing to watch: the series is the released sanitized outputs' std."""
 
     def _private_cfg(self):
-        """train.* with the method's learning rate for the layers trained on private data."""
-        return self.cfg.with_train(lr=self.method.options["head_lr"])
+        """train.* with the method's learning rate (and optimizer, unless ``train``) for the
+        layers trained on private data."""
+        optimizer = self.method.options["optimizer"]
+        return self.cfg.with_train(lr=self.method.options["head_lr"], **(
+            {} if optimizer == "train" else {"optimizer": optimizer}))
 
     # --- frozen encoder --------------------------------------------------------------------
     def _pretrain_and_freeze(self, public) -> None:
