@@ -164,6 +164,9 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
         if seeds is not None:
             raw = with_overrides(raw, {"train": {"seeds": list(range(seeds))}})
         seconds = run_variant(raw, out / variant, track=track, progress=progress)
+        if record_path.is_file():  # another process may have run other variants meanwhile
+            record["variants"] = {**record["variants"],
+                                  **read_json(record_path).get("variants", {})}
         earlier = record["variants"].get(variant, {})
         # wall_s: this call's; wall_s_total: every call's (runs done before are not run again)
         total = earlier.get("wall_s_total", earlier.get("wall_s", 0.0)) + seconds
