@@ -96,7 +96,7 @@ def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):
     # initial clip threshold from its clip section
     derived = {"strongest_attack": "loss", "strongest_tpr_at_fpr_0.1pct": "0",
                "tpr_bound_at_fpr_0.1pct": "1", "strongest_auc": "0.95",  # 1 - 1e-7, 4 digits
-               "c_initial": "1"}
+               "c_initial": "1", "c_median": "1"}
     assert all(cells[name] == derived.get(name, "—") for name in ADDED), cells
     new = next(line for line in text.splitlines() if line.startswith(f"| {NEW_RUN} |"))
     cells = dict(zip(names, (c.strip() for c in new.strip("|").split("|"))))
