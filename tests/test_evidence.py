@@ -345,3 +345,13 @@ def test_an_ablation_is_shown_per_variant_beside_the_claimed_method(tmp_path):
         "variants 0.04; C_T C1 1.2, C4 1.3"]
     missing = {**claim, "ablation": {"preset": "none", "label": "kappa 0"}}
     assert ablation_lines(missing, tmp_path)[0] == "kappa 0: not run (`dpclip preset none`)"
+
+
+def test_one_seed_is_not_testable_but_shows_the_baseline_and_both_means():
+    check = {"method": "dp_sgd", "metric": "accuracy", "paper": {8: 0.80}, "tolerance": 0.015}
+    rows = _rows({"ww_dp_sgd": [0.989], "dp_sgd": [0.942]}, "accuracy")
+    finding = judge(_claim("better", "accuracy", effect=0.18, reproduce=check), _table(rows))
+    assert finding.verdict == UNTESTABLE and finding.reason == "fewer than two seeds pair the runs"
+    assert finding.fidelity == ["eps 8: dp_sgd accuracy 0.942 over 1 seeds vs the paper's 0.8: "
+                                "as good or better"]
+    assert finding.ours == ["eps 8: ww_dp_sgd 0.989 vs dp_sgd 0.942 (accuracy, 1 seed)"]
