@@ -355,3 +355,14 @@ def test_one_seed_is_not_testable_but_shows_the_baseline_and_both_means():
     assert finding.fidelity == ["eps 8: dp_sgd accuracy 0.942 over 1 seeds vs the paper's 0.8: "
                                 "as good or better"]
     assert finding.ours == ["eps 8: ww_dp_sgd 0.989 vs dp_sgd 0.942 (accuracy, 1 seed)"]
+
+
+def test_an_undecided_claim_with_the_powered_seeds_says_more_would_decide_it():
+    # five clear gains and one tiny loss: p = 2 x 2/64 = 0.0625 at 6 seeds, while the spread
+    # (effect / sd about 2.3) gives 80% power at the exact test's minimum of 6
+    differences = [0.02, 0.02, 0.02, 0.02, 0.02, -0.001]
+    finding = judge(_claim("better", "accuracy", effect=0.02), _table(_pair(differences,
+                                                                             "accuracy")))
+    assert finding.verdict == INCONCLUSIVE and finding.seeds_needed == 6
+    assert finding.reason.endswith("the observed spread gives 80% power at 6 paired seeds and "
+                                   "6 ran: these did not decide it, more seeds would")

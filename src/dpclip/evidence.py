@@ -438,9 +438,14 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         reason = ("; ".join(r["label"] for r in open_rows) + ": the interval contains both "
                   + ("a loss of the margin" if margin is not None else "no effect")
                   + " and the paper's effect")
-        reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
-                   if needed else "; the seeds needed cannot be estimated (no paper effect, "
-                   "no spread, or more than 1000)")
+        ran = min(r["seeds"] for r in open_rows)
+        if needed and needed <= ran:  # powered, yet undecided: 1 in 5 such runs is
+            reason += (f"; the observed spread gives {POWER:.0%} power at {needed} paired "
+                       f"seeds and {ran} ran: these did not decide it, more seeds would")
+        else:
+            reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
+                       if needed else "; the seeds needed cannot be estimated (no paper "
+                       "effect, no spread, or more than 1000)")
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
                    [line for _, line in checked])
 
