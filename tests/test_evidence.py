@@ -271,7 +271,11 @@ def test_the_report_from_synthetic_preset_runs(tmp_path, capsys):
            _pair([-0.010, -0.011, -0.009], "ece", base=0.03))
     (tmp_path / "results" / "presets" / "t10" / "preset.json").write_text(json.dumps(
         {"deviations": ["a subset of MNIST"], "variants": {"main": {"wall_s": 61.4}}}))
+    stale = tmp_path / "docs" / "evidence" / "gone-claim.png"  # a figure of an earlier report
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
     assert main(["--root", str(tmp_path), "evidence", "--out", "docs/evidence.md"]) == 0
+    assert not stale.exists()
     text = (tmp_path / "docs" / "evidence.md").read_text()
     assert "| ece-claim | s | **inconclusive** | 6 |  |" in text
     assert "| later | s | **not testable here** |  |  |" in text

@@ -578,6 +578,9 @@ def write_evidence(claims_path: Path, results: Path, out: Path, command: str) ->
         if claim_figure(out.parent / name, f.rows, f.claim["method"], metric,
                         f"{f.claim['id']}: {f.verdict}"):
             figures[f.claim["id"]] = name
+    for stale in sorted((out.parent / out.stem).glob("*.png")):  # a claim no longer drawn
+        if f"{out.stem}/{stale.name}" not in figures.values():
+            stale.unlink()
     text = evidence_markdown(findings, results, command, figures)
     write_text(out, text)
     body = markdown.markdown(text, extensions=["tables"])
