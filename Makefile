@@ -37,8 +37,10 @@ $(STAMP): requirements.lock pyproject.toml
 run: install
 	@start=$$(date +%s); \
 	dvc repro 2>&1 | $(BIN)/python -m dpclip.stage_times && end=$$(date +%s) && \
-	echo && cat reports/comparison.md && echo && \
-	echo "dvc repro took $$((end - start)) s. Figures: reports/*.png, per run: figures/<run>/" && \
+	echo && cat reports/summary.txt && echo && \
+	echo "Every column of every run: reports/comparison.md (.csv); over seeds: reports/seeds.csv" && \
+	echo "Figures: reports/*.png, per run: figures/<run>/; dvc plots show; dpclip compare" && \
+	echo "dvc repro took $$((end - start)) s." && \
 	echo "MLflow UI:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db" && \
 	echo "Prefect:    $(VENV)/bin/prefect server start   then   PREFECT_API_URL=http://127.0.0.1:4200/api $(VENV)/bin/python -m flows.serve"
 

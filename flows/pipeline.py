@@ -41,6 +41,7 @@ from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey
 from dpclip.stages.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
+from dpclip.summary_table import HEADERS, LEGEND, cells
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 
@@ -212,6 +213,11 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
                         "evaluated": state.message != UP_TO_DATE})
         print(summary[-1])
     result = report_task(p, out, track, wait_for=evaluated)
+    # the short table first (what the terminal prints), then every column of every run
+    create_table_artifact(table=[{HEADERS[k]: v for k, v in row.items()}
+                                 for row in cells(result.summary)], key="dpclip-summary",
+                          description=f"dpclip summary ({params.data.dataset}): one row per "
+                                      f"configuration over its seeds. {LEGEND}")
     create_table_artifact(table=_table_rows(result.table), key="dpclip-comparison",
                           description=f"dpclip comparison ({params.data.dataset})")
     create_markdown_artifact(markdown=(layout.reports / "comparison.md").read_text(),

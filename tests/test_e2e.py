@@ -110,6 +110,11 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
                                          "reason": "no DP claim", "epsilon_lower_bound": None}
     table = (project / "reports" / "comparison.md").read_text()
     assert all(run in table for run in RUNS)
+    # what `make run` prints last: one row per configuration, no line over 120 characters
+    short = (project / "reports" / "summary.txt").read_text()
+    assert max(len(line) for line in short.splitlines()) <= 120
+    assert [line.split()[0] for line in short.splitlines()[1:3]] == ["non_private", "dp_sgd"]
+    assert "cat reports/summary.txt" in (PROJECT / "Makefile").read_text()
     for name in ("comparison.csv", "comparison.png", "clip_thresholds.png", "roc.png",
                  "roc_lira.png", "roc_rmia.png", "claimed_vs_audited_epsilon.png",
                  "privacy_utility.png", "seeds.csv", "paired_vs_dp_sgd.csv",
@@ -367,6 +372,16 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     for row in rows:  # real numbers for the commit and the experiment
         summary = row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"]
         assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["ece"] <= 1
+    # the same comparison as a long, narrow table: every run under both names
+    compared = _sh([str(BIN / "dpclip"), "compare"], project, env)
+    assert max(len(line) for line in compared.splitlines()) <= 120
+    assert "train.epochs: " in compared and "epochs3=3" in compared
+    for run in RUNS:
+        (line,) = [x for x in compared.splitlines() if x.startswith(run)]
+        following = compared.splitlines()[compared.splitlines().index(line) + 1]
+        assert following.lstrip().startswith("epochs3")  # the experiment's row follows
+    only = _sh([str(BIN / "dpclip"), "compare", "epochs3", "--only-changed"], project, env)
+    assert "Experiments: epochs3" in only
     diff = _sh([str(BIN / "dvc"), "metrics", "diff", "HEAD", "--json"], project, env)
     changed = json.loads(diff[diff.index("{"):])
     for run in RUNS:

@@ -183,7 +183,11 @@ def test_one_seed_says_no_difference_is_tested(reported):
 
 
 def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
+    from dpclip.seed_stats import paired_comparison, seed_summary
     from dpclip.stages.report import seeds_section
+
+    def section(frame):
+        return seeds_section(seed_summary(frame), paired_comparison(frame), tmp_path)
 
     def table(seeds):
         rows = []
@@ -196,7 +200,7 @@ def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
                              "audit_whitebox": 1.5 + seed, "audit_blackbox": None})
         return pd.DataFrame(rows)
 
-    text = "\n".join(seeds_section(table(6), tmp_path))
+    text = "\n".join(section(table(6)))
     assert "| 8 | iid | auto_s | 6 | 0.9505 [" in text  # mean [interval]: 0.95 + 0.003 / 6
     assert "| 1.5 to 6.5 |" in text  # the audited bounds: per-seed range, not a mean
     line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
@@ -205,7 +209,7 @@ def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
     assert line.endswith("| better |") and "0.0505 [0.049, 0.052]" in line
     assert pd.read_csv(tmp_path / "paired_vs_dp_sgd.csv")["verdict"].tolist().count("better") == 1
     # three seeds: p = 2 / 8 = 0.25 at best, no bound: a 0.05 gain is not distinguishable
-    text = "\n".join(seeds_section(table(3), tmp_path))
+    text = "\n".join(section(table(3)))
     line = next(l for l in text.splitlines() if l.startswith("| 8 | iid | auto_s | accuracy"))
     assert line.endswith("| not distinguishable |") and "[-inf, inf]" in line
 

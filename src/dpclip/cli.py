@@ -85,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(presets/claims.yaml) against the preset runs")
     ev.add_argument("--results", default="results/presets", help="the preset runs' folder")
     ev.add_argument("--out", default="reports/evidence.md", help="Markdown (HTML beside it)")
+    cmp = sub.add_parser("compare", help="DVC experiments side by side: one row per run and "
+                                         "experiment (a table that fits a terminal)")
+    cmp.add_argument("experiments", nargs="*", metavar="EXP",
+                     help="experiment names or revisions (default: the baseline, its "
+                          "experiments and the workspace when it differs)")
+    cmp.add_argument("--rev", action="append", help="baseline commit(s), as dvc exp show "
+                                                    "--rev (default HEAD)")
+    cmp.add_argument("-n", "--num", type=int, default=1,
+                     help="experiments of this many commits back (dvc exp show -n)")
+    cmp.add_argument("--only-changed", action="store_true",
+                     help="only runs whose numbers differ between the experiments")
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -105,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return _preset(args)
     if args.command == "evidence":  # reads the preset runs, not params.yaml
         return _evidence(args)
+    if args.command == "compare":  # reads DVC's experiments, not params.yaml
+        return _compare(args)
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))
@@ -164,6 +177,19 @@ def _preset(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from dpclip.compare import compare_text, dvc_experiments, select
+
+    try:
+        experiments = select(dvc_experiments(Path(args.root), args.rev, args.num),
+                             args.experiments)
+    except DpclipError as exc:
+        print(f"dpclip: error: {exc}", file=sys.stderr)
+        return 2
+    print(compare_text(experiments, args.only_changed))
+    return 0
+
+
 def _evidence(args) -> int:
     from dpclip.evidence import write_evidence
 
@@ -212,7 +238,8 @@ def _dispatch(args, params, layout) -> int:
         return 0
     if args.command == "report":
         result = stages.report(params, layout, track=not args.no_track)
-        print(result.table.to_string(index=False))
+        print((layout.reports / "summary.txt").read_text(), end="")
+        print(f"Every column of every run: {layout.reports / 'comparison.md'}")
         if result.mlflow:
             from dpclip.tracking import describe
 

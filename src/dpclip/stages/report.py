@@ -19,6 +19,8 @@ from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
 from dpclip.stages.overlays import read_roc, write_overlays
+from dpclip.summary_table import LEGEND, legend, summary_frame, text_table
+from dpclip.summary_table import markdown_table as summary_markdown
 
 
 def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
@@ -173,6 +175,7 @@ def _shadow_notes(layout: Layout) -> list[str]:
 
 
 DATA_USE = "data_use.md"
+SUMMARY_CSV, SUMMARY_TEXT = "summary.csv", "summary.txt"  # the short table (make run prints it)
 OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "roc_lira.png", "roc_rmia.png",
                     "privacy_utility.png")
 
@@ -243,11 +246,10 @@ def _range(low, high) -> str:
     return f"{low:.4g}" if low == high else f"{low:.4g} to {high:.4g}"
 
 
-def seeds_section(table: pd.DataFrame, out) -> list[str]:
+def seeds_section(summary: pd.DataFrame, paired: pd.DataFrame, out) -> list[str]:
     """Write ``seeds.csv`` (mean and 95% interval of each headline metric per configuration)
     and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.seed_stats`); return the report's section on
     them, which says so when one seed allows no interval and no test."""
-    summary, paired = seed_summary(table), paired_comparison(table)
     write_csv_frame(out / "seeds.csv", summary)
     write_csv_frame(out / "paired_vs_dp_sgd.csv", paired)
     lines = ["", "## Over seeds", ""]
@@ -381,7 +383,8 @@ def data_use_markdown(metrics: list[dict]) -> str:
 
 @dataclass
 class ReportResult:
-    table: pd.DataFrame
+    table: pd.DataFrame  # one row per run, every column (comparison.csv)
+    summary: pd.DataFrame  # one row per configuration over its seeds (summary.csv)
     mlflow: dict | None  # what tracking logged (None when tracking was skipped)
 
 
@@ -406,10 +409,15 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              *ADDED_NOTES,
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
-    notes += seeds_section(table, out)
+    by_seed, paired = seed_summary(table), paired_comparison(table)
+    notes += seeds_section(by_seed, paired, out)
     notes += references_section(metrics)
     notes += tuning_section(layout, out)
+    short = summary_frame(table, by_seed, paired)
+    write_csv_frame(out / SUMMARY_CSV, short)
+    write_text(out / SUMMARY_TEXT, text_table(short) + "\n\n" + legend() + "\n")
     write_text(out / "comparison.md", f"# dpclip comparison ({params.data.dataset})\n\n"
+               + summary_markdown(short) + "\n\n" + LEGEND + "\n\n## Every run\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     write_text(out / DATA_USE, data_use_markdown(metrics))
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
@@ -440,4 +448,4 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
         from dpclip.tracking import log_pipeline
 
         logged = log_pipeline(params, layout, runs)
-    return ReportResult(table, logged)
+    return ReportResult(table, short, logged)

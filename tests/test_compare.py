@@ -1,0 +1,70 @@
+"""`dpclip compare`: DVC experiments as rows (run x experiment) that fit a terminal. The DVC
+side runs for real in tests/test_e2e.py; here the rows of `dvc exp show --json` are written by
+hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpclip.compare import (MAX_WIDTH, changed_params, compare_text, comparison_rows,
+                            experiments_from_json, select)
+from dpclip.errors import DpclipError
+
+
+def _summary(accuracy, ece=0.05):
+    return {"epsilon": 7.998, "accuracy": accuracy, "ece": ece, "attack_auc": 0.55,
+            "attack_tpr_at_low_fpr": 0.02, "audit_epsilon_lower_bound": 1.5}
+
+
+def _revision(rev, name, epochs, accuracies):
+    return {"rev": rev, "name": name, "data": {
+        "metrics": {f"summary/{run}.json": {"data": _summary(a)} for run, a in accuracies.items()},
+        "params": {"params.yaml": {"data": {"train": {"epochs": epochs, "lr": 0.1}}}}}}
+
+
+RUNS = {"dp_sgd-eps8-iid-seed0": 0.90, "non_private-eps8-iid-seed0": 0.97}
+LONGER = {"dp_sgd-eps8-iid-seed0": 0.93, "non_private-eps8-iid-seed0": 0.97}
+
+
+def _shown(workspace=RUNS):
+    commit = _revision("a" * 40, "main", 2, RUNS)
+    commit["experiments"] = [{"name": "epochs3", "revs": [_revision("b" * 40, "epochs3", 3,
+                                                                   LONGER)]}]
+    return [_revision("workspace", None, 2, workspace), commit]
+
+
+def test_the_workspace_is_left_out_when_it_holds_the_baseline():
+    assert [e.name for e in experiments_from_json(_shown())] == ["main", "epochs3"]
+    changed = {**RUNS, "dp_sgd-eps8-iid-seed0": 0.5}
+    assert [e.name for e in experiments_from_json(_shown(changed))] == \
+        ["workspace", "main", "epochs3"]
+
+
+def test_rows_pair_each_run_across_experiments_with_the_accuracy_difference():
+    experiments = experiments_from_json(_shown())
+    rows = comparison_rows(experiments)
+    assert [(r["run"], r["experiment"]) for r in rows] == [
+        ("dp_sgd-eps8-iid-seed0", "main"), ("dp_sgd-eps8-iid-seed0", "epochs3"),
+        ("non_private-eps8-iid-seed0", "main"), ("non_private-eps8-iid-seed0", "epochs3")]
+    assert rows[0]["d_accuracy"] is None and rows[1]["d_accuracy"] == pytest.approx(0.03)
+    only = comparison_rows(experiments, only_changed=True)
+    assert {r["run"] for r in only} == {"dp_sgd-eps8-iid-seed0"}  # non_private is unchanged
+    assert changed_params(experiments) == {"train.epochs": [2, 3]}
+
+
+def test_the_text_fits_120_columns_even_with_long_names():
+    shown = _shown()
+    long_run = "a_plugin_method_with_a_long_name-eps0.125-0.05-seed12"
+    shown[1]["data"]["metrics"][f"summary/{long_run}.json"] = {"data": _summary(0.8)}
+    shown[1]["experiments"][0]["name"] = "an-experiment-name-much-longer-than-a-column"
+    text = compare_text(experiments_from_json(shown))
+    assert max(len(line) for line in text.splitlines()) <= MAX_WIDTH
+    assert "main=2, an-experiment-name-much-longer-than-a-column=3" in text
+    assert "+0.0300" in text  # dp_sgd's accuracy difference
+
+
+def test_an_unknown_experiment_is_named_in_the_error():
+    with pytest.raises(DpclipError, match="no experiment 'nope'.*main, epochs3"):
+        select(experiments_from_json(_shown()), ["nope"])
+    assert [e.name for e in select(experiments_from_json(_shown()), ["epochs3", "aaaa"])] == \
+        ["epochs3", "main"]
