@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="experiments of this many commits back (dvc exp show -n)")
     cmp.add_argument("--only-changed", action="store_true",
                      help="only runs whose numbers differ between the experiments")
+    ver = sub.add_parser("verify", help="compare this run's summaries with a commit's, per "
+                                        "metric within stated tolerances (exit 1 if any differs)")
+    ver.add_argument("--against", default="HEAD", help="the revision (default HEAD)")
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
@@ -245,6 +248,12 @@ def _dispatch(args, params, layout) -> int:
 
             print(describe(result.mlflow))
         return 0
+    if args.command == "verify":
+        from dpclip.verify import verify, verify_text
+
+        checks = verify([k.name for k in stages.configured_runs(params)], layout, args.against)
+        print(verify_text(checks, args.against, layout))
+        return 0 if all(c.status in ("identical", "within tolerance") for c in checks) else 1
     if args.command == "partition":
         alpha = parse_scalar(args.alpha)
         _check_choice("partition.alphas", alpha, params.partition.alphas)

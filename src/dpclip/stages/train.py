@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from dpclip.config import IID, Params
+from dpclip.numerics import kernels_in_use
 from dpclip.naming import RunKey, configured_runs
 from dpclip.io import read_json, write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
@@ -124,7 +125,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "alpha": None if alpha == IID else alpha, "seed": int(seed),
         "privacy": result.privacy, "training": result.training, "device": result.time["device"],
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
-        "n_members": int(len(data.x)), "threads": threads,
+        "n_members": int(len(data.x)), "threads": threads, "numerics": kernels_in_use(),
         "tuned": tuned_values(params, layout, method, epsilon),  # None: params.yaml's values
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
@@ -158,7 +159,7 @@ def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
 
 def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha,
              tuned: bool = False) -> dict:
-    """``privacy.data_use``: which data each component of the run saw (METHODS.md, "Public
+    """``privacy.data_use``: which data each component of the run saw (docs/privacy.md, "Public
     data"): the method's own components, then preprocessing, early stopping and evaluation."""
     partition = "iid" if alpha == IID else f"Dirichlet alpha {alpha}"
     preprocessing = (meta.get("preprocessing") or {}).get("fitted_on") or \

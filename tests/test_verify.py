@@ -1,0 +1,57 @@
+"""`dpclip verify`: a fresh run's summaries against a commit's, per metric and tolerance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from dpclip.errors import DpclipError
+from dpclip.layout import Layout
+from dpclip.verify import check_run, verify, verify_text
+
+SUMMARY = {"epsilon": 7.998399784936951, "accuracy": 0.9171, "ece": 0.1342,
+           "attack_auc": 0.5092}
+
+
+def test_each_metric_is_judged_by_its_own_tolerance():
+    assert check_run("r", SUMMARY, dict(SUMMARY)).status == "identical"
+    near = {**SUMMARY, "accuracy": 0.9171 + 0.004, "attack_auc": 0.5092 - 0.009}
+    check = check_run("r", SUMMARY, near)
+    assert check.status == "within tolerance" and set(check.differences) == {"accuracy",
+                                                                            "attack_auc"}
+    # the measured cross-kernel swing of sanitize: 0.917 -> 0.901 is beyond 0.005
+    far = check_run("r", SUMMARY, {**SUMMARY, "accuracy": 0.9006})
+    assert far.status == "differs" and far.beyond == ["accuracy"]
+    # epsilon is a function of the plan: a change in its 8th digit is a difference
+    eps = check_run("r", SUMMARY, {**SUMMARY, "epsilon": 7.9984}).beyond
+    assert eps == ["epsilon"]
+    assert check_run("r", SUMMARY, {**SUMMARY, "epsilon": 7.998399784936952}).status == \
+        "within tolerance"
+    assert check_run("r", None, SUMMARY).status == "missing"
+
+
+def _git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+                        "PATH": "/usr/bin:/bin"})
+
+
+def test_the_workspace_against_a_commit(tmp_path):
+    layout = Layout(tmp_path)
+    _git(tmp_path, "init", "-q")
+    layout.summary("a").parent.mkdir()
+    for run in ("a", "b"):
+        layout.summary(run).write_text(json.dumps(SUMMARY))
+    _git(tmp_path, "add", "summary")
+    _git(tmp_path, "commit", "-q", "-m", "results")
+    layout.summary("b").write_text(json.dumps({**SUMMARY, "accuracy": 0.95}))
+    checks = verify(["a", "b", "c"], layout)
+    assert [c.status for c in checks] == ["identical", "differs", "missing"]
+    text = verify_text(checks, "HEAD", layout)
+    assert "accuracy: 0.9171 -> 0.95 (beyond 0.005)" in text
+    assert text.splitlines()[-1] == "1 identical, 1 differs, 1 missing."
+    with pytest.raises(DpclipError, match="--against 'nope' is not a revision"):
+        verify(["a"], layout, "nope")
