@@ -299,7 +299,7 @@ def test_adaclip_opacus_still_reads_adaclip_s_section_when_its_own_is_absent(tin
 
 def test_adaclip_moves_c_on_an_empty_batch_from_the_released_count_alone():
     """An empty Poisson batch releases the count's noise alone; the controller reads it as
-    usual (METHODS.md step 1), so C moves although no record was seen."""
+    usual (docs/privacy.md, "Empty batches"), so C moves although no record was seen."""
     from conftest import gaussian_records, tiny_train_config
 
     from dpclip.train import build_run

@@ -1,4 +1,4 @@
-"""Public data stays public (METHODS.md, "Public data"): a shadow dataset that is the main
+"""Public data stays public (docs/privacy.md, "Public data"): a shadow dataset that is the main
 dataset is refused, and everything fitted to encode a CSV (medians, means, stds, vocabularies,
 the class list) comes from the public shadow_train rows or from data.categories only.
 

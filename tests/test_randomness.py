@@ -1,4 +1,4 @@
-"""Every random draw comes from generators the run owns and checkpoints (METHODS.md,
+"""Every random draw comes from generators the run owns and checkpoints (docs/privacy.md,
 "Randomness"); ``privacy.secure_noise`` seeds them from OS entropy and stores nothing."""
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def test_every_record_states_adjacency_noise_and_data_use():
 
 
 def test_growing_the_matrix_keeps_a_run_s_checkpoint(tmp_path):
-    """Adding a seed, a method or a target epsilon to params.yaml (the README's way to grow a
-    sweep) does not change an existing run's fingerprint; changing what the run trains does."""
+    """Adding a seed, a method or a target epsilon to params.yaml (the documented way to grow
+    a sweep) does not change an existing run's fingerprint; changing what the run trains does."""
     from dataclasses import replace
 
     from dpclip.train.checkpoint import Checkpoint

@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "results/presets/NAME/")
     preset.add_argument("name", nargs="?", help="omit to list the presets")
     preset.add_argument("--variant", action="append", help="only this variant (repeatable)")
-    preset.add_argument("--datasets", help="folder of the real datasets (default: "
-                                           "../shared/datasets beside the project)")
+    preset.add_argument("--datasets", help="folder of the real datasets, for $DATASETS in "
+                                           "the presets' data.path (default: datasets/ in "
+                                           "the project)")
     preset.add_argument("--track", action="store_true", help="also log to MLflow")
     preset.add_argument("--seeds", type=int, help="seeds 0 .. N-1 instead of the preset's")
     preset.add_argument("--params-only", action="store_true",

@@ -9,9 +9,9 @@ Each variant runs the same stage functions DVC runs, in order, in its own projec
 presets never touch the main pipeline's outputs. ``preset.json`` there records the deviations
 and the wall time of each variant; :mod:`dpclip.evidence` reads the results.
 
-``data.path`` values starting with ``../shared/datasets`` are resolved against ``--datasets``
-(default: that folder beside the project), where the real MNIST, Fashion-MNIST, Adult and
-Heart files are; nothing is downloaded or committed.
+``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``
+(default: ``datasets/`` in the project, which git ignores), where the real MNIST,
+Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from dpclip.stages.provenance import TRAIN
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
-DATASETS_PREFIX = "../shared/datasets"
+DATASETS_PREFIX = "$DATASETS"  # data.path: $DATASETS/mnist -> <--datasets>/mnist
+DEFAULT_DATASETS = "datasets"
 SINGLE = "main"  # the variant name of a preset without variants
 
 
@@ -61,7 +62,7 @@ def _resolve_datasets(overlay: dict, datasets: Path) -> dict:
 
 
 # reference models of a preset's LiRA / RMIA: fewer make the calibrated attacks a loose lower
-# bound of what they achieve (README, "LiRA and RMIA")
+# bound of what they achieve (docs/attacks.md, "LiRA and RMIA")
 PRESET_MIN_REFERENCES = 8
 
 
@@ -98,7 +99,7 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
     (``python -m flows.pipeline --params F/params.yaml --root F --workers N``, or
     ``--dask-address``). Returns the folders."""
     preset = load_preset(name, project / PRESETS)
-    datasets = (datasets or (project / DATASETS_PREFIX)).resolve()
+    datasets = (datasets or (project / DEFAULT_DATASETS)).resolve()
     folders = []
     for variant in variants or list(preset.get("variants") or {SINGLE: {}}):
         raw = variant_params(preset, variant, project / "params.yaml", datasets)
@@ -148,7 +149,7 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     preset's own when given; write and return ``preset.json``. Runs already done are not run
     again (the per-run provenance), so more seeds only train the new ones."""
     preset = load_preset(name, project / PRESETS)
-    datasets = (datasets or (project / DATASETS_PREFIX)).resolve()  # the runs may move
+    datasets = (datasets or (project / DEFAULT_DATASETS)).resolve()  # the runs may move
     chosen = variants or list(preset.get("variants") or {SINGLE: {}})
     out = project / RESULTS / name
     record_path = out / "preset.json"

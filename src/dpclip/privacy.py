@@ -7,7 +7,7 @@ std s_k), the step is still one Gaussian mechanism with
     sigma_eff = ( sigma_T^-2 + sum_k (Delta_k / s_k)^2 )^(-1/2),
 
 and for a target sigma_eff the gradient noise is
-    sigma_T = ( sigma_eff^-2 - sum_k (Delta_k / s_k)^2 )^(-1/2)   (METHODS.md).
+    sigma_T = ( sigma_eff^-2 - sum_k (Delta_k / s_k)^2 )^(-1/2)   (docs/privacy.md).
 """
 
 from __future__ import annotations

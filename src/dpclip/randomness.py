@@ -1,4 +1,4 @@
-"""Every random draw of a training run comes from generators the run owns (METHODS.md,
+"""Every random draw of a training run comes from generators the run owns (docs/privacy.md,
 "Randomness"), on every device, so a resumed run never repeats a draw.
 
 Three streams, each its own ``torch.Generator``:

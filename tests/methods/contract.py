@@ -1,6 +1,7 @@
 """The contract every registered method keeps (like Opacus's per-extension contract tests):
 each check is a plain function of the method's name, so the parametrized tests of
-``test_contract.py`` and the test that adds a method from the README run the same checks.
+``test_contract.py`` and the test that adds the documented method (docs/adding-a-method.md)
+run the same checks.
 
 Settings are tiny (6 features, 3 classes, 100 records, B = 10) and a method gets the options
 that make its controller act within them (:data:`TINY_OPTIONS`)."""
@@ -115,8 +116,8 @@ def check_matched_budget(name: str) -> None:
 
 
 def check_empty_batch(name: str, device: str = "cpu") -> None:
-    """An empty Poisson batch is a full, accounted, noise-only step (METHODS.md step 1:
-    skipping it would reveal the empty batch), on the run's device."""
+    """An empty Poisson batch is a full, accounted, noise-only step (docs/privacy.md,
+    "Empty batches": skipping it would reveal the empty batch), on the run's device."""
     if get_method(name).run_kind not in SHARED_STEP_KINDS:
         pytest.skip(f"{name} has no Poisson batches")
     x, y = gaussian_records(100)

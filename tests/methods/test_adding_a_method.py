@@ -1,5 +1,5 @@
-"""Adding a scale-only method is one new file: the README's example, copied into a plugin
-folder of the methods package, is found, validated, trained at the matched budget, covered by
+"""Adding a scale-only method is one new file: the example of docs/adding-a-method.md, copied
+into a plugin folder of the methods package, is found, validated, trained at the matched budget, covered by
 the contract and shown in the report, with no other edit."""
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ from dpclip.methods.base import REGISTRY
 from dpclip.stages import evaluate, partition, prepare, report, train
 
 
-def readme_example() -> str:
-    """The Python block of the README's "Adding a method" section."""
-    text = (PROJECT / "README.md").read_text()
-    section = text.split("### Adding a method", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def docs_example() -> str:
+    """The first Python block of the documentation's "Adding a method" page."""
+    text = (PROJECT / "docs" / "adding-a-method.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 @pytest.fixture
 def per_layer(tmp_path, monkeypatch):
-    """The README's module dropped into a folder the methods package searches."""
+    """The documented module dropped into a folder the methods package searches."""
     folder = tmp_path / "plugins"
     folder.mkdir()
-    (folder / "per_layer.py").write_text(readme_example())
+    (folder / "per_layer.py").write_text(docs_example())
     monkeypatch.setattr(dpclip.methods, "__path__", [*dpclip.methods.__path__, str(folder)])
     discover()
     yield "per_layer"
@@ -49,8 +48,8 @@ def test_an_unknown_method_lists_the_known_ones():
     assert all(name in str(info.value) for name in available_methods())
 
 
-def test_the_readme_method_is_found_and_keeps_the_contract(per_layer, tiny_raw, monkeypatch,
-                                                         tmp_path):
+def test_the_documented_method_is_found_and_keeps_the_contract(per_layer, tiny_raw,
+                                                               monkeypatch, tmp_path):
     assert per_layer in available_methods()
     for check in (check_declaration, check_clip_bound, check_matched_budget,
                   check_empty_batch, check_determinism, check_step_metrics):
@@ -61,8 +60,8 @@ def test_the_readme_method_is_found_and_keeps_the_contract(per_layer, tiny_raw, 
         parse_params(tiny_raw(methods={"per_layer": {"shrink": 0}}))
 
 
-def test_the_readme_method_runs_through_the_stages_into_the_report(per_layer, tiny_raw,
-                                                                    tmp_path):
+def test_the_documented_method_runs_through_the_stages_into_the_report(per_layer, tiny_raw,
+                                                                       tmp_path):
     params = parse_params(tiny_raw(train={"methods": ["dp_sgd", per_layer], "epochs": 1},
                                    evaluate={"ir_attack": False},
                                    methods={per_layer: {"shrink": 0.5}}))

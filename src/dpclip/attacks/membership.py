@@ -1,11 +1,11 @@
 """The membership-inference evaluation sets, and the label-only baseline.
 
-Class matching (METHODS.md, "Evaluation"). The members of a run are its (possibly Dirichlet
-label-skewed) partition of target train; the target holdout is stratified. Scoring members
-against the whole holdout would let any attack profit from the label shift alone: a model that
-ignores its input and outputs the class prior has a lower loss on the frequent classes, which
-are exactly the members' classes. So membership is evaluated on two sets with the SAME class
-counts:
+Class matching (docs/attacks.md, "Membership evaluation"). The members of a run are its
+(possibly Dirichlet label-skewed) partition of target train; the target holdout is stratified.
+Scoring members against the whole holdout would let any attack profit from the label shift
+alone: a model that ignores its input and outputs the class prior has a lower loss on the
+frequent classes, which are exactly the members' classes. So membership is evaluated on two
+sets with the SAME class counts:
 
     m_k = members of class k (M in all),  h_k = holdout records of class k,  p_k = m_k / M,
     S   = min( M, min_{k: m_k > 0} floor(h_k / p_k) )      (the largest holdout subset with

@@ -1,4 +1,4 @@
-"""Keeping public data apart from the private records (METHODS.md, "Public data").
+"""Keeping public data apart from the private records (docs/privacy.md, "Public data").
 
 A separate ``data.shadow_dataset`` is treated as public: the shadow models, a method's frozen
 encoder, public layer weights, early stopping and the CSV encoding are fitted on it without

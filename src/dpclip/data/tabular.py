@@ -2,7 +2,7 @@
 columns one-hot encoded, missing values imputed and counted.
 
 Reading and encoding are two steps. :func:`read_csv_table` reads the file as text and fits
-nothing. :func:`fit_encoder` fits a :class:`CsvEncoder` on *public rows only* (METHODS.md,
+nothing. :func:`fit_encoder` fits a :class:`CsvEncoder` on *public rows only* (docs/privacy.md,
 "Public data"): the shadow_train split, of ``data.shadow_dataset`` when one is set, else of the
 main file. What it fits:
 

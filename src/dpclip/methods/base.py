@@ -43,7 +43,8 @@ from dpclip.randomness import NoiseSources
 
 @dataclass
 class StepRelease:
-    """What one DP step releases; the only inputs a controller may read (METHODS.md step 6).
+    """What one DP step releases; the only inputs a controller may read (docs/privacy.md,
+    "The DP step").
 
     ``noisy_grad`` is the noisy sum divided by the expected batch size, per parameter;
     ``extras`` holds the noisy answers of the method's extra queries.

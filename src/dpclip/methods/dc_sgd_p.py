@@ -1,5 +1,5 @@
 """``dc_sgd_p``: DC-SGD's P rule (Wei et al. 2025, dynamic clipping from a noisy histogram of
-per-sample gradient norms; ``papers/dc-sgd_dynamic-clipping.txt``). The E rule is
+per-sample gradient norms; arXiv 2503.22988). The E rule is
 :mod:`dpclip.methods.dc_sgd_e`; the shared code is :mod:`dpclip.methods.common.dc_sgd`.
 
 Each step clips as DP-SGD does, s_i = min(1, C_t / n_i), and also releases a histogram of the
@@ -13,7 +13,7 @@ with sigma_H = ratio * sigma. The next threshold is computed from the noisy hist
 * E rule: C_{t+1} = argmin over the bin edges C of
       sigma_T^2 C^2 d / B^2 + sum_k c~_k max(m_k - C, 0)^2 / sum_k c~_k      (m_k: bin midpoint)
   The paper writes the bias term over the raw batch norms, which would make C_{t+1} a
-  function of private data with no noise; METHODS.md evaluates it on the noisy histogram.
+  function of private data with no noise; dpclip evaluates it on the noisy histogram.
 
 When the noisy histogram holds no mass, C is left unchanged.
 """

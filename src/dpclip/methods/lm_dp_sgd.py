@@ -1,5 +1,6 @@
-"""``lm_dp_sgd`` (papers/lm-dp-sgd_layerwise-mia-risk.txt, Algorithm 1): layer-wise
-reweighted clipping that protects the layers a shadow model found leakiest.
+"""``lm_dp_sgd`` (Meng et al., "Mitigating Membership Inference in Intermediate
+Representations via Layer-wise MIA-risk-aware DP-SGD", Algorithm 1): layer-wise reweighted
+clipping that protects the layers a shadow model found leakiest.
 
 Per sample, with C_i = min(C, n_i), the layer-l part becomes
     ghat_i^(l) = C_i w^(l) g_i^(l) / n_i^(l)         (0 when n_i^(l) = 0),

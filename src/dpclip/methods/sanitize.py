@@ -1,5 +1,6 @@
-"""``sanitize`` (papers/sanitization-layer_private-features-public-labels.txt): private
-features, public labels. Noise goes on one intermediate layer, not on the gradients.
+"""``sanitize`` (Monir, Fauzan, Ghinita and Abdallah, "An Adaptive Technique for Neural
+Network Training with Private Features and Public Labels"): private features, public labels.
+Noise goes on one intermediate layer, not on the gradients.
 
 The model is the funnel 8n, 4n, 2n, n on the dataset's trunk (``train.model``), with the
 mechanism below after the n-wide layer's ReLU. Encoder modes:
@@ -28,7 +29,7 @@ mechanism below after the n-wide layer's ReLU. Encoder modes:
   weights are not protected, so runs are flagged ``dp_guarantee: false`` and their epsilon
   covers the sanitized activations only.
 
-The mechanism (METHODS.md, ``sanitize``). Threat model: labels are public, features are
+The mechanism (docs/methods.md, ``sanitize``). Threat model: labels are public, features are
 private; neighbouring datasets differ in one record's features. For one record, with z the n
 activations of the sanitization layer:
 

@@ -1,5 +1,6 @@
-"""``ww_dp_sgd`` (papers/ww-dp-sgd_spectral-clipping-control.txt, Algorithm 1): DP-SGD whose
-clip threshold follows a spectral "health" signal of the weights.
+"""``ww_dp_sgd`` (Partohaghighi, Marcia, West and Chen, "When Gradient Clipping Becomes a
+Control Mechanism for Differential Privacy in Deep Learning", Algorithm 1): DP-SGD whose clip
+threshold follows a spectral "health" signal of the weights.
 
 Clipping is DP-SGD's, s_i = min(1, C_t / n_i). Every K steps the probe layer's weight matrix W
 (Linear as is; Conv reshaped to C_out x (C_in kh kw)) gives eigenvalues lambda_j = s_j^2 of

@@ -1,15 +1,16 @@
 """evaluate: utility, calibration and membership inference of one trained configuration.
 
 Utility and calibration are measured on the whole target holdout. Membership inference is
-measured on class-matched sets (METHODS.md, "Evaluation"; :mod:`dpclip.attacks.membership`):
-members are drawn from the records the run trained on (its partition of target train),
-non-members from the target holdout, with identical class counts, seeded from ``data.seed``, the
-partition and the training seed (every method of one partition and seed is scored on the same
-records). So a label-skewed partition does not pass for membership leakage; the label-only
-baseline (``mia.label_only``) shows what the label shift alone would have given. Two attacks on
-the same matched sets: the loss threshold on the output, and (``evaluate.ir_attack``) one
-classifier per layer on its intermediate representations. Every attack's ROC of a run with a DP
-claim is checked against the DP bound of the run's neighbouring notion
+measured on class-matched sets (docs/attacks.md, "Membership evaluation";
+:mod:`dpclip.attacks.membership`): members are drawn from the records the run trained on (its
+partition of target train), non-members from the target holdout, with identical class counts,
+seeded from ``data.seed``, the partition and the training seed (every method of one partition
+and seed is scored on the same records). So a label-skewed partition does not pass for
+membership leakage; the label-only baseline (``mia.label_only``) shows what the label shift
+alone would have given. Two attacks on the same matched sets: the loss threshold on the
+output, and (``evaluate.ir_attack``) one classifier per layer on its intermediate
+representations. Every attack's ROC of a run with a DP claim is checked against the DP
+bound of the run's neighbouring notion
 (:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
 
 Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
@@ -314,9 +315,9 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
               y_members: np.ndarray, x_nonmembers: np.ndarray, y_nonmembers: np.ndarray,
               rng: np.random.Generator, privacy: dict | None = None, run: str = "",
               confidence: float = RUN_CONFIDENCE) -> dict:
-    """Layer-wise membership inference on intermediate representations (METHODS.md,
-    evaluation): per layer, a classifier of members vs non-members scored on held-out folds;
-    accuracy and AUC per layer and the peak over layers.
+    """Layer-wise membership inference on intermediate representations (docs/attacks.md,
+    "Membership evaluation"): per layer, a classifier of members vs non-members scored on
+    held-out folds; accuracy and AUC per layer and the peak over layers.
 
     The inputs are the class-matched evaluation sets; when they exceed ``attack.max_records``
     per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier

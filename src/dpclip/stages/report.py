@@ -330,7 +330,7 @@ def tuning_section(layout: Layout, out) -> list[str]:
         (out / "tuning.csv").unlink(missing_ok=True)
         return lines + ["Not tuned (`tune.trials: 0`): every run uses the values in "
                         "params.yaml. `dpclip tune` gives every method the same number of "
-                        "trials on public data (README, \"Tuning\")."]
+                        "trials on public data (docs/tuning.md)."]
     rows = [{"method": method, "target_epsilon": tag.removeprefix("eps"),
              "trials": e["trials"], "default_accuracy": e.get("default_heldout_accuracy"),
              "tuned_accuracy": e.get("heldout_accuracy"),

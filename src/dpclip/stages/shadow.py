@@ -1,5 +1,6 @@
 """shadow: per-layer membership-inference risk from a shadow model on public data
-(LM-DP-SGD, papers/lm-dp-sgd_layerwise-mia-risk.txt, Algorithm 2).
+(LM-DP-SGD: Meng et al., "Mitigating Membership Inference in Intermediate
+Representations via Layer-wise MIA-risk-aware DP-SGD", Algorithm 2).
 
 A model with the target's architecture is trained without privacy on the public shadow train
 split (optionally label-skewed by a Dirichlet ``shadow.alpha``, to test how risk estimates

@@ -15,7 +15,7 @@ that picked it is biased upward, so the gain is measured on these. A method that
 data of its own (sanitize's encoder pre-training, early stopping) gets the other half (three
 quarters to train on, one quarter as its held-out check), so no trial sees its validation
 records outside the DP step. No private record is read, so the search costs no privacy budget
-(the public-data assumption, README "Tuning"); tuning on the members would have to be paid for
+(the public-data assumption, docs/tuning.md); tuning on the members would have to be paid for
 (Papernot and Steinke 2022).
 
 Writes ``tuned/tuned.json`` (the chosen values per method and epsilon, the default's and the

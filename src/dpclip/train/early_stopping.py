@@ -1,5 +1,6 @@
 """Early-stopping rules on a per-epoch series s_1, s_2, ... (the sanitization-layer paper,
-papers/sanitization-layer_private-features-public-labels.txt, Algorithms 2 and 4).
+Monir et al., "An Adaptive Technique for Neural Network Training with Private Features and
+Public Labels", Algorithms 2 and 4).
 
 The series is the mean, over records, of each record's standard deviation of a released
 representation: by default the head's input on the public shadow split under the released
@@ -10,7 +11,7 @@ look at a window of the last ``window`` epochs:
 
 * ``slope`` (fixed C, Algorithm 2): gamma = (s_e - s_{e-window+1}) / (window - 1), the slope of
   the line through the window's first and last epoch; stop when gamma <= T_s. The sign is kept,
-  as METHODS.md writes the rule: a series still rising faster than T_s per epoch never stops.
+  as the paper writes the rule: a series still rising faster than T_s per epoch never stops.
 * ``linear_trend`` (adaptive C, Algorithm 4): fit a least-squares line to each window of
   ``window`` epochs; stop when the slopes of the last two (overlapping) windows differ by at
   most tau, i.e. the series has settled into a linear trend (with C = t ||W|| the std follows C

@@ -1,4 +1,4 @@
-"""The one DP-SGD step shared by every gradient method (METHODS.md, "The common DP-SGD step").
+"""The one DP-SGD step shared by every gradient method (docs/privacy.md, "The DP step").
 
     gbar_i^(l) = s_i^(l) g_i^(l)                    (method's scaling rule, ||gbar_i|| <= C_t)
     G          = ( sum_i gbar_i + N(0, sigma_T^2 C_t^2 I) ) / B      (B = q N, the expected

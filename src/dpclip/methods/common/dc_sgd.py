@@ -1,4 +1,4 @@
-"""DC-SGD's shared part (Wei et al. 2025, ``papers/dc-sgd_dynamic-clipping.txt``): the noisy
+"""DC-SGD's shared part (Wei et al. 2025, arXiv 2503.22988): the noisy
 histogram of per-sample gradient norms and the two threshold rules read from it. The methods
 ``dc_sgd_p`` and ``dc_sgd_e`` (one module each) pick a rule; see :mod:`dpclip.methods.dc_sgd_p`
 for the mechanism.
