@@ -103,6 +103,8 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     utility = pd.read_csv(layout.overlays / "privacy_utility.csv")
     assert list(utility["run"]) == [names[1]]  # a point needs an epsilon
     assert utility.loc[0, "epsilon"] == 7.9 and utility.loc[0, "series"] == "dp_sgd iid seed0"
+    # why a run has no audited bound, for the claimed-vs-audited plot (no audit ran here)
+    assert utility.loc[0, "audit_status"] == "not audited"
 
 
 def test_a_run_no_longer_configured_loses_its_summary(evaluated):

@@ -17,12 +17,29 @@ from typing import Callable, Iterator
 import numpy as np
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: it is put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(folder: bool = False) -> int:
+    """The mode ``open`` (0o666) or ``mkdir`` (0o777) gives a new file or folder under the
+    umask: 0o644 and 0o755 with the usual 022. ``tempfile`` makes its files 0o600 and its
+    folders 0o700, private to the owner, which is not what an output renamed into place should
+    keep (a report or figure another user, a web server or a container cannot read)."""
+    return (0o777 if folder else 0o666) & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; rename it onto ``path`` on success."""
+    """Yield a temporary path in the target's folder; rename it onto ``path`` on success. The
+    file gets the mode a plainly written one would (:func:`default_mode`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_mode())
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -106,11 +123,13 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary folder; on success it replaces ``path`` as a whole.
 
     Stage outputs that are folders (prepared splits, partitions) are therefore either the old
-    complete set or the new complete set, never a mix.
+    complete set or the new complete set, never a mix. The folder gets the mode a plainly made
+    one would (:func:`default_mode`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, default_mode(folder=True))
     try:
         yield tmp
         old = None

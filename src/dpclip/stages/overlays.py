@@ -13,8 +13,9 @@ tracks them (``dvc plots diff main`` reads main's from git):
 * ``reliability.csv``: accuracy against confidence per non-empty bin;
 * ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
   TPR at 0.1% FPR, the attack chosen in advance's AUC and TPR at the honest low FPR, the
-  audit's lower bound on epsilon) against the epsilon it spent, one row per run with a DP
-  claim (several target epsilons draw a curve per method);
+  audit's lower bound on epsilon and its ``audit_status``, which says why a run has none)
+  against the epsilon it spent, one row per run with a DP claim (several target epsilons draw
+  a curve per method);
 * ``privacy_utility_seeds.csv``: the same over seeds, one row per method, alpha and target
   epsilon: the mean and 95% interval of accuracy, ECE and the TPR at the honest low FPR of the
   attack chosen in advance (``attack.headline``; the per-run strongest would bias it upward),
@@ -100,10 +101,16 @@ def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
 
 PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed", "epsilon",
                    "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct",
-                   "audit_epsilon_lower_bound", "attack_auc", "attack_tpr_at_low_fpr"]
+                   "audit_epsilon_lower_bound", "attack_auc", "attack_tpr_at_low_fpr",
+                   "audit_status"]
 
 
 def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
+    """One row per run with a DP claim: its summary against the epsilon it spent, and its
+    ``audit_status`` (:func:`dpclip.stages.report.audit_status`), so that the claimed-vs-audited
+    plot names the runs it has no bound for and why."""
+    from dpclip.stages.report import audit_status
+
     rows = []
     for key in runs:
         summary = read_json(layout.summary(key.name))
@@ -111,9 +118,12 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
             continue
         # series: the runs one line joins (same method, alpha and seed; epsilon varies)
         series = f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}"
+        metrics = layout.metrics(key.name)
+        audit = (read_json(metrics).get("audit") or {}) if metrics.exists() else {}
         rows.append({"run": key.name, "method": key.method, "series": series,
                      "target_epsilon": key.epsilon,
-                     "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary})
+                     "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary,
+                     "audit_status": audit_status(audit) or "not audited"})
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY)
 
 
