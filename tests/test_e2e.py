@@ -219,7 +219,12 @@ def test_mlflow_parent_and_children(dvc_project):
     artifacts = {a.path for a in client.list_artifacts(dp.info.run_id)}
     assert {"trace", "checkpoint", "plots", "metrics"} <= artifacts
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    assert mlflow.models.get_model_info(f"runs:/{dp.info.run_id}/model").signature is not None
+    # the model is named after its run (not "model"), the child names its URI
+    info = mlflow.models.get_model_info(dp.data.tags["dpclip.model_uri"])
+    assert info.signature is not None and info.name.startswith(RUNS[1])
+    assert dp.info.run_name.startswith(f"{RUNS[1]}@")  # unique across DVC experiments
+    assert {"summary.json", "comparison.json"} <= {
+        a.path for a in client.list_artifacts(parents[-1].info.run_id)}
 
 
 def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):

@@ -5,6 +5,8 @@ component saw."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pandas as pd
 import pytest
@@ -13,6 +15,11 @@ from conftest import prepared_project
 from dpclip.cli import main
 
 RUN = "dp_sgd-eps8-iid-seed0"
+# the report stage's short table (reports/summary.csv): a test writes one before the stage
+# runs, the stage may write its own over it; what MLflow holds is compared with the file
+SUMMARY_CSV = ("method,target_epsilon,alpha,seeds,epsilon,accuracy,accuracy_low,accuracy_high,"
+               "ece,attack,attack_auc,attack_tpr_at_low_fpr,audit_epsilon,vs_dp_sgd\n"
+               "dp_sgd,8,iid,1,7.99,0.91,0.88,0.93,0.04,lira,0.55,0.01,,\n")
 
 
 def _logged_child(tmp_path, tiny_raw, write_params, monkeypatch, diagnostics: bool):
@@ -20,6 +27,7 @@ def _logged_child(tmp_path, tiny_raw, write_params, monkeypatch, diagnostics: bo
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1},
                    evaluate={"ir_attack": False},
                    tracking={"private_diagnostics": diagnostics})
@@ -51,6 +59,8 @@ def test_private_batch_values_reach_mlflow_only_when_asked(tmp_path, tiny_raw, w
     # released quantities are logged either way
     assert len(client.get_metric_history(child.info.run_id, "clip_threshold")) == len(local)
     tags = child.data.tags
+    # outside `dvc exp run` the child's name carries a short hash of the run's inputs
+    assert re.fullmatch(rf"{RUN}@[0-9a-f]{{7}}", child.info.run_name)
     assert tags["dpclip.private_diagnostics"] == str(diagnostics).lower()
     assert tags["adjacency"] == "add_remove" and tags["secure_noise"] == "false"
 
@@ -121,11 +131,112 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
         [c.info.run_id for c in client.search_runs(
             [experiment.experiment_id], p.data.tags["dpclip.children_filter"])]
         == [child.info.run_id] for p in parents)
-    # the logged model predicts the holdout with the accuracy the run reports
-    model = mlflow.pyfunc.load_model(f"runs:/{child.info.run_id}/model")
+    # the logged model, named like the child, predicts the holdout with the accuracy the run
+    # reports
+    name = child.info.run_name
+    assert name == "adaclip-eps8-iid-seed0@tidy-knot"
+    assert tags["dpclip.model_uri"].startswith("models:/")
+    model = mlflow.pyfunc.load_model(tags["dpclip.model_uri"])
     stored = {a.path.rsplit("/", 1)[-1] for a in mlflow.artifacts.list_artifacts(
-        f"runs:/{child.info.run_id}/model/data")}
+        f"runs:/{child.info.run_id}/{name}/data")}
     assert {"pt2": "model.pt2", "pickle": "model.pth"}[model_format] in stored
     x, y, _ = load_split(Layout(tmp_path), "target_holdout")
     accuracy = float(np.mean(np.asarray(model.predict(x)).argmax(axis=1) == y))
     assert accuracy == pytest.approx(child.data.metrics["accuracy"], abs=1e-9)
+
+
+def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_params,
+                                                   monkeypatch, caplog):
+    """What a user saw in the MLflow UI after two DVC experiments, fixed: each child is named
+    after its experiment, each logged model after its child; the experiment is tagged as
+    model training and carries the saved view ``dpclip-headline`` (the configurations, the
+    headline metrics as columns and in parallel coordinates); the headline metrics are each
+    child's first (the compare page plots the first); the pipeline run holds the report's
+    summary and comparison as MLflow tables and files; a missing summary is said, not fatal."""
+    import mlflow
+
+    from dpclip.config import load_params
+    from dpclip.layout import Layout
+    from dpclip.naming import configured_runs
+    from dpclip.tracking import (HEADLINE_METRICS, VIEW_ID, VIEW_TAG, describe, log_pipeline,
+                                 model_name)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    settings = {"methods": ["dp_sgd"], "epochs": 1}
+    base = prepared_project(tmp_path, tiny_raw(train=settings, evaluate={"ir_attack": False}),
+                            write_params)
+    summary_csv = tmp_path / "reports" / "summary.csv"
+    logged, tables = [], {}
+    for experiment_name, lr in (("exp-a", 0.5), ("exp-b", 0.2)):  # two trainings of one run
+        write_params(tiny_raw(train={**settings, "lr": lr}, evaluate={"ir_attack": False}))
+        monkeypatch.setenv("DVC_EXP_NAME", experiment_name)
+        summary_csv.parent.mkdir(exist_ok=True)
+        summary_csv.write_text(SUMMARY_CSV)
+        for stage in ("train", "evaluate", "report"):
+            assert main([*base, stage]) == 0
+        tables[experiment_name] = pd.read_csv(summary_csv)
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dpclip-digits")
+    exp_id = experiment.experiment_id
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([exp_id])
+    children = {r.info.run_name: r for r in runs
+                if r.data.tags.get("dpclip.kind") == "configuration"}
+    parents = {r.data.tags["dvc.exp_name"]: r for r in runs
+               if r.data.tags.get("dpclip.kind") == "pipeline"}
+    assert set(children) == {f"{RUN}@exp-a", f"{RUN}@exp-b"}
+    assert {p.info.run_name.rsplit("@", 1)[-1] for p in parents.values()} == {"exp-a", "exp-b"}
+    # each logged model is named after its child and comes from it
+    models = client.search_logged_models([exp_id])
+    assert {m.name: m.source_run_id for m in models} == {
+        model_name(name): child.info.run_id for name, child in children.items()}
+    for child in children.values():
+        assert child.data.tags["dpclip.model_uri"] in {f"models:/{m.model_id}" for m in models}
+        # the headline metrics come first: the compare page's default metric is a run's first
+        metrics = list(child.data.metrics)
+        headline = [m for m in HEADLINE_METRICS if m in metrics]
+        assert headline[0] == "accuracy" and metrics[:len(headline)] == headline
+        assert "train_s" in metrics and "train_s" not in metrics[:len(headline)]
+
+    # the saved view: in MLflow's "Views" menu; its search lists exactly the configurations
+    envelope = json.loads(experiment.tags[VIEW_TAG])
+    state = json.loads(envelope["state"])
+    assert envelope["name"] and isinstance(envelope["createdAt"], int)
+    assert {r.info.run_name for r in client.search_runs([exp_id], state["searchFilter"])} \
+        == set(children)
+    assert {f"metrics.`{m}`" for m in HEADLINE_METRICS} <= set(state["selectedColumns"])
+    (parallel,) = [c for c in state["compareRunCharts"] if c["type"] == "PARALLEL"]
+    assert parallel["selectedMetrics"] == list(HEADLINE_METRICS)
+    assert parallel["selectedParams"][0] == "method"
+    assert experiment.tags["mlflow.note.content"]
+    assert f"viewStateShareKey={VIEW_ID}" in describe({
+        "experiment": "dpclip-digits", "parent_run_id": "p", "new": [], "reused": [],
+        "tracking_uri": uri, "experiment_id": exp_id, "view": VIEW_ID})
+
+    # the pipeline run: summary.csv as an MLflow table and as the file, the comparison too
+    for experiment_name, parent in parents.items():
+        run_id = parent.info.run_id
+        files = {a.path for a in client.list_artifacts(run_id)} | {
+            a.path for a in client.list_artifacts(run_id, "report")}
+        assert {"summary.json", "comparison.json", "report/summary.csv",
+                "report/comparison.csv"} <= files
+        stored = json.loads(open(client.download_artifacts(
+            run_id, "summary.json", str(tmp_path / "dl" / experiment_name))).read())
+        assert stored["columns"] == list(tables[experiment_name].columns)
+        assert len(stored["data"]) == len(tables[experiment_name])
+        assert {"path": "summary.json", "type": "table"} in json.loads(
+            parent.data.tags["mlflow.loggedArtifacts"])
+
+    # without reports/summary.csv the pipeline is logged all the same, and the log says so
+    summary_csv.unlink()
+    params = load_params(tmp_path / "params.yaml")
+    with caplog.at_level(logging.WARNING, logger="dpclip.tracking"):
+        result = log_pipeline(params, Layout(tmp_path), configured_runs(params))
+    assert result["tables"] == ["comparison.json"] and result["reused"] == [RUN]
+    assert "summary.csv not in" in caplog.text
+    assert {a.path for a in client.list_artifacts(result["parent_run_id"])} >= {
+        "comparison.json"}
+    assert "summary.json" not in {a.path for a in client.list_artifacts(
+        result["parent_run_id"])}

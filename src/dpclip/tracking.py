@@ -1,15 +1,32 @@
 """MLflow logging (the only module that imports mlflow), per the tracking contract.
 
-One experiment per dataset (``dpclip-<dataset>``, opened by the UI as a model-training
-experiment); a parent run per pipeline execution; one child run per trained configuration. A
-child describes itself: the parameters that produced it as params (its axes and the training
-inputs its provenance recorded, :mod:`dpclip.stages.provenance`), the model as an MLflow
-PyTorch model (signature and input example from public data), the prepared splits as dataset
-inputs, and the standard source tags (git commit, the DVC experiment's name when one runs). A
-configuration already logged with the same model (same run name and weights SHA-256) is not
-logged again: it is linked to the new parent instead (tag ``dpclip.pipelines``, which the UI's
-search filters on), so re-running the report, or running the same configuration through the
-other front door, gives one record per trained model and no parent without its children.
+One experiment per dataset (``dpclip-<dataset>``, tagged as a model-training experiment); a
+parent run per pipeline execution; one child run per trained configuration, named
+``<run>@<DVC experiment>`` (``<run>@<short hash of its inputs>`` outside ``dvc exp run``), so
+the children of two experiments never share a name. A child describes itself: the parameters
+that produced it as params (its axes and the training inputs its provenance recorded,
+:mod:`dpclip.stages.provenance`), the model as an MLflow PyTorch model named like the child
+(signature and input example from public data; tag ``dpclip.model_uri``), the prepared splits
+as dataset inputs, and the standard source tags (git commit, the DVC experiment's name when one
+runs). A configuration already logged with the same model (same run name and weights SHA-256)
+is not logged again: it is linked to the new parent instead (tag ``dpclip.pipelines``, which the
+UI's search filters on), so re-running the report, or running the same configuration through
+the other front door, gives one record per trained model and no parent without its children.
+
+What the MLflow 3.17 UI does with it (read from its bundled JavaScript): the experiment opens
+in the GenAI or the model-training view by a per-browser switch (local storage
+``mlflow.workflowType``, default GenAI) or the address's ``?workflowType=machine_learning``;
+the ``mlflow.experimentKind`` tag is not consulted. The runs table starts with no metric
+columns and the chart view with one chart per metric, alphabetically, until the browser stores
+its own state; the one server-side state the UI reads is a saved view (experiment tag
+``mlflow.sharedViewState.<id>``, listed under "Views"), so every experiment gets
+``dpclip-headline``: the configurations only, the headline columns (method, target epsilon,
+accuracy, ECE, epsilon, the headline attack's AUC and TPR at low FPR) and a
+parallel-coordinates chart of them. :func:`describe` prints its address. The compare page
+(runs selected, "Compare") plots the first metric each run logged, so the headline metrics are
+logged first; its parameters are the first three that differ, sorted. The parent run holds
+``reports/summary.csv`` and ``reports/comparison.csv`` as files and as MLflow tables
+(``summary.json``, ``comparison.json``).
 
 Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
 ``<project>/mlflow/artifacts`` (with any SQLite URI, artifacts go beside the database). Inside a DVC temporary experiment folder
@@ -24,6 +41,8 @@ the trace artifact carry them unless ``tracking.private_diagnostics: true``.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -87,8 +106,20 @@ STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # written by the run itself for every method that early-stops (the method adds its own:
 # Method.step_metrics)
 RUN_STEP_METRICS = ("monitored_std", "early_stop_signal")
-# the UI opens an experiment with this tag as model training (not GenAI)
+# what the experiment is (the kind selector of MLflow's experiment page reads it; the 3.17 UI
+# picks its GenAI or model-training view from the browser's switch or the address instead)
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# the comparison's headline, logged first: the compare page plots each run's first metric
+HEADLINE_METRICS = ("accuracy", "ece", "epsilon", "attack_auc", "attack_tpr_at_low_fpr")
+HEADLINE_PARAMS = ("method", "target_epsilon")
+VIEW_ID = "dpclip-headline"  # the saved view (experiment tag) describe() links to
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
+VIEW_VERSION = 1  # a view this module wrote carries it; one a user saved over it is kept
+NOTE_TAG = "mlflow.note.content"
+# parent-level tables: reports/<name>.csv -> <name>.json (an MLflow table)
+PARENT_TABLES = ("summary", "comparison")
+# characters MLflow refuses in a logged model's name
+_MODEL_NAME_BAD = str.maketrans({c: "_" for c in "/:.%\"'"})
 PIPELINES_TAG = "dpclip.pipelines"  # every parent a child belongs to (it may be reused)
 SPLIT_CONTEXTS = {"target_train": "training", "target_holdout": "evaluation",
                   "shadow_train": "public", "shadow_holdout": "public"}
@@ -146,14 +177,86 @@ def _flatten(prefix: str, value, out: dict) -> dict:
 
 
 def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
+    """The experiment's id, created when missing, with the tags the UI reads (the kind, a
+    description, the headline view) set where they are missing or were written by an older
+    version of this module; tags a user set stay."""
     found = mlflow.get_experiment_by_name(name)
-    if found is not None:
-        for key, value in EXPERIMENT_KIND.items():
-            if found.tags.get(key) is None:  # made by an older version
-                mlflow.tracking.MlflowClient().set_experiment_tag(found.experiment_id, key, value)
-        return found.experiment_id
-    location = (artifact_root / name).as_uri() if artifact_root else None
-    return mlflow.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+    if found is None:
+        location = (artifact_root / name).as_uri() if artifact_root else None
+        return mlflow.create_experiment(name, artifact_location=location,
+                                        tags=_experiment_tags({}))
+    client = mlflow.tracking.MlflowClient()
+    for key, value in _experiment_tags(found.tags).items():
+        client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
+
+
+def _experiment_tags(current: dict) -> dict:
+    """The experiment tags to set, given the ones it has."""
+    tags = {k: v for k, v in EXPERIMENT_KIND.items() if current.get(k) is None}
+    if not current.get(NOTE_TAG):
+        tags[NOTE_TAG] = NOTE
+    if _view_version(current.get(VIEW_TAG)) not in (None, VIEW_VERSION):
+        tags[VIEW_TAG] = headline_view()
+    return tags
+
+
+NOTE = ("**Model training, not GenAI**: switch the sidebar to *Model training* (the browser "
+        "remembers it) or add `?workflowType=machine_learning` to the address. "
+        f"*Views* > *dpclip: headline comparison* (`{VIEW_ID}`) lists the trained "
+        "configurations with accuracy, ECE, epsilon and the headline attack's AUC and TPR at "
+        "low FPR, and charts them. One parent run per pipeline execution (its artifacts hold "
+        "the tables summary.json and comparison.json), one child per trained configuration, "
+        "named `<method>-eps<target>-<alpha>-seed<seed>@<DVC experiment or input hash>`, its "
+        "model named the same.")
+
+
+def _view_version(stored: str | None) -> int | None:
+    """The module version that wrote a stored view; 0 when absent (write it), None when a user
+    saved over it (keep it)."""
+    if stored is None:
+        return 0
+    try:
+        return json.loads(json.loads(stored)["state"]).get("dpclipView")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def headline_view(now_ms: int | None = None) -> str:
+    """The saved view ``dpclip-headline`` as the experiment tag's value: the envelope MLflow's
+    "Views" menu reads (name, times, the page state as a JSON string). The state: the
+    configurations only, flat, most accurate first, all visible in charts; columns: method,
+    target epsilon, alpha, seed, the headline metrics, the audit's lower bound, the model;
+    charts: the headline metrics in parallel coordinates, accuracy against epsilon, one bar
+    chart each. The UI adds its own charts for the other metrics below them."""
+    now_ms = now_ms if now_ms is not None else int(dt.datetime.now().timestamp() * 1000)
+    section = "dpclip-headline-section"
+    card = {"isGenerated": False, "deleted": False, "metricSectionId": section,
+            "runsCountToCompare": 100}
+    charts = [
+        {**card, "uuid": "dpclip-parallel", "type": "PARALLEL", "showAllRuns": False,
+         "selectedParams": list(HEADLINE_PARAMS), "selectedMetrics": list(HEADLINE_METRICS)},
+        {**card, "uuid": "dpclip-privacy-utility", "type": "SCATTER",
+         "xaxis": {"key": "epsilon", "type": "METRIC"},
+         "yaxis": {"key": "accuracy", "type": "METRIC"}},
+        *({**card, "uuid": f"dpclip-bar-{m}", "type": "BAR", "metricKey": m, "displayName": m}
+          for m in HEADLINE_METRICS)]
+    columns = ([f"params.`{p}`" for p in (*HEADLINE_PARAMS, "alpha", "seed")]
+               + [f"metrics.`{m}`" for m in (*HEADLINE_METRICS,
+                                            "audit_whitebox_epsilon_lower_bound")]
+               + ["attributes.`Models`"])
+    # sorted by a metric: sorted by start time, the page would fetch each child's parent and
+    # nest the children under collapsed pipeline rows
+    state = {"searchFilter": "tags.`dpclip.kind` = 'configuration'",
+             "orderByKey": "metrics.`accuracy`", "orderByAsc": False,
+             "selectedColumns": columns, "compareRunCharts": charts,
+             "compareRunSections": [{"uuid": section, "name": "Headline (dpclip)",
+                                     "display": True, "isReordered": False, "deleted": False,
+                                     "isGenerated": False}],
+             "runsHiddenMode": "SHOW_ALL", "isAccordionReordered": False,
+             "dpclipView": VIEW_VERSION}
+    return json.dumps({"name": "dpclip: headline comparison", "createdAt": now_ms,
+                       "updatedAt": now_ms, "state": json.dumps(state)})
 
 
 def source_tags(commit: str) -> dict:
@@ -176,17 +279,21 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
     experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root(uri))
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"pipeline-{stamp}",
+    exp_name = os.environ.get("DVC_EXP_NAME")
+    with mlflow.start_run(experiment_id=experiment_id,
+                          run_name=f"pipeline-{stamp}" + (f"@{exp_name}" if exp_name else ""),
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
-        for name in ("comparison.md", "comparison.csv", "comparison.png", "clip_thresholds.png",
+        for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
+                     "clip_thresholds.png",
                      "roc.png", "roc_lira.png", "roc_rmia.png",
                      "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
                      "paired_vs_dp_sgd.csv", "tuning.csv",
                      "data_use.md"):
             if (layout.reports / name).exists():
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
+        tables = _log_tables(mlflow, layout)
         _log_shadow(mlflow, layout)
         _log_tuning(mlflow, experiment_id, layout)
         reused = []
@@ -202,9 +309,33 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
         summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
                    f"{params.data.dataset}", "experiment_id": experiment_id,
                    "tracking_uri": mlflow.get_tracking_uri(),
-                   "new": [k.name for k in runs if k.name not in reused], "reused": reused}
+                   "new": [k.name for k in runs if k.name not in reused], "reused": reused,
+                   "tables": tables, "view": VIEW_ID}
         log.debug("%s", describe(summary))
         return summary
+
+
+def _log_tables(mlflow, layout: Layout) -> list[str]:
+    """``reports/summary.csv`` and ``reports/comparison.csv`` as MLflow tables on the parent run
+    (``summary.json``, ``comparison.json``: the run's artifact view shows them as tables); a
+    missing or unreadable file is left out and said so in the log. Returns what was logged."""
+    logged, missing = [], []
+    for stem in PARENT_TABLES:
+        path = layout.reports / f"{stem}.csv"
+        if not path.is_file():
+            missing.append(path.name)
+            continue
+        try:
+            table = pd.read_csv(path)
+        except (ValueError, OSError, UnicodeDecodeError) as err:  # pandas' errors are ValueErrors
+            log.warning("MLflow: %s not logged as a table (%s)", path, err)
+            continue
+        mlflow.log_table(table, artifact_file=f"{stem}.json")
+        logged.append(f"{stem}.json")
+    if missing:
+        log.warning("MLflow: %s not in %s; the pipeline run has %s", ", ".join(missing),
+                    layout.reports, ", ".join(logged) or "no table")
+    return logged
 
 
 def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
@@ -276,13 +407,43 @@ def _log_shadow(mlflow, layout: Layout) -> None:
 
 
 def describe(summary: dict) -> str:
-    """Two lines: what was logged, and where the UI shows it as model training (MLflow 3.17's
-    UI opens every experiment in its GenAI view unless the address asks for the other)."""
+    """Two lines: what was logged, and where the UI shows it as model training with the
+    headline view (MLflow 3.17's UI opens every experiment in its GenAI view unless the
+    browser's switch or the address asks for the other)."""
+    view = f"&viewStateShareKey={summary['view']}" if summary.get("view") else ""
     return (f"MLflow: experiment {summary['experiment']!r}, parent run "
             f"{summary['parent_run_id']}, {len(summary['new'])} new configuration(s), "
             f"{len(summary['reused'])} already logged ({summary['tracking_uri']})\n"
             f"MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/"
-            f"{summary['experiment_id']}/runs?workflowType=machine_learning")
+            f"{summary['experiment_id']}/runs?workflowType=machine_learning{view}")
+
+
+def child_run_name(layout: Layout, key: RunKey, fingerprint: str) -> str:
+    """A child's name: the run's name and the DVC experiment that trained it, or, outside
+    ``dvc exp run``, a short hash of the run's recorded inputs (parameters and the hashes of
+    the files it read; the weights' hash when it recorded none)."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return f"{key.name}@{os.environ['DVC_EXP_NAME']}"
+    path = TRAIN.provenance(layout, key)
+    if path.exists():
+        inputs = json.dumps(read_json(path)["inputs"], sort_keys=True, default=str)
+        return f"{key.name}@{hashlib.sha256(inputs.encode()).hexdigest()[:7]}"
+    return f"{key.name}@{fingerprint[:7]}"
+
+
+def _unique_name(mlflow, experiment_id: str, run: str, name: str, fingerprint: str) -> str:
+    """``name``, or with the weights' short hash added when another child of the same run
+    already has it (e.g. the same DVC experiment name reused, or training that is not
+    reproducible from its inputs)."""
+    taken = {r.info.run_name for r in mlflow.search_runs(
+        experiment_ids=[experiment_id], output_format="list",
+        filter_string=f"tags.`dpclip.run` = '{run}'")}
+    return name if name not in taken else f"{name}-{fingerprint[:7]}"
+
+
+def model_name(run_name: str) -> str:
+    """A logged model's name for a child run (MLflow refuses ``/ : . % " '`` in it)."""
+    return run_name.translate(_MODEL_NAME_BAD)
 
 
 def _children_filter(parent_id: str) -> str:
@@ -378,21 +539,28 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
             PIPELINES_TAG: parent_id}
     timing = _timing(layout, run)
     client = mlflow.tracking.MlflowClient()
-    child = client.create_run(experiment_id, run_name=run, start_time=timing.started_ms,
+    child_name = _unique_name(mlflow, experiment_id, run,
+                              child_run_name(layout, key, fingerprint), fingerprint)
+    child = client.create_run(experiment_id, run_name=child_name, start_time=timing.started_ms,
                               tags={**tags, "mlflow.parentRunId": parent_id})
     with mlflow.start_run(run_id=child.info.run_id, nested=True):
         mlflow.log_params(run_params(layout, key, metrics))
-        mlflow.log_metrics(timing.metrics)
-        mlflow.log_metrics({name: float(_get(metrics, path)) for name, path in
-                            SUMMARY_METRICS.items() if _get(metrics, path) is not None})
+        summary = {name: float(_get(metrics, path)) for name, path in SUMMARY_METRICS.items()
+                   if _get(metrics, path) is not None}
+        # the headline first (the compare page's default metric is a run's first), then the
+        # rest, the timings last
+        mlflow.log_metrics({**{m: summary[m] for m in HEADLINE_METRICS if m in summary},
+                            **summary})
         for layer, values in (_get(metrics, ("mia", "ir", "layers")) or {}).items():
             mlflow.log_metrics({f"ir_mia_accuracy_{layer}": values["accuracy"],
                                 f"ir_mia_auc_{layer}": values["auc"]})
+        mlflow.log_metrics(timing.metrics)
         for name, context in SPLIT_CONTEXTS.items():
             mlflow.log_input(splits[name], context=context)
         # before the step metrics: the logged model copies the run's metrics so far (the
         # summary, shown in the UI's model list), and thousands of step values took a second
-        _log_model(mlflow, layout, run, splits.example(), model_format)
+        _log_model(mlflow, layout, run, splits.example(), model_format,
+                   model_name(child_name))
         trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
@@ -432,10 +600,12 @@ def _timing(layout: Layout, run: str) -> _Timing:
     return _Timing(read_json(path) if path.exists() else None)
 
 
-def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "pt2") -> None:
-    """The trained model as an MLflow PyTorch model (``mlflow.pyfunc.load_model`` predicts
-    class scores from float32 records) in ``tracking.model_format``, and the checkpoint file
-    as it is."""
+def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "pt2",
+               name: str = "model") -> None:
+    """The trained model as an MLflow PyTorch model called ``name`` (the child's name:
+    ``mlflow.pyfunc.load_model`` on the child's tag ``dpclip.model_uri``, or on
+    ``runs:/<child id>/<name>``, predicts class scores from float32 records) in
+    ``tracking.model_format``, and the checkpoint file as it is."""
     import mlflow.pytorch
     import torch
     from mlflow.models import infer_signature
@@ -445,9 +615,11 @@ def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "p
     model = load_model(layout, run)
     with torch.no_grad():
         scores = model(torch.as_tensor(example)).numpy()
-    mlflow.pytorch.log_model(model, name="model", signature=infer_signature(example, scores),
-                             input_example=example, serialization_format=model_format,
-                             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    info = mlflow.pytorch.log_model(model, name=name,
+                                    signature=infer_signature(example, scores),
+                                    input_example=example, serialization_format=model_format,
+                                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    mlflow.set_tag("dpclip.model_uri", info.model_uri)
     mlflow.log_artifact(str(layout.run_dir(run) / "model.pt"), artifact_path="checkpoint")
 
 
