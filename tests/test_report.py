@@ -157,7 +157,7 @@ def test_a_refuted_audit_is_impossible_to_miss():
 
 
 def test_the_audit_status_says_why_a_run_has_no_bound():
-    from dpclip.stages.report import audit_status
+    from dpclip.audit.status import audit_status
 
     def entry(kind, applicable, reason=None):
         return {"kind": kind, "applicable": applicable, "reason": reason,

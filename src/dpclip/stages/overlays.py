@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dpclip.audit.status import audit_status
 from dpclip.io import read_json, write_csv_frame
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag
@@ -107,10 +108,8 @@ PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed",
 
 def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     """One row per run with a DP claim: its summary against the epsilon it spent, and its
-    ``audit_status`` (:func:`dpclip.stages.report.audit_status`), so that the claimed-vs-audited
+    ``audit_status`` (:func:`dpclip.audit.status.audit_status`), so that the claimed-vs-audited
     plot names the runs it has no bound for and why."""
-    from dpclip.stages.report import audit_status
-
     rows = []
     for key in runs:
         summary = read_json(layout.summary(key.name))

@@ -18,6 +18,7 @@ from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound
                           privacy_utility_figure, roc_figure)
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
+from dpclip.audit.status import audit_status
 from dpclip.stages.overlays import read_roc, write_overlays
 from dpclip.summary_table import LEGEND, legend, summary_frame, text_table
 from dpclip.summary_table import markdown_table as summary_markdown
@@ -133,19 +134,6 @@ def audit_columns(audit: dict) -> dict:
     return {"audit_whitebox": bound["whitebox"], "audit_blackbox": bound["blackbox"],
             "audit_violated": any(r["violated"] for r in applicable) if applicable else None,
             "audit_status": audit_status(audit)}
-
-
-def audit_status(audit: dict) -> str | None:
-    """"audited (<kinds>)", or why the run has no bound ("not applicable (<reason>)": no DP
-    claim, another adjacency); None when the metrics hold no audit."""
-    entries = {kind: r for kind, r in audit.items() if isinstance(r, dict)}
-    if not entries:
-        return None
-    audited = [kind for kind, r in entries.items() if r.get("applicable")]
-    if audited:
-        return f"audited ({', '.join(audited)})"
-    reasons = [r["reason"] for r in entries.values() if r.get("reason") != "not in audit.kinds"]
-    return f"not applicable ({reasons[0]})" if reasons else "off (audit.kinds is empty)"
 
 
 def markdown_table(table: pd.DataFrame) -> str:
