@@ -213,15 +213,17 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
                         "evaluated": state.message != UP_TO_DATE})
         print(summary[-1])
     result = report_task(p, out, track, wait_for=evaluated)
-    # the short table first (what the terminal prints), then every column of every run
+    # the UI lists the newest artifact first: every column of every run, the report (which
+    # opens with the short table), then the short table itself (what the terminal prints)
+    create_table_artifact(table=_table_rows(result.table), key="dpclip-comparison",
+                          description=f"dpclip comparison ({params.data.dataset}): every "
+                                      f"column of every run")
+    create_markdown_artifact(markdown=(layout.reports / "comparison.md").read_text(),
+                             key="dpclip-report", description="dpclip report")
     create_table_artifact(table=[{HEADERS[k]: v for k, v in row.items()}
                                  for row in cells(result.summary)], key="dpclip-summary",
                           description=f"dpclip summary ({params.data.dataset}): one row per "
                                       f"configuration over its seeds. {LEGEND}")
-    create_table_artifact(table=_table_rows(result.table), key="dpclip-comparison",
-                          description=f"dpclip comparison ({params.data.dataset})")
-    create_markdown_artifact(markdown=(layout.reports / "comparison.md").read_text(),
-                             key="dpclip-report", description="dpclip report")
     if result.mlflow:
         from dpclip.tracking import describe
 

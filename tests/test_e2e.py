@@ -255,6 +255,7 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
     assert again.count("'trained': False, 'evaluated': False") == len(RUNS)  # provenance
     listed = _sh([sys.executable, "-c", ARTIFACTS], PROJECT, env)
     assert "dpclip-comparison table" in listed and "dpclip-report markdown" in listed
+    assert "dpclip-summary table" in listed  # the short table, shown first (created last)
 
 
 def our_tracebacks(output: str) -> list[str]:
