@@ -128,3 +128,25 @@ def test_every_unknown_method_is_named(tiny_raw):
         parse_params(tiny_raw(train={"methods": ["dp_sgd", "magic", "more_magic"]}))
     assert [p.split(" is not")[0] for p in info.value.problems] == [
         "train.methods: 'magic'", "train.methods: 'more_magic'"]
+
+
+def test_a_gpu_that_is_not_there_is_refused_when_the_parameters_are_read(tiny_raw, monkeypatch,
+                                                                          write_params):
+    import subprocess
+    import sys
+
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"train\.device: 'cuda' asks for a CUDA GPU and this "
+                                          r"machine has none"):
+        parse_params(tiny_raw(train={"device": "cuda"}))
+    parse_params(tiny_raw(train={"device": "auto"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parse_params(tiny_raw(train={"device": "cuda"})).train.device == "cuda"
+    if not has_gpu:  # every command refuses it, before any work (here: a partition)
+        path = write_params(tiny_raw(train={"device": "cuda"}))
+        done = subprocess.run([sys.executable, "-m", "dpclip.cli", "--params", str(path),
+                               "partition", "--alpha", "iid"], capture_output=True, text=True)
+        assert done.returncode == 2 and "train.device: 'cuda'" in done.stderr

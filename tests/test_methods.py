@@ -281,6 +281,11 @@ def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
     # a method's own section wins over the old shared one
     params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30}}))
     assert params.method_options("dc_sgd_e")["bins"] == 30
+    # with every reader's own section set, the old one would be ignored: refused by name
+    with pytest.raises(ConfigError, match=r"methods\.dc_sgd: \{'bins': 12\} is superseded by "
+                                          r"methods\.dc_sgd_e and methods\.dc_sgd_p"):
+        parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30},
+                                       "dc_sgd_p": {}}))
     # a section that is no method's is refused by name, as is a typo in the old section
     with pytest.raises(ConfigError, match=r"methods\.dcsgd"):
         parse_params(tiny_raw(methods={"dcsgd": {"bins": 12}}))

@@ -317,6 +317,19 @@ def _public_head_problems(params: Params, methods: dict) -> list[str]:
                       f"{params.data.shadow_dataset}): set it false")]
 
 
+def _device_problems(params: Params) -> list[str]:
+    """``train.device: cuda`` on a machine without a GPU, refused when the parameters are read
+    (every stage's command reads them first), not only once a run trains."""
+    if params.train.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return [bad_value("train.device", "cuda", "asks for a CUDA GPU and this machine has none: "
+                                              "use auto (a GPU when there is one) or cpu")]
+
+
 def parse_params(raw: dict | None) -> Params:
     """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
     if raw is not None and not isinstance(raw, dict):
@@ -337,6 +350,7 @@ def parse_params(raw: dict | None) -> Params:
         names = layer_names(params.train.model, params.train.hidden)
         methods = read_method_options(methods_raw, names, problems)
         problems += _public_head_problems(params, methods)
+        problems += _device_problems(params)
     if problems:  # a shared old section is read by several methods: its problems once
         raise ConfigError(list(dict.fromkeys(problems)))
     return params.model_copy(update={"methods": methods})

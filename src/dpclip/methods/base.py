@@ -302,7 +302,8 @@ def register(cls: type[Method]) -> type[Method]:
 def read_method_options(raw: object, layer_names: list[str], problems: list[str]) -> dict:
     """``methods.<method>.<option>`` for every registered method, each validated by the
     method's own model; a method's old shared section (``Method.OLD_SECTIONS``) is still read,
-    with a warning, when its own is absent (its unknown keys are refused as before)."""
+    with a warning, when its own is absent (its unknown keys are refused as before), and refused
+    when every method that read it has its own (it would be ignored)."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         problems.append(bad_value("methods", raw, "must be a mapping of keys"))
@@ -316,6 +317,11 @@ def read_method_options(raw: object, layer_names: list[str], problems: list[str]
     for old, classes in readers.items():
         if old in raw and old not in REGISTRY:
             problems += _old_section_problems(old, raw[old], classes)
+            if all(cls.name in raw for cls in classes):  # nobody reads it: say so
+                owners = " and ".join(f"methods.{cls.name}" for cls in classes)
+                problems.append(bad_value(f"methods.{old}", raw[old],
+                                          f"is superseded by {owners}, which are all set, "
+                                          f"and would be ignored: remove it"))
     out = {}
     for name, cls in sorted(REGISTRY.items()):
         key, section = name, raw.get(name)
