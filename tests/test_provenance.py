@@ -23,6 +23,11 @@ METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
 @pytest.fixture
 def project(tmp_path, tiny_raw):
     """Hand-made inputs and outputs of three trained runs, each with its provenance."""
+    return recorded_runs(tmp_path, tiny_raw, METHODS)
+
+
+def recorded_runs(tmp_path, tiny_raw, methods):
+    """Hand-made inputs and outputs of one trained run per method, each with its provenance."""
     layout = Layout(tmp_path)
     layout.prepared.mkdir(parents=True)
     (layout.prepared / "target_train.npz").write_bytes(b"records")
@@ -30,7 +35,7 @@ def project(tmp_path, tiny_raw):
     (layout.partition("iid") / "positions.json").write_text("[0, 1, 2]")
     layout.shadow.mkdir()
     layout.shadow_risk.write_text("{}")
-    raw = tiny_raw(train={"methods": METHODS})
+    raw = tiny_raw(train={"methods": methods})
 
     def params(**sections):
         from conftest import merged
@@ -105,6 +110,32 @@ def test_editing_a_methods_module_reruns_its_runs_and_shared_code_every_run(
     with open(package / "train" / "loop.py", "a") as module:
         module.write("\n# an edit\n")
     assert stale(layout, params()) == METHODS
+
+
+def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw, monkeypatch,
+                                                                       tmp_path):
+    """A run's code inputs are its import closure (dpclip.code_closure), not a list kept by
+    hand: a helper only the DC-SGD rules import re-runs their runs only; a module the train
+    stage imports through another stage (the partition reader) re-runs every run; a module
+    no run imports (the report) re-runs none."""
+    methods = ["dp_sgd", "dc_sgd_p", "dc_sgd_e"]
+    package = tmp_path / "package"
+    shutil.copytree(provenance.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "PACKAGE", package)
+    layout, params = recorded_runs(tmp_path / "project", tiny_raw, methods)
+    assert stale(layout, params()) == []
+
+    def touch(relative: str) -> list[str]:
+        with open(package / relative, "a") as module:
+            module.write("\n# an edit\n")
+        found = stale(layout, params())
+        for key in configured_runs(params()):  # record again: the next edit starts clean
+            TRAIN.record(layout, key, TRAIN.inputs(params(), key, layout))
+        return found
+
+    assert touch("methods/common/dc_sgd.py") == ["dc_sgd_p", "dc_sgd_e"]
+    assert touch("stages/partition.py") == methods
+    assert touch("stages/report.py") == []
 
 
 def test_each_run_runs_the_stale_runs_and_force_runs_all(project):

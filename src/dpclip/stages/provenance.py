@@ -18,13 +18,16 @@ be stale, and the stage recomputes only the stale runs.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from dpclip.code_closure import ROOT_NAME, closure_files
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
+from dpclip.methods import get_method
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.threads import thread_count
 
@@ -42,8 +45,9 @@ class RunStage:
     """What one run of a stage reads and writes.
 
     ``params``: keys of params.yaml every run reads, dotted; each run also reads its own method's
-    ``methods.<method>`` section when ``reads_method_options``. ``code``: paths inside the
-    package; ``{method}`` is the run's method. ``data``: the run's input files under the project
+    ``methods.<method>`` section when ``reads_method_options``. ``code``: the stage's modules;
+    a run's code inputs are every file they and its method's module import, transitively
+    (:func:`code_files`). ``data``: the run's input files under the project
     root, ``outputs``: its output files, ``provenance``: where its record goes, ``result``: the
     output that the stage function returns (as JSON).
     """
@@ -58,6 +62,18 @@ class RunStage:
     result: Callable[[Layout, object], Path]
     reads_tuned_values: bool = False  # trains the run's configuration (dpclip.tuned)
 
+    def code_files(self, method: str) -> dict[str, Path]:
+        """label -> file of the run's code: the import closure (:mod:`dpclip.code_closure`) of
+        the stage's modules and the run's method's module (a plugin's module outside the
+        package counts as its own file)."""
+        module = get_method(method).__module__
+        inside = module == ROOT_NAME or module.startswith(ROOT_NAME + ".")
+        roots = [*self.code, module] if inside else list(self.code)
+        files = {f"src/dpclip/{f}": PACKAGE / f for f in closure_files(roots, PACKAGE)}
+        if not inside:
+            files[f"plugin:{module}"] = Path(sys.modules[module].__file__)
+        return files
+
     def inputs(self, params, key, layout: Layout) -> dict:
         """The run's inputs: parameter values and file hashes (``key``: a
         :class:`~dpclip.stages.report.RunKey`)."""
@@ -67,8 +83,7 @@ class RunStage:
             values["train.threads"] = thread_count(values["train.threads"])
         if self.reads_method_options:
             values[f"methods.{key.method}"] = params.method_options(key.method)
-        files = {f"src/dpclip/{p.format(method=key.method)}":
-                 file_hash(PACKAGE / p.format(method=key.method)) for p in self.code}
+        files = {label: file_hash(path) for label, path in self.code_files(key.method).items()}
         files.update({label: file_hash(path) for label, path in self.data(layout, key).items()})
         run = {"method": key.method, "epsilon": key.epsilon, "alpha": key.alpha,
                "seed": key.seed}
@@ -144,10 +159,7 @@ TRAIN = RunStage(
             "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
             "train.clip_norm", "train.early_stopping", "train.threads", "train.public_init"),
-    code=("train", "methods/__init__.py", "methods/base.py", "methods/common",
-          "methods/{method}.py", "models.py", "pretraining.py", "privacy.py", "randomness.py",
-          "threads.py", "__init__.py", "numerics.py",  # numerics: which CPU kernels compute
-          "stages/train.py", "tuned.py"),
+    code=("dpclip.stages.train",),
     reads_method_options=True,
     data=_train_data,
     outputs=_train_outputs,
@@ -160,7 +172,7 @@ TRAIN = RunStage(
 AUDIT = RunStage(
     name="audit",
     params=TRAIN.params + ("audit",),
-    code=TRAIN.code + ("audit", "stages/audit.py"),
+    code=("dpclip.stages.audit",),
     reads_method_options=True,
     data=_train_data,  # it trains the run's configuration again, with canaries
     outputs=lambda layout, key: {f"audits/{key.name}/audit.json": layout.audit(key.name)},
@@ -173,7 +185,7 @@ AUDIT = RunStage(
 REFERENCE = RunStage(
     name="reference",
     params=TRAIN.params + ("attack.references", "attack.mode", "attack.population", "data.seed"),
-    code=TRAIN.code + ("stages/reference.py",),
+    code=("dpclip.stages.reference",),
     reads_method_options=True,
     data=_train_data,  # it trains the run's configuration on other data
     outputs=lambda layout, key: {
@@ -210,9 +222,7 @@ def _evaluate_outputs(layout: Layout, key) -> dict[str, Path]:
 EVALUATE = RunStage(
     name="evaluate",
     params=("evaluate", "attack", "data.seed", "train.threads"),
-    code=("metrics.py", "attacks", "data/splits.py", "methods/__init__.py", "methods/base.py",
-          "methods/{method}.py", "models.py", "plots.py", "threads.py", "__init__.py",
-          "numerics.py", "stages/train.py", "stages/reference.py", "stages/evaluate.py"),
+    code=("dpclip.stages.evaluate",),
     reads_method_options=False,
     data=_evaluate_data,
     outputs=_evaluate_outputs,

@@ -1,0 +1,55 @@
+"""Code dependencies from the imports (dpclip.code_closure): the closure worked out by hand on
+a small package, and dvc.yaml's code dependencies equal to each stage's closure."""
+
+from __future__ import annotations
+
+import yaml
+
+from conftest import PROJECT
+from dpclip.code_closure import DVC_STAGE_ROOTS, closure_files, compact, stage_code
+
+
+def _package(tmp_path):
+    """dpclip/ with: a imports b at the top and c inside a function; b imports .d relatively;
+    sub/e imports nothing, sub/__init__ imports a; f is imported by nobody."""
+    root = tmp_path / "dpclip"
+    (root / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "import os\nfrom dpclip import b\n\ndef later():\n    import dpclip.c\n",
+        "b.py": "from . import d\n",
+        "c.py": "",
+        "d.py": "",
+        "f.py": "import dpclip.a\n",
+        "sub/__init__.py": "from dpclip.a import later\n",
+        "sub/e.py": "x = 1\n",
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def test_the_closure_follows_imports_anywhere_and_the_packages_above(tmp_path):
+    package = _package(tmp_path)
+    assert closure_files(["dpclip.b"], package) == ["__init__.py", "b.py", "d.py"]
+    assert closure_files(["dpclip.a"], package) == ["__init__.py", "a.py", "b.py", "c.py",
+                                                    "d.py"]
+    # importing sub.e runs sub/__init__.py first, which imports a
+    assert closure_files(["dpclip.sub.e"], package) == [
+        "__init__.py", "a.py", "b.py", "c.py", "d.py", "sub/__init__.py", "sub/e.py"]
+    # a folder stands for its modules only when all of them are needed
+    assert compact(closure_files(["dpclip.sub.e"], package), package) == [
+        "src/dpclip/__init__.py", "src/dpclip/a.py", "src/dpclip/b.py", "src/dpclip/c.py",
+        "src/dpclip/d.py", "src/dpclip/sub"]
+
+
+def test_dvc_yaml_lists_exactly_the_code_each_stage_imports():
+    """A module a stage imports and dvc.yaml misses would leave its outputs stale after an
+    edit; one it lists but does not import would re-run it for nothing. The expected lists:
+    `python -m dpclip.code_closure`."""
+    stages = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]
+    for name in DVC_STAGE_ROOTS:
+        listed = sorted(str(d) for d in stages[name]["deps"] if str(d).startswith("src/"))
+        assert listed == stage_code(name), f"dvc.yaml stage {name}: code deps differ from " \
+                                           f"its imports; python -m dpclip.code_closure"
+    assert set(DVC_STAGE_ROOTS) == set(stages)  # every stage is checked
