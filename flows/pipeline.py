@@ -35,11 +35,19 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
-from dpclip import stages
+from dpclip.stages.audit import audit, set_aside_unconfigured_audits
+from dpclip.stages.evaluate import evaluate, remove_unconfigured_evaluations
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
+from dpclip.stages.reference import reference, set_aside_unconfigured_references
+from dpclip.stages.report import report
+from dpclip.stages.shadow import shadow
+from dpclip.stages.train import set_aside_unconfigured_runs, train
+from dpclip.stages.tune import tune
 from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
-from dpclip.naming import RunKey
+from dpclip.naming import RunKey, configured_runs
 from dpclip.stages.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
 from dpclip.summary_table import HEADERS, LEGEND, cells
 
@@ -63,12 +71,12 @@ TASK = dict(cache_policy=NO_CACHE)
 RETRIED = dict(TASK, retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=10),
                retry_condition_fn=retry_unless_bad_input)
 
-prepare_task = task(name="prepare", **TASK)(stages.prepare)
+prepare_task = task(name="prepare", **TASK)(prepare)
 partition_task = task(name="partition", task_run_name="partition-{alpha}", **TASK)(
-    stages.partition)
-shadow_task = task(name="shadow", **TASK)(stages.shadow)
-tune_task = task(name="tune", **TASK)(stages.tune)
-report_task = task(name="report", **TASK)(stages.report)
+    partition)
+shadow_task = task(name="shadow", **TASK)(shadow)
+tune_task = task(name="tune", **TASK)(tune)
+report_task = task(name="report", **TASK)(report)
 
 
 def unless_current(stage: RunStage, params, key: RunKey, layout: Layout, run):
@@ -82,13 +90,13 @@ def unless_current(stage: RunStage, params, key: RunKey, layout: Layout, run):
 
 @task(name="train", task_run_name="train-{key.name}", **RETRIED)
 def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
-    return unless_current(TRAIN, params, key, layout, lambda: stages.train(
+    return unless_current(TRAIN, params, key, layout, lambda: train(
         params, key.method, key.epsilon, key.alpha, key.seed, layout, progress))
 
 
 @task(name="audit", task_run_name="audit-{key.name}", **RETRIED)
 def audit_task(params, key: RunKey, layout: Layout):
-    return unless_current(AUDIT, params, key, layout, lambda: stages.audit(
+    return unless_current(AUDIT, params, key, layout, lambda: audit(
         params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
@@ -96,13 +104,13 @@ def audit_task(params, key: RunKey, layout: Layout):
 def reference_task(params, key: RunKey, layout: Layout):
     if params.attack.references == 0:
         return Completed(message="no reference models (attack.references: 0)")
-    return unless_current(REFERENCE, params, key, layout, lambda: stages.reference(
+    return unless_current(REFERENCE, params, key, layout, lambda: reference(
         params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
 @task(name="evaluate", task_run_name="evaluate-{key.name}", **RETRIED)
 def evaluate_task(params, key: RunKey, layout: Layout):
-    return unless_current(EVALUATE, params, key, layout, lambda: stages.evaluate(
+    return unless_current(EVALUATE, params, key, layout, lambda: evaluate(
         params, key.method, key.epsilon, key.alpha, key.seed, layout))
 
 
@@ -168,12 +176,12 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     # the same search the tune stage runs (tune.trials 0: none); every run trains with its result
     tuned = tune_task(p, out, progress, wait_for=[shadowed], return_state=True)
     tuned.result()
-    keys = stages.configured_runs(params)
+    keys = configured_runs(params)
     # as the DVC stages do: outputs of runs no longer configured leave the compared folders
-    stages.set_aside_unconfigured_runs(params, layout)
-    stages.set_aside_unconfigured_audits(params, layout)
-    stages.set_aside_unconfigured_references(params, layout)
-    stages.remove_unconfigured_evaluations(params, layout)
+    set_aside_unconfigured_runs(params, layout)
+    set_aside_unconfigured_audits(params, layout)
+    set_aside_unconfigured_references(params, layout)
+    remove_unconfigured_evaluations(params, layout)
     if runs_in_processes():  # every configuration at once; each waits for its own inputs
         pending = {}
         for key in keys:

@@ -16,7 +16,8 @@ from dpclip.data import fit_encoder, read_source
 from dpclip.data.sources import IDX_FILES, read_idx
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
-from dpclip.stages import partition, prepare
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
 from dpclip.stages.prepare import load_split
 
 

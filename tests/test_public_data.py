@@ -19,7 +19,7 @@ from dpclip.data.sources import IDX_FILES
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.layout import Layout
-from dpclip.stages import prepare
+from dpclip.stages.prepare import prepare
 from dpclip.stages.prepare import load_split
 
 CITIES = ["paris", "rome", "oslo"]

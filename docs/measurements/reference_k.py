@@ -19,7 +19,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from dpclip import stages
+from dpclip.stages.evaluate import evaluate_all
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
+from dpclip.stages.reference import reference_all
+from dpclip.stages.shadow import shadow
+from dpclip.stages.train import train_all
+from dpclip.stages.tune import tune
 from dpclip.config import load_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
@@ -46,16 +52,16 @@ def main() -> None:
         (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         params = load_params(root / "params.yaml")
         if k == args.ks[0]:
-            stages.prepare(params, layout)
+            prepare(params, layout)
             for alpha in params.partition.alphas:
-                stages.partition(params, alpha, layout)
-            stages.shadow(params, layout, progress=False)
-            stages.tune(params, layout, progress=False)
-            list(stages.train_all(params, layout, progress=False))
+                partition(params, alpha, layout)
+            shadow(params, layout, progress=False)
+            tune(params, layout, progress=False)
+            list(train_all(params, layout, progress=False))
         started = time.perf_counter()
-        list(stages.reference_all(params, layout, force=True))
+        list(reference_all(params, layout, force=True))
         seconds = time.perf_counter() - started
-        list(stages.evaluate_all(params, layout, force=True))
+        list(evaluate_all(params, layout, force=True))
         for method in params.train.methods:
             run = RunKey(method, params.privacy.target_epsilons[0],
                          params.partition.alphas[0], params.train.seeds[0]).name

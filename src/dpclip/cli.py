@@ -7,6 +7,7 @@ message naming the key and the value, and exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from dpclip.config import json_schema, load_params
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
-from dpclip.naming import parse_scalar, run_name
+from dpclip.naming import configured_runs, parse_scalar, run_name
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
@@ -103,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
     rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
+
+
+# each stage function's module, imported when its command runs (a command loads one stage)
+STAGE_MODULES = {"train_all": "train", "audit_all": "audit", "reference_all": "reference",
+                 "evaluate_all": "evaluate"}
+
+
+def _stage(function: str):
+    """The stage function ``function`` (``prepare``, ``train_all``, ...) from its module."""
+    module = importlib.import_module(f"dpclip.stages.{STAGE_MODULES.get(function, function)}")
+    return getattr(module, function)
 
 
 def _check_choice(key: str, value, allowed: list) -> None:
@@ -213,23 +225,21 @@ def _evidence(args) -> int:
 
 
 def _dispatch(args, params, layout) -> int:
-    from dpclip import stages
-
     if args.command == "validate":
         print("params.yaml is valid")
         return 0
     if args.command == "prepare":
-        meta = stages.prepare(params, layout)
+        meta = _stage("prepare")(params, layout)
         print(f"prepared {meta['dataset']}: {meta['sizes']}")
         return 0
     if args.command == "shadow":
-        rec = stages.shadow(params, layout, progress=not args.quiet)
+        rec = _stage("shadow")(params, layout, progress=not args.quiet)
         risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in rec["layers"].items())
         print(f"shadow model (holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer MIA "
               f"error rate ({rec['risk_eval']}): {risks}")
         return 0
     if args.command == "tune":
-        rec = stages.tune(params, layout, progress=not args.quiet)
+        rec = _stage("tune")(params, layout, progress=not args.quiet)
         print(_tuning_summary(rec))
         return 0
     if args.command == "bench":
@@ -241,7 +251,7 @@ def _dispatch(args, params, layout) -> int:
         print(f"written to {layout.reports / 'bench.md'}")
         return 0
     if args.command == "report":
-        result = stages.report(params, layout, track=not args.no_track)
+        result = _stage("report")(params, layout, track=not args.no_track)
         print((layout.reports / "summary.txt").read_text(), end="")
         print(f"Every column of every run: {layout.reports / 'comparison.md'}")
         if result.mlflow:
@@ -252,24 +262,24 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "verify":
         from dpclip.verify import verify, verify_text
 
-        checks = verify([k.name for k in stages.configured_runs(params)], layout, args.against)
+        checks = verify([k.name for k in configured_runs(params)], layout, args.against)
         print(verify_text(checks, args.against, layout))
         return 0 if all(c.status in ("identical", "within tolerance") for c in checks) else 1
     if args.command == "partition":
         alpha = parse_scalar(args.alpha)
         _check_choice("partition.alphas", alpha, params.partition.alphas)
-        rec = stages.partition(params, alpha, layout)
+        rec = _stage("partition")(params, alpha, layout)
         print(f"partition {rec['tag']}: {rec['size']} records, histogram {rec['histogram']}")
         return 0
     given = [name for name in RUN_OPTIONS if getattr(args, name) is not None]
     if given:
         return _one_run(args, params, layout, given)
-    runs = stages.configured_runs(params)
+    runs = configured_runs(params)
     if args.command == "train":
-        done = stages.train_all(params, layout, progress=not args.quiet, force=args.force)
+        done = _stage("train_all")(params, layout, progress=not args.quiet, force=args.force)
     else:
-        every = {"audit": stages.audit_all, "reference": stages.reference_all,
-                 "evaluate": stages.evaluate_all}[args.command]
+        every = {"audit": _stage("audit_all"), "reference": _stage("reference_all"),
+                 "evaluate": _stage("evaluate_all")}[args.command]
         done = every(params, layout, force=args.force)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else _summary(args.command, result)
@@ -278,8 +288,6 @@ def _dispatch(args, params, layout) -> int:
 
 
 def _one_run(args, params, layout, given: list[str]) -> int:
-    from dpclip import stages
-
     missing = [f"--{name}" for name in RUN_OPTIONS if name not in given]
     if missing:
         raise DpclipError(f"{args.command}: one run needs --method, --epsilon, --alpha and "
@@ -291,11 +299,11 @@ def _one_run(args, params, layout, given: list[str]) -> int:
     _check_choice("privacy.target_epsilons", epsilon, params.privacy.target_epsilons)
     _check_choice("train.seeds", args.seed, params.train.seeds)
     if args.command == "train":
-        result = stages.train(params, args.method, epsilon, alpha, args.seed, layout,
+        result = _stage("train")(params, args.method, epsilon, alpha, args.seed, layout,
                               progress=not args.quiet)
     else:
-        one = {"audit": stages.audit, "reference": stages.reference,
-               "evaluate": stages.evaluate}[args.command]
+        one = {"audit": _stage("audit"), "reference": _stage("reference"),
+               "evaluate": _stage("evaluate")}[args.command]
         result = one(params, args.method, epsilon, alpha, args.seed, layout)
     name = run_name(args.method, epsilon, alpha, args.seed)
     print(f"{name}: {_summary(args.command, result)}")

@@ -116,7 +116,15 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
 def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True) -> float:
     """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s. Before
     training, the expected training time of the runs to train is printed."""
-    from dpclip import stages
+    from dpclip.stages.audit import audit_all
+    from dpclip.stages.evaluate import evaluate_all
+    from dpclip.stages.partition import partition
+    from dpclip.stages.prepare import prepare
+    from dpclip.stages.reference import reference_all
+    from dpclip.stages.report import report
+    from dpclip.stages.shadow import shadow
+    from dpclip.stages.train import train_all
+    from dpclip.stages.tune import tune
 
     params_path = root / "params.yaml"
     root.mkdir(parents=True, exist_ok=True)
@@ -124,21 +132,21 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
     params = load_params(params_path)  # validated before any work
     layout = Layout(root)
     started = time.perf_counter()
-    stages.prepare(params, layout)
+    prepare(params, layout)
     for alpha in params.partition.alphas:
-        stages.partition(params, alpha, layout)
-    stages.shadow(params, layout, progress=progress)
-    stages.tune(params, layout, progress=progress)
+        partition(params, alpha, layout)
+    shadow(params, layout, progress=progress)
+    tune(params, layout, progress=progress)
     if progress:
         print(cost_text(expected_cost(params, layout)), flush=True)
-    for step in (lambda: stages.train_all(params, layout, progress=progress),
-                 lambda: stages.audit_all(params, layout),
-                 lambda: stages.reference_all(params, layout),
-                 lambda: stages.evaluate_all(params, layout)):
+    for step in (lambda: train_all(params, layout, progress=progress),
+                 lambda: audit_all(params, layout),
+                 lambda: reference_all(params, layout),
+                 lambda: evaluate_all(params, layout)):
         for key, result in step():
             if progress and result is not None:
                 print(f"  {key.name}", flush=True)
-    stages.report(params, layout, track=track)
+    report(params, layout, track=track)
     return time.perf_counter() - started
 
 

@@ -19,7 +19,11 @@ from dpclip.errors import ConfigError, DpclipError
 from dpclip.layout import Layout
 from dpclip.methods import available_methods, discover, get_method
 from dpclip.methods.base import REGISTRY
-from dpclip.stages import evaluate, partition, prepare, report, train
+from dpclip.stages.evaluate import evaluate
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
+from dpclip.stages.report import report
+from dpclip.stages.train import train
 
 
 def docs_example() -> str:
