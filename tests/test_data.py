@@ -11,6 +11,7 @@ import urllib.error
 import numpy as np
 import pytest
 
+from dpclip.artefacts import load_split
 from dpclip.config import parse_params
 from dpclip.data import fit_encoder, read_source
 from dpclip.data.sources import IDX_FILES, read_idx
@@ -18,7 +19,6 @@ from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.stages.prepare import load_split
 
 
 def write_idx(path, array: np.ndarray) -> None:

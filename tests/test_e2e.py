@@ -145,7 +145,7 @@ def test_dvc_metrics_and_plots(dvc_project):
     full = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
     assert dp["accuracy"] == full["utility"]["accuracy"]
     assert dp["epsilon"] == full["privacy"]["epsilon"]
-    from dpclip.stages.evaluate import strongest_attack
+    from dpclip.metrics import strongest_attack
 
     name, strongest = strongest_attack(full["mia"])  # loss, LiRA or RMIA
     assert dp["mia_auc"] == strongest["auc"] and name in ("loss", "lira", "rmia")

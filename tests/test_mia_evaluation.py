@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpclip.artefacts import load_partition, load_split
 from dpclip.attacks import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
 from dpclip.config import parse_params
@@ -21,8 +22,6 @@ from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.models import build_model
 from dpclip.stages.evaluate import evaluate, ir_attack
-from dpclip.stages.partition import load_partition
-from dpclip.stages.prepare import load_split
 
 RUN = "dp_sgd-eps8-0.1-seed0"
 

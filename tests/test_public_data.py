@@ -14,13 +14,13 @@ import struct
 import numpy as np
 import pytest
 
+from dpclip.artefacts import load_split
 from dpclip.config import parse_params
 from dpclip.data.sources import IDX_FILES
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.stages.prepare import prepare
-from dpclip.stages.prepare import load_split
 
 CITIES = ["paris", "rome", "oslo"]
 ELSEWHERE = ["lima", "kyiv", "baku"]  # a public population no main record can equal

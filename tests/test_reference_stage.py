@@ -9,13 +9,12 @@ import pandas as pd
 import pytest
 
 from conftest import prepared_project
+from dpclip.artefacts import load_signals, load_split
 from dpclip.cli import main
 from dpclip.config import parse_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
-from dpclip.stages.prepare import load_split
-from dpclip.stages.reference import (complementary_halves, first_and_last, load_signals,
-                                     reference_seed)
+from dpclip.stages.reference import complementary_halves, first_and_last, reference_seed
 
 
 def test_complementary_halves_put_every_record_in_exactly_half_of_the_models():

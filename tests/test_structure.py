@@ -137,3 +137,18 @@ def test_the_committed_dvc_lock_matches_the_code_and_parameters():
                                                                   if deps else {})})
     assert not stale, (f"dvc.lock is stale: {stale}; run `make run` (dvc repro) and commit "
                        "dvc.lock, summary/ and overlays/")
+
+
+STAGES = ("prepare", "partition", "shadow", "tune", "train", "audit", "reference", "evaluate",
+          "report")
+
+
+def test_no_stage_imports_another_stage():
+    """What a stage wrote is read through dpclip.artefacts (and a run's inputs through
+    dpclip.train.inputs), so a stage's code does not include another stage's."""
+    from dpclip.code_closure import direct_imports
+
+    for stage in STAGES:
+        others = {f"dpclip.stages.{s}" for s in STAGES if s != stage}
+        imported = direct_imports(f"dpclip.stages.{stage}") & others
+        assert not imported, f"dpclip.stages.{stage} imports {sorted(imported)}"

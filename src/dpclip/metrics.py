@@ -264,3 +264,14 @@ def roc_points(member_scores: np.ndarray, nonmember_scores: np.ndarray
     # threshold that reaches a given FPR (ties of members and non-members lie on diagonals)
     fpr, tpr, _ = roc_curve(truth, scores, drop_intermediate=False)
     return fpr, tpr
+
+
+def strongest_attack(mia: dict) -> tuple[str, dict] | None:
+    """The record-level attack (one score per record: loss, and later LiRA, RMIA) with the
+    highest TPR at 0.1% FPR, ties broken by AUC; None when the run has none."""
+    attacks = {name: a for name, a in mia.items() if isinstance(a, dict)
+               and a.get("auc") is not None and a.get("tpr_at_fpr_0.1pct") is not None}
+    if not attacks:
+        return None
+    name = max(attacks, key=lambda n: (attacks[n]["tpr_at_fpr_0.1pct"], attacks[n]["auc"]))
+    return name, attacks[name]

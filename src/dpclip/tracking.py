@@ -486,7 +486,7 @@ class _Splits:
         if name not in self._datasets:
             import mlflow.data
 
-            from dpclip.stages.prepare import load_split
+            from dpclip.artefacts import load_split
 
             x, y, _ = load_split(self.layout, name)
             with warnings.catch_warnings():  # MLflow registers two sources for local paths
@@ -498,7 +498,7 @@ class _Splits:
     def example(self):
         """Two public records: the logged model's input example (no private record leaves
         the data owner's store)."""
-        from dpclip.stages.prepare import load_split
+        from dpclip.artefacts import load_split
 
         return load_split(self.layout, "shadow_holdout")[0][:2].astype("float32")
 
@@ -610,7 +610,7 @@ def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "p
     import torch
     from mlflow.models import infer_signature
 
-    from dpclip.stages.train import load_model
+    from dpclip.artefacts import load_model
 
     model = load_model(layout, run)
     with torch.no_grad():

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import hashlib
 
+from dpclip.artefacts import load_split
 from dpclip.audit.run import audit_blackbox, audit_whitebox, not_applicable
 from dpclip.config import Params
 from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import AUDIT
 from dpclip.stages.retire import set_aside
-from dpclip.stages.train import run_inputs
 from dpclip.threads import use_threads
 from dpclip.train import build_run
+from dpclip.train.inputs import run_inputs
 
 KINDS = ("whitebox", "blackbox")
 

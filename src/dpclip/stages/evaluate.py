@@ -32,10 +32,10 @@ from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluatio
                             label_only_auc, layer_representations)
 from dpclip.attacks.reference import calibrated_scores, unseen_fit
 from dpclip.config import Params
-from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
+from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics, classifier_auc,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points)
@@ -43,11 +43,10 @@ from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
-from dpclip.stages.partition import load_partition
-from dpclip.stages.prepare import load_split
+from dpclip.artefacts import (load_model, load_partition, load_signals, load_split,
+                              population_source, public_population)
+from dpclip.metrics import strongest_attack
 from dpclip.stages.provenance import EVALUATE
-from dpclip.stages.reference import load_signals, population_source, public_population
-from dpclip.stages.train import load_model
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -215,17 +214,6 @@ def reference_match(privacy: dict, n_members: int, signals: dict, target_holdout
             "references": {**references, **{f"unseen_{k}": v for k, v in unseen_fit(
                 signals["logits_holdout"], y_out, signals["in_holdout"]).items()}},
             "matched": {key: same(key) for key in target}}
-
-
-def strongest_attack(mia: dict) -> tuple[str, dict] | None:
-    """The record-level attack (one score per record: loss, and later LiRA, RMIA) with the
-    highest TPR at 0.1% FPR, ties broken by AUC; None when the run has none."""
-    attacks = {name: a for name, a in mia.items() if isinstance(a, dict)
-               and a.get("auc") is not None and a.get("tpr_at_fpr_0.1pct") is not None}
-    if not attacks:
-        return None
-    name = max(attacks, key=lambda n: (attacks[n]["tpr_at_fpr_0.1pct"], attacks[n]["auc"]))
-    return name, attacks[name]
 
 
 def run_summary(metrics: dict) -> dict:

@@ -6,18 +6,16 @@ split, its size, the drawn proportions, the per-class histogram) and a histogram
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 
+from dpclip.artefacts import load_split
 from dpclip.config import IID, Params
-from dpclip.naming import alpha_tag
 from dpclip.data.splits import dirichlet_subsample
-from dpclip.errors import DpclipError
 from dpclip.io import atomic_dir, read_json, write_json
 from dpclip.layout import Layout
+from dpclip.naming import alpha_tag
 from dpclip.plots import partition_histogram_figure
-from dpclip.stages.prepare import load_split
 
 
 def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:
@@ -43,18 +41,5 @@ def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:
     with atomic_dir(layout.partition(alpha_tag(alpha))) as folder:
         write_json(folder / "partition.json", record)
         partition_histogram_figure(folder / "histogram.png", record)
-    return record
-
-
-def load_partition(layout: Layout, alpha) -> dict:
-    path = layout.partition(alpha_tag(alpha)) / "partition.json"
-    if not path.exists():
-        raise DpclipError(f"partition {str(path)!r} is missing: run the partition stage for "
-                          f"alpha={alpha!r} first")
-    record = json.loads(path.read_text())
-    positions = np.asarray(record["positions"], dtype=np.int64)
-    if len(np.unique(positions)) != len(positions):
-        raise DpclipError(f"partition {str(path)!r} repeats a record: refusing to train on it")
-    record["positions"] = positions
     return record
 

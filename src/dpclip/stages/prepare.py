@@ -194,11 +194,3 @@ def prepare(params: Params, layout: Layout = Layout()) -> dict:
         write_json(folder / "meta.json", meta)
     return meta
 
-
-def load_split(layout: Layout, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, y, original record index) of one prepared split."""
-    path = layout.split(name)
-    if not path.exists():
-        raise DpclipError(f"prepared split {str(path)!r} is missing: run the prepare stage first")
-    with np.load(path) as f:
-        return f["x"], f["y"], f["index"]

@@ -76,7 +76,7 @@ class RunStage:
 
     def inputs(self, params, key, layout: Layout) -> dict:
         """The run's inputs: parameter values and file hashes (``key``: a
-        :class:`~dpclip.stages.report.RunKey`)."""
+        :class:`~dpclip.naming.RunKey`)."""
         tree = params.to_dict()
         values = {k: _lookup(tree, k) for k in self.params}
         if "train.threads" in values:  # results depend on the count, not on the setting

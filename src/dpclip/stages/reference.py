@@ -39,41 +39,23 @@ from dataclasses import replace
 
 import numpy as np
 
+from dpclip.artefacts import load_split, population_source, public_population
 from dpclip.config import Params
-from dpclip.io import read_json, write_json, write_npz
+from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.prepare import load_split
 from dpclip.stages.provenance import REFERENCE
 from dpclip.stages.retire import set_aside
-from dpclip.stages.train import run_inputs
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model
-
-POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
-                     "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
-
+from dpclip.train.inputs import run_inputs
 
 def reference_seed(params: Params, run: str, what: str) -> int:
     """A seed of the run's reference models (the pool's halves, or model k's training),
     from ``data.seed``, the run and ``what``: every run's references differ."""
     text = f"{params.data.seed}:{run}:reference:{what}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:4], "big") >> 1  # < 2^31
-
-
-def public_population(params: Params, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """The public records of ``attack.population`` (offline pool and RMIA population)."""
-    parts = [load_split(layout, name)[:2] for name in POPULATION_SPLITS[params.attack.population]]
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
-
-
-def population_source(params: Params) -> str:
-    """Where RMIA's population comes from under the current ``attack`` settings (the
-    reference record's ``population``; evaluate checks its signals against it)."""
-    if params.attack.mode == "online":
-        return "target_holdout"
-    return f"public ({' + '.join(POPULATION_SPLITS[params.attack.population])})"
 
 
 def first_and_last(n: int, size: int, k: int, seed: int) -> np.ndarray:
@@ -176,17 +158,6 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     write_json(folder / "reference.json", facts)
     REFERENCE.record(layout, key, inputs)
     return facts
-
-
-def load_signals(layout: Layout, run: str) -> dict | None:
-    """The run's reference signals (module docstring) and, as ``facts``, its
-    ``reference.json``; None when it has none."""
-    path = layout.references(run) / "signals.npz"
-    if not path.exists():
-        return None
-    with np.load(path) as signals:
-        arrays = {name: signals[name] for name in signals.files}
-    return {**arrays, "facts": read_json(layout.references(run) / "reference.json")}
 
 
 def set_aside_unconfigured_references(params: Params, layout: Layout) -> dict[str, list[str]]:

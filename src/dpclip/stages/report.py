@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpclip.config import Params
-from dpclip.naming import RunKey, configured_runs
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound
+from dpclip.naming import RunKey, configured_runs
 from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
                           privacy_utility_figure, roc_figure)
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
@@ -103,7 +103,7 @@ def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
 def attack_columns(mia: dict, privacy: dict) -> dict:
     """LiRA's and RMIA's AUC and TPR at 0.1% FPR (— without reference models), and the
     strongest record-level attack's TPR at 0.1% FPR next to what the DP claim allows there."""
-    from dpclip.stages.evaluate import strongest_attack
+    from dpclip.metrics import strongest_attack
 
     columns = {}
     for name in ("lira", "rmia"):

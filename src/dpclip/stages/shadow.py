@@ -23,25 +23,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpclip.artefacts import architecture, load_split
 from dpclip.attacks import attack_every_layer, layer_representations
 from dpclip.config import IID, EarlyStopping, Params
-from dpclip.naming import alpha_tag
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.models import parameterised_layers
+from dpclip.naming import alpha_tag
 from dpclip.plots import layer_attack_figure
-from dpclip.stages.prepare import load_split
+from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
-from dpclip.threads import use_threads
-
-
-def architecture(params: Params, meta: dict) -> dict:
-    """What a risk file must match: the model family, widths, input and output sizes."""
-    return {"model": params.train.model, "hidden": list(params.train.hidden),
-            "feature_shape": list(meta["feature_shape"]), "n_classes": int(meta["n_classes"])}
 
 
 def shadow_config(params: Params) -> TrainConfig:
@@ -138,20 +132,3 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     pred = model(torch.as_tensor(x, dtype=torch.float32)).argmax(dim=1).numpy()
     return float(np.mean(pred == y))
 
-
-def load_risk(layout: Layout, params: Params, meta: dict, layer_names: list[str]) -> dict:
-    """The risk file, checked against the model about to be trained (before any training)."""
-    path = layout.shadow_risk
-    if not path.exists():
-        raise DpclipError(f"lm_dp_sgd needs the shadow stage's risk file {str(path)!r}: run "
-                          f"`dpclip shadow` first")
-    risk = read_json(path)
-    expected = architecture(params, meta)
-    if risk.get("architecture") != expected:
-        raise DpclipError(f"the risk file {str(path)!r} was computed for the architecture "
-                          f"{risk.get('architecture')}, but train.* describes {expected}: "
-                          f"rerun `dpclip shadow`")
-    if list(risk.get("layer_names", [])) != list(layer_names):
-        raise DpclipError(f"the risk file {str(path)!r} names the layers "
-                          f"{risk.get('layer_names')}, but the model has {layer_names}")
-    return risk

@@ -16,94 +16,21 @@ seeded (``secure_noise``) and which data each component saw (``data_use``).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
-import torch
 
 from dpclip.config import IID, Params
-from dpclip.numerics import kernels_in_use
-from dpclip.naming import RunKey, configured_runs
-from dpclip.io import read_json, write_csv_frame, write_json, write_torch
+from dpclip.io import write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.models import build_model, layer_names
-from dpclip.stages.partition import load_partition
-from dpclip.stages.prepare import load_split
+from dpclip.naming import RunKey, configured_runs
+from dpclip.numerics import kernels_in_use
 from dpclip.stages.provenance import TRAIN
 from dpclip.stages.retire import set_aside
-from dpclip.stages.shadow import load_risk
 from dpclip.threads import use_threads
-from dpclip.train import PublicData, TrainConfig, train_model
-from dpclip.tuned import tuned_values, tuned_params
-
-
-def train_config(params: Params, method: str, epsilon, seed: int,
-                 layout: Layout | None = None, tuned: bool = True) -> TrainConfig:
-    """The loop's configuration of one run, with the values ``dpclip tune`` chose for it when
-    tuning is on and ``tuned`` (:mod:`dpclip.tuned`). A method that needs the shadow stage's
-    risks gets them from ``layout``, checked against the model first."""
-    if tuned:
-        params = tuned_params(params, layout or Layout(), method, epsilon)
-    t = params.train
-    risk = None
-    if get_method(method).needs_shadow_risk:
-        meta = read_json((layout or Layout()).prepared_meta)
-        risk = load_risk(layout or Layout(), params, meta, layer_names(t.model, t.hidden))
-    target = float(epsilon) if get_method(method).private else None
-    return TrainConfig(method, target, int(seed), t, params.privacy,
-                       params.method_options(method), risk)
-
-
-def load_public(layout: Layout) -> PublicData:
-    """The public shadow splits: train, and holdout as the held-out check of public fitting."""
-    x, y, _ = load_split(layout, "shadow_train")
-    held_x, held_y, _ = load_split(layout, "shadow_holdout")
-    return PublicData(x, y, (held_x, held_y))
-
-
-@dataclass
-class RunInputs:
-    """What training one run reads: its members, the data's shape, its configuration and the
-    public data it needs (the train stage, and the audit stage training it again)."""
-
-    x: np.ndarray
-    y: np.ndarray
-    meta: dict
-    cfg: TrainConfig
-    public: PublicData | None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.meta["feature_shape"])
-
-    @property
-    def n_classes(self) -> int:
-        return int(self.meta["n_classes"])
-
-
-def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
-    x, y, _ = load_split(layout, "target_train")
-    members = load_partition(layout, key.alpha)["positions"]
-    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
-    return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
-                     load_public(layout) if needs_public(cfg) else None)
-
-
-def needs_public(cfg: TrainConfig) -> bool:
-    """Whether the run reads public data: a method's own use (a public pre-training) or early
-    stopping's watched series."""
-    return get_method(cfg.method).needs_public_data(cfg.method_options) or \
-        cfg.train.early_stopping.rule != "none" or cfg.train.public_init
-
-
-def checkpoint_of(result, cfg: TrainConfig, meta: dict) -> dict:
-    """What ``model.pt`` holds: the trained weights and the architecture that rebuilds them."""
-    return {"state_dict": result.model.state_dict(),
-            "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
-                             "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
-                             **result.architecture}}
+from dpclip.train import TrainConfig, train_model
+from dpclip.train.inputs import checkpoint_of, run_inputs
+from dpclip.tuned import tuned_values
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -189,22 +116,3 @@ def weights_sha256(state_dict: dict) -> str:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
-
-def load_model(layout: Layout, run: str) -> torch.nn.Module:
-    """The trained model of ``run`` for evaluation, as its method rebuilds it
-    (``Method.rebuild_for_evaluation``)."""
-    checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
-                            weights_only=True)
-    return evaluation_model(checkpoint, read_json(layout.run_dir(run) / "record.json")["method"])
-
-
-def evaluation_model(checkpoint: dict, method_name: str) -> torch.nn.Module:
-    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its method rebuilds
-    it (``Method.rebuild_for_evaluation``)."""
-    arch = checkpoint["architecture"]
-    method = get_method(method_name)
-    model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
-                        list(arch["hidden"]))
-    model = method.rebuild_for_evaluation(model, arch)
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval()

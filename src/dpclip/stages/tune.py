@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from dpclip.artefacts import evaluation_model, load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
 from dpclip.io import read_json, write_csv_frame, write_json
@@ -42,10 +43,9 @@ from dpclip.methods import get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
-from dpclip.stages.prepare import load_split
-from dpclip.stages.train import checkpoint_of, evaluation_model, needs_public, train_config
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, train_model
+from dpclip.train.inputs import checkpoint_of, needs_public, train_config
 from dpclip.tuned import fingerprint, with_values
 
 OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"

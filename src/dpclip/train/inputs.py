@@ -1,0 +1,85 @@
+"""What one run trains from: its members, the data's shape, its configuration (with the values
+``dpclip tune`` chose) and the public data it needs; read by the train stage and by the stages
+that train the run's configuration again (audit, reference, tune) and the benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpclip.artefacts import load_partition, load_risk, load_split
+from dpclip.config import Params
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.methods import get_method
+from dpclip.models import layer_names
+from dpclip.naming import RunKey
+from dpclip.train import PublicData, TrainConfig
+from dpclip.tuned import tuned_params
+
+def train_config(params: Params, method: str, epsilon, seed: int,
+                 layout: Layout | None = None, tuned: bool = True) -> TrainConfig:
+    """The loop's configuration of one run, with the values ``dpclip tune`` chose for it when
+    tuning is on and ``tuned`` (:mod:`dpclip.tuned`). A method that needs the shadow stage's
+    risks gets them from ``layout``, checked against the model first."""
+    if tuned:
+        params = tuned_params(params, layout or Layout(), method, epsilon)
+    t = params.train
+    risk = None
+    if get_method(method).needs_shadow_risk:
+        meta = read_json((layout or Layout()).prepared_meta)
+        risk = load_risk(layout or Layout(), params, meta, layer_names(t.model, t.hidden))
+    target = float(epsilon) if get_method(method).private else None
+    return TrainConfig(method, target, int(seed), t, params.privacy,
+                       params.method_options(method), risk)
+
+
+def load_public(layout: Layout) -> PublicData:
+    """The public shadow splits: train, and holdout as the held-out check of public fitting."""
+    x, y, _ = load_split(layout, "shadow_train")
+    held_x, held_y, _ = load_split(layout, "shadow_holdout")
+    return PublicData(x, y, (held_x, held_y))
+
+
+@dataclass
+class RunInputs:
+    """What training one run reads: its members, the data's shape, its configuration and the
+    public data it needs (the train stage, and the audit stage training it again)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    meta: dict
+    cfg: TrainConfig
+    public: PublicData | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.meta["feature_shape"])
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.meta["n_classes"])
+
+
+def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
+    x, y, _ = load_split(layout, "target_train")
+    members = load_partition(layout, key.alpha)["positions"]
+    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
+    return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
+                     load_public(layout) if needs_public(cfg) else None)
+
+
+def needs_public(cfg: TrainConfig) -> bool:
+    """Whether the run reads public data: a method's own use (a public pre-training) or early
+    stopping's watched series."""
+    return get_method(cfg.method).needs_public_data(cfg.method_options) or \
+        cfg.train.early_stopping.rule != "none" or cfg.train.public_init
+
+
+def checkpoint_of(result, cfg: TrainConfig, meta: dict) -> dict:
+    """What ``model.pt`` holds: the trained weights and the architecture that rebuilds them."""
+    return {"state_dict": result.model.state_dict(),
+            "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
+                             "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
+                             **result.architecture}}
