@@ -19,6 +19,8 @@ and ``shadow/risk.png``.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from torch import nn
@@ -37,14 +39,29 @@ from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
 
+log = logging.getLogger(__name__)
 
-def shadow_config(params: Params) -> TrainConfig:
+
+def shadow_batch_size(asked: int, n_records: int) -> int:
+    """``shadow.batch_size``, or a quarter of the shadow model's training set (four steps an
+    epoch) where it asks for more records than there are: small public data still gives a
+    shadow model, and the notice says so."""
+    if asked <= n_records:
+        return asked
+    used = max(1, n_records // 4)
+    log.warning("shadow.batch_size: %d is larger than the shadow model's training set (%d "
+                "public records): using %d, a quarter of them", asked, n_records, used)
+    return used
+
+
+def shadow_config(params: Params, batch_size: int | None = None) -> TrainConfig:
     """The target architecture and optimizer, trained without privacy (public data: no early
     stopping, seeded noise) on the CPU for the shadow section's epochs and batch size."""
     s = params.shadow
     # no public_init: the shadow model trains on public records already, and its members and
     # non-members are the public splits a pre-training would read
-    train = params.train.model_copy(update={"epochs": s.epochs, "batch_size": s.batch_size,
+    train = params.train.model_copy(update={"epochs": s.epochs,
+                                            "batch_size": batch_size or s.batch_size,
                                             "device": "cpu", "early_stopping": EarlyStopping(),
                                             "public_init": False})
     privacy = params.privacy.model_copy(update={"secure_noise": False})
@@ -85,12 +102,9 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> 
     x_in, y_in = x_in[members], y_in[members]
     x_out = x_out[_at_most(np.arange(len(x_out)), params.shadow.max_records,
                            params.shadow.seed + 1)]
-    if params.shadow.batch_size > len(x_in):
-        raise DpclipError(f"shadow.batch_size: {params.shadow.batch_size} is larger than the "
-                          f"shadow model's training set ({len(x_in)} public records; "
-                          f"shadow.max_records {params.shadow.max_records})")
+    batch_size = shadow_batch_size(params.shadow.batch_size, len(x_in))
     result = train_model(x_in, y_in, tuple(meta["feature_shape"]), int(meta["n_classes"]),
-                         shadow_config(params), progress=progress, desc="shadow")
+                         shadow_config(params, batch_size), progress=progress, desc="shadow")
     model = result.model.eval()
     a = params.attack
     reps_in = layer_representations(model, x_in, a.max_features)
@@ -104,7 +118,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> 
         "architecture": architecture(params, meta), "layer_names": list(layers),
         "risk_eval": params.shadow.risk_eval, "classifier": a.classifier,
         "alpha": None if params.shadow.alpha == IID else params.shadow.alpha,
-        "n_members": int(len(x_in)), "n_nonmembers": int(len(x_out)),
+        "n_members": int(len(x_in)), "n_nonmembers": int(len(x_out)), "batch_size": batch_size,
         "shadow_accuracy": _accuracy(model, *load_split(layout, "shadow_holdout")[:2]),
         "layers": layers,
     }
