@@ -52,7 +52,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpclip.artefacts import load_model, load_split
 from dpclip.config import Params
+from dpclip.hashing import file_hash
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
@@ -344,8 +346,6 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
     on; an identical search already logged is reused (tagged with the tuned file's SHA-256)."""
     from mlflow.entities import Metric, Param
 
-    from dpclip.hashing import file_hash
-
     if not layout.tuned.is_file():
         return None
     record = read_json(layout.tuned)
@@ -486,8 +486,6 @@ class _Splits:
         if name not in self._datasets:
             import mlflow.data
 
-            from dpclip.artefacts import load_split
-
             x, y, _ = load_split(self.layout, name)
             with warnings.catch_warnings():  # MLflow registers two sources for local paths
                 warnings.filterwarnings("ignore", "The specified dataset source can be")
@@ -498,8 +496,6 @@ class _Splits:
     def example(self):
         """Two public records: the logged model's input example (no private record leaves
         the data owner's store)."""
-        from dpclip.artefacts import load_split
-
         return load_split(self.layout, "shadow_holdout")[0][:2].astype("float32")
 
 
@@ -609,8 +605,6 @@ def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "p
     import mlflow.pytorch
     import torch
     from mlflow.models import infer_signature
-
-    from dpclip.artefacts import load_model
 
     model = load_model(layout, run)
     with torch.no_grad():

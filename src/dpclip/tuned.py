@@ -16,6 +16,7 @@ import json
 
 from dpclip.config import Params, parse_params, with_overrides
 from dpclip.errors import DpclipError
+from dpclip.hashing import file_hash
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.naming import epsilon_tag
@@ -64,8 +65,6 @@ def tuned_values(params: Params, layout: Layout, method: str, epsilon) -> dict |
         raise DpclipError(f"{path}: the values for {method} at {epsilon_tag(epsilon)} were "
                           f"searched under other train, privacy, tune or methods.{method} "
                           f"parameters: run `dpclip tune` again")
-    from dpclip.hashing import file_hash
-
     searched_on = (read_json(path).get("inputs") or {}).get("files", {})
     for label, current in (("data/prepared", layout.prepared),
                            ("shadow/risk.json", layout.shadow_risk)):

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import torch
 
+from dpclip.artefacts import (load_model, load_partition, load_signals, load_split,
+                              population_source, public_population)
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)
 from dpclip.attacks.reference import calibrated_scores, unseen_fit
@@ -38,14 +42,11 @@ from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics, classifier_auc,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
-                            reliability_bins, roc_points)
+                            reliability_bins, roc_points, strongest_attack)
 from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
-from dpclip.artefacts import (load_model, load_partition, load_signals, load_split,
-                              population_source, public_population)
-from dpclip.metrics import strongest_attack
 from dpclip.stages.provenance import EVALUATE
 from dpclip.threads import use_threads
 
@@ -254,8 +255,6 @@ def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]
     configured, so ``dvc metrics show`` and the plots list the configured runs only. They are
     measurements, recomputed in about a second if the run comes back; its trained model in
     ``runs/`` is kept."""
-    import shutil
-    from types import SimpleNamespace
 
     configured = {key.name for key in configured_runs(params)}
     written = [*layout.metrics("any").parent.glob("*.json"),

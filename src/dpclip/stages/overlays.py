@@ -31,6 +31,7 @@ from dpclip.audit.status import audit_status
 from dpclip.io import read_json, write_csv_frame
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag
+from dpclip.seed_stats import mean_interval
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
 ROC_FILES = {"loss": "roc.csv", "lira": "roc_lira.csv", "rmia": "roc_rmia.csv"}
@@ -136,8 +137,6 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
     the epsilon spent and, with a 95% interval (:func:`dpclip.seed_stats.mean_interval`; none
     for one seed), of accuracy, ECE and the headline attack's TPR at the honest low FPR: the
     curves and their bands against epsilon."""
-    from dpclip.seed_stats import mean_interval
-
     groups: dict[tuple, list[dict]] = {}
     for key in runs:
         summary = read_json(layout.summary(key.name))

@@ -30,6 +30,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.threads import thread_count
+from dpclip.tuned import tuned_values
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/dpclip: code inputs are the package's files
 
@@ -89,8 +90,6 @@ class RunStage:
                "seed": key.seed}
         inputs = {"run": run, "params": values, "files": files}
         if self.reads_tuned_values:  # the run's own entry of tuned/tuned.json (dpclip.tuned):
-            from dpclip.tuned import tuned_values  # tuning another run changes nothing here
-
             inputs["tuned"] = tuned_values(params, layout, key.method, key.epsilon)
         # JSON round trip: the values compare equal to what a provenance file holds
         return json.loads(json.dumps(inputs, default=str))
@@ -138,8 +137,6 @@ class RunStage:
 
 
 def _train_data(layout: Layout, key) -> dict[str, Path]:
-    from dpclip.methods import get_method
-
     tag = alpha_tag(key.alpha)
     data = {"data/prepared": layout.prepared, f"data/partitions/{tag}": layout.partition(tag)}
     if get_method(key.method).needs_shadow_risk:

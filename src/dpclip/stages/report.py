@@ -8,20 +8,21 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from dpclip.audit.status import audit_status
 from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
-from dpclip.metrics import dp_bound_unchecked, membership_game_bound
+from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
 from dpclip.naming import RunKey, configured_runs
 from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
                           privacy_utility_figure, roc_figure)
 from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
-from dpclip.audit.status import audit_status
 from dpclip.stages.overlays import read_roc, write_overlays
 from dpclip.summary_table import LEGEND, legend, summary_frame, text_table
 from dpclip.summary_table import markdown_table as summary_markdown
+from dpclip.tracking import log_pipeline
 
 
 def _by_configuration(runs: list[RunKey]) -> dict[tuple, list[RunKey]]:
@@ -103,8 +104,6 @@ def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
 def attack_columns(mia: dict, privacy: dict) -> dict:
     """LiRA's and RMIA's AUC and TPR at 0.1% FPR (— without reference models), and the
     strongest record-level attack's TPR at 0.1% FPR next to what the DP claim allows there."""
-    from dpclip.metrics import strongest_attack
-
     columns = {}
     for name in ("lira", "rmia"):
         attack = mia.get(name) or {}
@@ -433,7 +432,5 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     privacy_utility_figure(out / "privacy_utility.png", overlays["privacy_utility_seeds.csv"])
     logged = None
     if track:
-        from dpclip.tracking import log_pipeline
-
         logged = log_pipeline(params, layout, runs)
     return ReportResult(table, short, logged)

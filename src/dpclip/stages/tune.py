@@ -37,12 +37,14 @@ from tqdm.auto import tqdm
 from dpclip.artefacts import evaluation_model, load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
+from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
+from dpclip.stages.provenance import PACKAGE
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, train_model
 from dpclip.train.inputs import checkpoint_of, needs_public, train_config
@@ -197,9 +199,6 @@ CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads
 def search_inputs(params: Params, layout: Layout) -> dict:
     """What the tuned record depends on: each configured method's fingerprint, the target
     epsilons, the public data, the shadow risks and the code."""
-    from dpclip.hashing import file_hash
-    from dpclip.stages.provenance import PACKAGE
-
     return {"fingerprints": {m: fingerprint(params, m) for m in params.train.methods},
             "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
             "files": {"data/prepared": file_hash(layout.prepared),
