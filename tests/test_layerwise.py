@@ -267,13 +267,17 @@ def test_at_most_is_a_seeded_ordered_subset_without_repeats():
     assert np.array_equal(_at_most(positions, None, seed=3), positions)
 
 
-def test_a_shadow_batch_larger_than_its_records_names_the_shadow_keys(tmp_path, tiny_raw,
-                                                                     write_params, capsys):
+def test_a_shadow_batch_larger_than_its_records_becomes_a_quarter_with_a_notice(
+        tmp_path, tiny_raw, write_params, caplog):
+    """Small public data: the shadow model still trains, on a quarter of its records a step,
+    and says so (naming the key); risk.json records the batch it used."""
+    import json
+
     base = _project(tmp_path, tiny_raw, write_params, shadow={"epochs": 1, "max_records": 50})
-    assert main([*base, "shadow"]) == 2
-    err = capsys.readouterr().err
-    assert "shadow.batch_size: 64" in err and "shadow.max_records 50" in err
-    assert not (tmp_path / "shadow").exists()
+    assert main([*base, "shadow"]) == 0
+    assert "shadow.batch_size: 64 is larger than the shadow model's training set (50 public " \
+           "records): using 12" in caplog.text
+    assert json.loads((tmp_path / "shadow" / "risk.json").read_text())["batch_size"] == 12
 
 
 def test_the_logistic_attack_fits_the_same_model_as_lbfgs():
