@@ -11,7 +11,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.config import parse_params
 from dpclip.data import fit_encoder, read_source
 from dpclip.data.sources import IDX_FILES, read_idx

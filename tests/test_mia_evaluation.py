@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpclip.artefacts import load_partition, load_split
+from dpclip.artifacts import load_partition, load_split
 from dpclip.attacks import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
 from dpclip.config import parse_params

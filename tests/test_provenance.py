@@ -116,7 +116,7 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
                                                                        tmp_path):
     """A run's code inputs are its import closure (dpclip.code_closure), not a list kept by
     hand: a helper only the DC-SGD rules import re-runs their runs only; a module the train
-    stage imports through another (the artefact readers, through the run's inputs) re-runs
+    stage imports through another (the artifact readers, through the run's inputs) re-runs
     every run; another stage's module (partition, report) re-runs none."""
     methods = ["dp_sgd", "dc_sgd_p", "dc_sgd_e"]
     package = tmp_path / "package"
@@ -134,7 +134,7 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
         return found
 
     assert touch("methods/common/dc_sgd.py") == ["dc_sgd_p", "dc_sgd_e"]
-    assert touch("artefacts.py") == methods
+    assert touch("artifacts.py") == methods
     assert touch("stages/partition.py") == []
     assert touch("stages/report.py") == []
 

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.config import parse_params
 from dpclip.data.sources import IDX_FILES
 from dpclip.errors import DpclipError

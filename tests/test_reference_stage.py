@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import prepared_project
-from dpclip.artefacts import load_signals, load_split
+from dpclip.artifacts import load_signals, load_split
 from dpclip.cli import main
 from dpclip.config import parse_params
 from dpclip.io import read_json

@@ -10,7 +10,7 @@ import yaml
 from sklearn.datasets import load_breast_cancer
 
 from conftest import PROJECT
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.config import parse_params
 from dpclip.io import read_json
 from dpclip.layout import Layout

@@ -144,7 +144,7 @@ STAGES = ("prepare", "partition", "shadow", "tune", "train", "audit", "reference
 
 
 def test_no_stage_imports_another_stage():
-    """What a stage wrote is read through dpclip.artefacts (and a run's inputs through
+    """What a stage wrote is read through dpclip.artifacts (and a run's inputs through
     dpclip.train.inputs), so a stage's code does not include another stage's."""
     from dpclip.code_closure import direct_imports
 

@@ -98,7 +98,7 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
     import numpy as np
 
     from dpclip.layout import Layout
-    from dpclip.artefacts import load_split
+    from dpclip.artifacts import load_split
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

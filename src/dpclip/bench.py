@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpclip.artefacts import load_model, load_split
+from dpclip.artifacts import load_model, load_split
 from dpclip.config import Params
 from dpclip.hashing import file_hash
 from dpclip.io import read_json

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.audit.run import audit_blackbox, audit_whitebox, not_applicable
 from dpclip.config import Params
 from dpclip.io import write_json

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpclip.artefacts import (load_model, load_partition, load_signals, load_split,
+from dpclip.artifacts import (load_model, load_partition, load_signals, load_split,
                               population_source, public_population)
 from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
                             label_only_auc, layer_representations)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpclip.artefacts import load_split
+from dpclip.artifacts import load_split
 from dpclip.config import IID, Params
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.io import atomic_dir, read_json, write_json

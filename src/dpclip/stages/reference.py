@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpclip.artefacts import load_split, population_source, public_population
+from dpclip.artifacts import load_split, population_source, public_population
 from dpclip.config import Params
 from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout

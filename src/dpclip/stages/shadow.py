@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.artefacts import architecture, load_split
+from dpclip.artifacts import architecture, load_split
 from dpclip.attacks import attack_every_layer, layer_representations
 from dpclip.config import IID, EarlyStopping, Params
 from dpclip.data.splits import dirichlet_subsample

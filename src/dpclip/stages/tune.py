@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dpclip.artefacts import evaluation_model, load_split
+from dpclip.artifacts import evaluation_model, load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
 from dpclip.hashing import file_hash

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpclip.artefacts import load_partition, load_risk, load_split
+from dpclip.artifacts import load_partition, load_risk, load_split
 from dpclip.config import Params
 from dpclip.io import read_json
 from dpclip.layout import Layout
