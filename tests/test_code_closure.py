@@ -43,6 +43,35 @@ def test_the_closure_follows_imports_anywhere_and_the_packages_above(tmp_path):
         "src/dpclip/d.py", "src/dpclip/sub"]
 
 
+def test_a_package_that_imports_all_its_modules_brings_them_all(tmp_path):
+    """Loaded by name at import time (``pkgutil.iter_modules`` at module level, as the run
+    kinds are) counts; loaded by name inside a function (the method discovery) does not."""
+    root = _package(tmp_path)
+    (root / "kinds").mkdir()
+    (root / "kinds" / "__init__.py").write_text(
+        "import importlib, pkgutil\nfor m in pkgutil.iter_modules(__path__):\n"
+        "    importlib.import_module(f'{__name__}.{m.name}')\n")
+    (root / "kinds" / "one.py").write_text("from dpclip import c\n")
+    (root / "later").mkdir()
+    (root / "later" / "__init__.py").write_text(
+        "import importlib, pkgutil\ndef discover():\n"
+        "    for m in pkgutil.iter_modules(__path__):\n"
+        "        importlib.import_module(f'{__name__}.{m.name}')\n")
+    (root / "later" / "two.py").write_text("")
+    (root / "user.py").write_text("import dpclip.kinds\nimport dpclip.later\n")
+    assert closure_files(["dpclip.user"], root) == [
+        "__init__.py", "c.py", "kinds/__init__.py", "kinds/one.py", "later/__init__.py",
+        "user.py"]
+
+
+def test_a_run_depends_on_every_run_kind_and_on_its_own_method_only():
+    from dpclip.stages.provenance import TRAIN
+
+    files = TRAIN.code_files("dp_sgd")
+    assert "src/dpclip/train/runs/private.py" in files  # the DP step's run, loaded by name
+    assert "src/dpclip/methods/dp_sgd.py" in files and "src/dpclip/methods/auto_s.py" not in files
+
+
 def test_dvc_yaml_lists_exactly_the_code_each_stage_imports():
     """A module a stage imports and dvc.yaml misses would leave its outputs stale after an
     edit; one it lists but does not import would re-run it for nothing. The expected lists:

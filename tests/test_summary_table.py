@@ -45,6 +45,11 @@ def test_six_seeds_give_the_t_interval_and_a_decided_verdict():
     assert "1.00–6.00" in line  # the audited bounds' range over seeds, not their mean
 
 
+def test_the_epsilon_shown_is_the_largest_over_seeds():
+    rows = [_run("dp_sgd", 0, 0.9, epsilon=7.5), _run("dp_sgd", 1, 0.9, epsilon=7.99)]
+    assert _summary(rows)["epsilon"].tolist() == [7.99]
+
+
 def test_one_seed_marks_epsilons_of_another_notion_or_no_guarantee():
     rows = [_run("dp_sgd", 0, 0.9), _run("sanitize", 0, 0.92, adjacency="replace_one_features",
                                           audit=None),
@@ -60,7 +65,20 @@ def test_one_seed_marks_epsilons_of_another_notion_or_no_guarantee():
 
 def test_two_seeds_say_they_are_too_few():
     rows = [_run(m, s, 0.9 + 0.01 * s) for m in ("dp_sgd", "ww_dp_sgd") for s in (0, 1)]
-    assert _summary(rows).set_index("method").loc["ww_dp_sgd", "vs_dp_sgd"] == "2 seeds: too few"
+    assert _summary(rows).set_index("method").loc["ww_dp_sgd", "vs_dp_sgd"] == \
+        "2 seeds: too few (< 6)"
+
+
+def test_holm_over_several_methods_needs_more_seeds_than_one_method():
+    """Two methods, each better on all 6 seeds: p = 2/64 each, Holm's adjusted p 2 x 2/64 =
+    0.0625 for the first, so nothing reaches 5%, and 7 seeds are the least that can (2 2^-6
+    <= 0.05); one method alone would be decided ("acc better" in the test above)."""
+    base = [0.90, 0.91, 0.92, 0.90, 0.93, 0.91]
+    rows = [_run("dp_sgd", s, a) for s, a in enumerate(base)]
+    rows += [_run(m, s, a + 0.02 + 0.001 * s) for m in ("auto_s", "dp_psac")
+             for s, a in enumerate(base)]
+    verdicts = _summary(rows).set_index("method")["vs_dp_sgd"]
+    assert verdicts["auto_s"] == verdicts["dp_psac"] == "6 seeds: too few (< 7)"
 
 
 def test_no_line_is_wider_than_120_characters():

@@ -30,6 +30,11 @@ def test_each_metric_is_judged_by_its_own_tolerance():
     assert check_run("r", SUMMARY, {**SUMMARY, "epsilon": 7.998399784936952}).status == \
         "within tolerance"
     assert check_run("r", None, SUMMARY).status == "missing"
+    # a number that turns NaN (or absent) is beyond any tolerance; NaN on both sides is equal
+    gone = check_run("r", SUMMARY, {**SUMMARY, "accuracy": float("nan")})
+    assert gone.status == "differs" and gone.beyond == ["accuracy"]
+    assert check_run("r", {**SUMMARY, "ece": float("nan")},
+                     {**SUMMARY, "ece": float("nan")}).status == "identical"
 
 
 def _git(root, *args):

@@ -7,8 +7,10 @@ those import in turn; importing ``dpclip.a.b`` also runs the packages above it
 smallest set of modules that holds them and is closed under both rules. A run's code inputs
 (:mod:`dpclip.stages.provenance`) and the code dependencies of each DVC stage are these
 closures, so they cannot drift from the imports. Modules loaded by name at run time
-(``importlib``: the method discovery) are not edges: a run depends on its own method's module,
-which its stage adds as a root, not on every method's.
+by a function (``importlib``: the method discovery) are not edges: a run depends on its own
+method's module, which its stage adds as a root, not on every method's. A package that imports
+all its modules when it is imported (``pkgutil.iter_modules`` at module level: the run kinds
+of ``dpclip.train.runs``) has them all as dependencies.
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str | None
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _imports_every_submodule(path: Path) -> bool:
+    """Whether a package's ``__init__.py`` imports all its modules by name when it is imported
+    (``pkgutil.iter_modules`` in its module-level code, not inside a function): then each of
+    them is a dependency of whatever imports the package."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = [node for node in tree.body
+           if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return any(isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+               and call.func.attr == "iter_modules"
+               for node in top for call in ast.walk(node))
+
+
 def direct_imports(module: str, package: Path = PACKAGE) -> set[str]:
     """The package's modules that ``module`` imports itself (anywhere in the file), and the
     packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
@@ -57,6 +71,8 @@ def direct_imports(module: str, package: Path = PACKAGE) -> set[str]:
                 continue
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names)  # submodules
+    if path.name == "__init__.py" and _imports_every_submodule(path):
+        found.update(name for name in modules if name.rsplit(".", 1)[0] == module)
     with_parents = set()
     for name in found:
         parts = name.split(".")

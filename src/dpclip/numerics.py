@@ -16,8 +16,8 @@ be told the instruction set to use:
 ``DPCLIP_CPU_KERNELS=native``. The variables are read when each library starts, so this runs
 when ``dpclip`` is imported, before torch: a process that imported torch before dpclip keeps
 its native kernels, and each run records the capability torch actually used
-(:func:`kernels_in_use`), which ``dpclip verify`` compares. The thread count matters as well
-(``train.threads``). The cost in speed is measured in docs/measurements.md.
+(:func:`kernels_in_use`), which ``dpclip verify`` shows for a run that differs. The thread
+count matters as well (``train.threads``). The cost in speed is measured in docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -212,10 +212,11 @@ def degenerate(low, high) -> bool:
         high - low <= 1e-12 * max(1.0, abs(low), abs(high))
 
 
-def minimum_exact_seeds(confidence: float = CONFIDENCE) -> int:
-    """The fewest paired seeds at which the sign-flip test can reach significance:
-    2^(1-n) <= 1 - confidence (6 at 95%)."""
-    return math.ceil(1 - math.log2(1 - confidence))
+def minimum_exact_seeds(confidence: float = CONFIDENCE, family: int = 1) -> int:
+    """The fewest paired seeds at which the sign-flip test can reach significance after Holm's
+    correction over ``family`` methods: m 2^(1-n) <= 1 - confidence (6 for one method at 95%,
+    9 for eight)."""
+    return math.ceil(1 + math.log2(max(1, family) / (1 - confidence)) - 1e-12)
 
 
 def seeds_needed(spread: float, effect: float, confidence: float = CONFIDENCE,

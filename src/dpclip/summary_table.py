@@ -4,7 +4,7 @@ alpha) over its seeds, with the numbers a choice of DP method rests on, at most
 MLflow keeps it beside the parent run; the full table (every column, every run) stays in
 ``reports/comparison.csv`` / ``comparison.md``.
 
-Columns: the spent epsilon (the mean over seeds; "—" without a DP claim), the accuracy's mean
+Columns: the spent epsilon (the largest over seeds; "—" without a DP claim), the accuracy's mean
 and the half-width of its 95% Student t interval over seeds (with two or more), ECE, the
 attack chosen in advance (``attack.headline``) with its AUC and its TPR at the honest low FPR,
 the audited lower bound on epsilon (the range over seeds: a mean of lower bounds is no bound),
@@ -52,11 +52,15 @@ def vs_baseline(paired: pd.DataFrame, configuration: tuple, seeds: int) -> str:
                for r in mine.itertuples() if r.verdict in ("better", "worse")]
     if decided:
         return ", ".join(decided)
-    least = minimum_exact_seeds()
+    # Holm's correction runs over the methods compared at this (epsilon, alpha) on a metric
+    family = int(((paired["alpha"] == alpha) & (paired["metric"] == mine["metric"].iloc[0])
+                  & (paired["target_epsilon"].isna() if _missing(target_epsilon)
+                     else paired["target_epsilon"] == target_epsilon)).sum())
+    least = minimum_exact_seeds(family=family)
     paired_seeds = int(mine["seeds"].max())
     if paired_seeds < least:
-        return f"{paired_seeds} seeds: too few"
-    return "no difference"
+        return f"{paired_seeds} seeds: too few (< {least})"
+    return "not distinguishable"
 
 
 def summary_frame(table: pd.DataFrame, seeds: pd.DataFrame,
@@ -70,12 +74,13 @@ def summary_frame(table: pd.DataFrame, seeds: pd.DataFrame,
         runs = table[(table["method"] == record["method"]) & (table["alpha"] == record["alpha"])
                      & (table["target_epsilon"].isna() if _missing(record["target_epsilon"])
                         else table["target_epsilon"] == record["target_epsilon"])]
-        spent = runs["epsilon"].astype(float).dropna()
+        spent = runs["epsilon"].astype(float).dropna()  # the largest: a privacy claim
         attacks = runs["attack"].dropna().unique()
         rows.append({**{c: record[c] for c in CONFIGURATION}, "seeds": record["seeds"],
-                     "epsilon": float(spent.mean()) if len(spent) else math.nan,
+                     "epsilon": float(spent.max()) if len(spent) else math.nan,
                      "adjacency": "/".join(map(str, runs["adjacency"].dropna().unique())) or None,
-                     "dp_guarantee": bool(runs["dp_guarantee"].astype(bool).all()),
+                     # not recorded (NaN) is no guarantee
+                     "dp_guarantee": all(v is True or v == 1 for v in runs["dp_guarantee"]),
                      **{k: record.get(k) for k in (
                          "accuracy", "accuracy_low", "accuracy_high", "ece", "attack_auc",
                          "attack_tpr_at_low_fpr", "audit_epsilon_min", "audit_epsilon_max")},
@@ -108,8 +113,9 @@ def _attack(row) -> str:
 
 def _audit(row) -> str:
     low, high = row["audit_epsilon_min"], row["audit_epsilon_max"]
-    if _missing(low):
-        return "—"
+    if _missing(low) or _missing(high):
+        return "—" if _missing(low) and _missing(high) else \
+            f"{high if _missing(low) else low:.2f}"
     return f"{low:.2f}" if math.isclose(low, high) else f"{low:.2f}–{high:.2f}"
 
 
@@ -172,14 +178,15 @@ def markdown_table(summary: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
-LEGEND = (f"target: the target epsilon; eps: the epsilon spent, * = another neighbouring notion than add/remove one record (not comparable "
+LEGEND = (f"target: the target epsilon; eps: the epsilon spent (the largest over seeds), * = another neighbouring notion than add/remove one record (not comparable "
           f"as the same number), ! = no DP guarantee (a paper's literal rule). accuracy: mean over seeds ± half the 95% interval (two or more seeds). attack: the "
           f"attack chosen in advance (attack.headline), its AUC and its TPR at the lowest FPR "
           f"that allows 10 false positives. audit eps>=: the one-run audit's lower bound on "
           f"epsilon (the range over seeds; — = no audit: no DP claim or another neighbouring "
-          f"notion). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction "
-          f"(acc, ECE, AUC, TPR; else \"no difference\"); the exact test needs "
-          f"{minimum_exact_seeds()} seeds to decide anything.")
+          f"notion). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction over "
+          f"the methods compared (acc, ECE, AUC, TPR; else \"not distinguishable\"); the exact "
+          f"test needs {minimum_exact_seeds()} seeds to decide anything for one method, "
+          f"{minimum_exact_seeds(family=8)} for eight.")
 
 
 def legend(width: int = MAX_WIDTH) -> str:

@@ -10,8 +10,9 @@ Tolerances (absolute, :data:`TOLERANCES`): the epsilon must be the same number (
 accountant's function of the plan, not of the data; up to 1e-9 relative for the last bits of its
 floating-point arithmetic); a metric computed from a trained model may move by the amount below
 when the same configuration trains with other rounding (another thread count, other CPU
-kernels): about the smallest difference a comparison of methods reads at the precision the
-summary table prints. With the default pinned kernels (:mod:`dpclip.numerics`) and
+kernels): a judgement of the smallest difference worth a reader's attention when methods are
+compared (the summary table prints three decimals). A value that appears or goes (NaN, absent)
+is a difference. With the default pinned kernels (:mod:`dpclip.numerics`) and
 ``train.threads`` fixed, runs are expected to be identical.
 """
 
@@ -60,9 +61,13 @@ def check_revision(root: Path, rev: str) -> None:
         raise DpclipError(f"dpclip verify: --against {rev!r} is not a revision of {root}")
 
 
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _beyond(metric: str, committed, fresh) -> bool:
-    if committed is None or fresh is None:
-        return committed is not fresh
+    if _missing(committed) or _missing(fresh):  # a value that appears or goes is a change
+        return _missing(committed) != _missing(fresh)
     if metric == "epsilon":
         return not math.isclose(committed, fresh, rel_tol=EPSILON_RELATIVE)
     return abs(committed - fresh) > TOLERANCES.get(metric, DEFAULT_TOLERANCE)
@@ -73,7 +78,8 @@ def check_run(run: str, committed: dict | None, fresh: dict | None) -> RunCheck:
     if committed is None or fresh is None:
         return RunCheck(run, "missing", {}, ["committed" if committed is None else "fresh"])
     differences = {k: (committed.get(k), fresh.get(k)) for k in sorted({*committed, *fresh})
-                   if committed.get(k) != fresh.get(k)}
+                   if committed.get(k) != fresh.get(k)
+                   and not (_missing(committed.get(k)) and _missing(fresh.get(k)))}
     beyond = [k for k, (c, f) in differences.items() if _beyond(k, c, f)]
     status = "identical" if not differences else "differs" if beyond else "within tolerance"
     return RunCheck(run, status, differences, beyond)
