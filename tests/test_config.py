@@ -29,7 +29,7 @@ from dpclip.errors import ConfigError
     ("train", {"batchsize": 32}, "train.batchsize", "32"),
     ("attack", {"references": 3}, "attack.references", "3"),
     ("attack", {"references": 2, "mode": "online"}, "attack.references", "2"),
-    ("attack", {"references": 2, "fixed_variance": False}, "attack.references", "2"),
+    ("attack", {"references": 2, "lira": {"fixed_variance": False}}, "attack.references", "2"),
     ("attack", {"mode": "shadow"}, "attack.mode", "'shadow'"),
     ("attack", {"population": "holdout"}, "attack.population", "'holdout'"),
 ])

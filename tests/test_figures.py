@@ -211,7 +211,9 @@ def test_every_report_figure_is_drawn_on_with_its_legend_off_the_axes(reported):
 
 def test_report_files_get_the_umask_mode(reported):
     layout, _ = reported
-    for path in [*layout.reports.iterdir(), *layout.overlays.iterdir()]:
+    files = [*layout.reports.iterdir(), *layout.overlays.rglob("*.csv")]
+    assert layout.overlays / "roc" / "loss.csv" in files
+    for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == file_mode(), path.name
 
 
@@ -355,7 +357,7 @@ def overlays_of(tmp_path_factory, tiny_raw):
     return make
 
 
-PLOTS = {"overlays/clip_threshold.csv", "overlays/roc.csv", "overlays/reliability.csv",
+PLOTS = {"overlays/clip_threshold.csv", "overlays/roc/loss.csv", "overlays/reliability.csv",
          "overlays/privacy_utility.csv", "claimed_vs_audited_epsilon",
          "privacy_utility_accuracy", "privacy_utility_ece", "privacy_utility_attack"}
 

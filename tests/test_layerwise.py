@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import prepared_project, shadow_risk_for
-from dpclip.attacks import layer_representations, membership_attack, reduce_map
+from dpclip.attacks.common.layerwise import membership_attack
+from dpclip.attacks.common.representations import layer_representations, reduce_map
 from dpclip.cli import main
 from dpclip.config import parse_params
 from dpclip.errors import ConfigError, DpclipError
@@ -287,7 +288,7 @@ def test_the_logistic_attack_fits_the_same_model_as_lbfgs():
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from dpclip.attacks.layerwise import make_classifier
+    from dpclip.attacks.common.layerwise import make_classifier
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(600, 40)) @ rng.normal(size=(40, 40))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpclip.artifacts import load_partition, load_split
-from dpclip.attacks import class_matched_indices, label_only_auc, label_only_scores
+from dpclip.attacks.common.membership import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
 from dpclip.config import parse_params
 from dpclip.errors import DpclipError

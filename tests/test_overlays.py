@@ -85,19 +85,23 @@ def evaluated(tmp_path, tiny_raw):
 
 def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     params, layout, runs = evaluated
+    (layout.overlays / "roc_lira.csv").parent.mkdir(parents=True)
+    (layout.overlays / "roc_lira.csv").write_text("an older layout's table")
     tables = write_overlays(layout, runs)
-    assert sorted(tables) == sorted(FILES)
-    assert sorted(p.name for p in layout.overlays.iterdir()) == sorted(FILES)
+    # one ROC table per attack that ran (no run had RMIA); nothing else stays in the folder
+    assert sorted(tables) == sorted([*FILES, "roc/loss.csv", "roc/lira.csv"])
+    assert sorted(p.relative_to(layout.overlays).as_posix() for p in
+                  layout.overlays.rglob("*.csv")) == sorted(tables)
     names = [k.name for k in runs]
     clip = pd.read_csv(layout.overlays / "clip_threshold.csv")
     assert set(clip["run"]) == {names[1]}  # the non-private run has no C_t
     assert len(clip) <= 400 and clip["step"].iloc[-1] == 1000
-    roc = pd.read_csv(layout.overlays / "roc.csv")
+    roc = pd.read_csv(layout.overlays / "roc" / "loss.csv")
     assert set(roc["run"]) == set(names) and (roc[["fpr", "tpr"]] > 0).all().all()  # log axes
     assert list(roc[roc["run"] == names[1]]["tpr"]) == [0.6, 1.0]
-    lira = pd.read_csv(layout.overlays / "roc_lira.csv")
+    lira = pd.read_csv(layout.overlays / "roc" / "lira.csv")
     assert set(lira["run"]) == {names[1]} and list(lira["tpr"]) == [0.3, 1.0]
-    assert set(lira["attack"]) == {"lira"} and len(pd.read_csv(layout.overlays / "roc_rmia.csv")) == 0
+    assert set(lira["attack"]) == {"lira"}
     reliability = pd.read_csv(layout.overlays / "reliability.csv")
     assert (reliability["count"] > 0).all() and len(reliability) == 4
     utility = pd.read_csv(layout.overlays / "privacy_utility.csv")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from scipy import special
 
-from dpclip.attacks.reference import (lira_scores, logit_confidence, rmia_scores,
-                                      true_class_probability)
+from dpclip.attacks.common.signals import logit_confidence, true_class_probability
+from dpclip.attacks.lira import lira_scores
+from dpclip.attacks.rmia import rmia_scores
 from dpclip.metrics import attack_metrics
 
 
@@ -134,7 +135,7 @@ def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
     import torch
     from sklearn.datasets import load_digits
 
-    from dpclip.attacks.reference import calibrated_scores
+    from dpclip.attacks import AttackEvidence, ReferenceEvidence, get_attack
     from dpclip.models import logits_of
     from dpclip.stages.reference import complementary_halves
     from dpclip.train import TrainConfig, train_model
@@ -153,10 +154,13 @@ def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
     target = fitted_logits(member, 0)
     inside = complementary_halves(len(x), 4, seed=2)
     reference = np.stack([fitted_logits(inside[k], 100 + k) for k in range(4)])
-    scores = calibrated_scores(target, reference, y, inside, target[~member],
-                               reference[:, ~member], y[~member], fixed_variance=True)
+    evidence = AttackEvidence(x=x, labels=y, logits=target, model=None, references=(
+        ReferenceEvidence(logits=reference, inside=inside, population_labels=y[~member],
+                          population_logits=target[~member],
+                          population_reference_logits=reference[:, ~member])))
+    scores = {name: get_attack(name)().scores(evidence) for name in ("loss", "lira", "rmia")}
     probs = torch.softmax(torch.as_tensor(target, dtype=torch.float64), 1).numpy()
-    scores["loss"] = np.log(probs[np.arange(len(y)), y])  # higher = member
+    assert scores["loss"] == pytest.approx(np.log(probs[np.arange(len(y)), y]), abs=1e-5)
     tpr = {name: attack_metrics(s[member], s[~member])["tpr_at_fpr_0.1pct"]
            for name, s in scores.items()}
     assert tpr["lira"] >= tpr["loss"] + 0.01

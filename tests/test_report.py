@@ -232,9 +232,10 @@ def test_a_figure_of_what_is_gone_does_not_stay(tmp_path, tiny_raw):
     write_csv_frame(layout.roc(run), pd.DataFrame({"attack": "loss", "fpr": [0.0, 1.0],
                                                    "tpr": [0.0, 1.0]}))
     layout.reports.mkdir(parents=True)
-    for name in OPTIONAL_FIGURES:
+    for name in [*OPTIONAL_FIGURES, "roc_lira.png", "roc_rmia.png"]:
         (layout.reports / name).write_bytes(b"stale")
     report(params, layout, track=False)
     assert not (layout.reports / "roc_lira.png").exists()  # no LiRA rows, no audit
+    assert not (layout.reports / "roc_rmia.png").exists()
     assert not (layout.reports / "claimed_vs_audited_epsilon.png").exists()
     assert (layout.reports / "privacy_utility.png").read_bytes() != b"stale"  # drawn again

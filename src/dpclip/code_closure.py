@@ -7,8 +7,9 @@ those import in turn; importing ``dpclip.a.b`` also runs the packages above it
 smallest set of modules that holds them and is closed under both rules. A run's code inputs
 (:mod:`dpclip.stages.provenance`) and the code dependencies of each DVC stage are these
 closures, so they cannot drift from the imports. Modules loaded by name at run time
-by a function (``importlib``: the method discovery) are not edges: a run depends on its own
-method's module, which its stage adds as a root, not on every method's. A package that imports
+by a function (``importlib``: the method and attack discovery) are not edges: a run depends
+on its own method's module and the attacks it runs, which its stage adds as roots, not on
+every method's. A package that imports
 all its modules when it is imported (``pkgutil.iter_modules`` at module level: the run kinds
 of ``dpclip.train.runs``) has them all as dependencies.
 """
@@ -126,23 +127,26 @@ def compact(files, package: Path = PACKAGE) -> list[str]:
 
 
 # each DVC stage's code: its stage module, and for the stages that run every configured
-# method, every registered method's module ("methods")
+# method (every chosen attack), every registered method's (attack's) module: "methods"
+# ("attacks"), the modules the package's discovery imports
 DVC_STAGE_ROOTS = {
     "prepare": ("dpclip.stages.prepare",), "partition": ("dpclip.stages.partition",),
     "shadow": ("dpclip.stages.shadow",), "tune": ("dpclip.stages.tune", "methods"),
     "train": ("dpclip.stages.train", "methods"), "audit": ("dpclip.stages.audit", "methods"),
     "reference": ("dpclip.stages.reference", "methods"),
-    "evaluate": ("dpclip.stages.evaluate", "methods"), "report": ("dpclip.stages.report",),
+    "evaluate": ("dpclip.stages.evaluate", "methods", "attacks"),
+    "report": ("dpclip.stages.report", "attacks"),
 }
+DISCOVERED = {"methods", "attacks"}  # packages whose modules are found at run time
 
 
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The code dependencies dvc.yaml lists for ``stage`` (:func:`compact` of its closure)."""
     roots = []
     for root in DVC_STAGE_ROOTS[stage]:
-        if root == "methods":
+        if root in DISCOVERED:  # the package's own modules; what they share by their imports
             roots += [name for name in package_modules(package)
-                      if name.startswith(f"{ROOT_NAME}.methods.")]
+                      if name.rsplit(".", 1)[0] == f"{ROOT_NAME}.{root}"]
         else:
             roots.append(root)
     return compact(closure_files(roots, package), package)

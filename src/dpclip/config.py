@@ -173,38 +173,94 @@ class ShadowParams(Section):
 
 ATTACK_MODES = ("offline", "online")
 POPULATIONS = ("public", "shadow_train", "shadow_holdout")
-HEADLINE_ATTACKS = ("auto", "loss", "lira", "rmia")
+
+
+def _attack_registry() -> dict:
+    from dpclip.attacks import discover  # late: attack modules read the parameter types
+
+    return discover()
 
 
 class AttackParams(Section):
-    """Membership attacks: the per-layer classifiers (shadow risk, IR-level MIA) and the
-    reference models of LiRA and RMIA (the ``reference`` stage, :mod:`dpclip.attacks.
-    reference`)."""
+    """Membership attacks: which record-level attacks the evaluate stage runs (``kinds``, each
+    a module of :mod:`dpclip.attacks`) and their options (``attack.<name>``), the per-layer
+    classifiers (shadow risk, IR-level MIA) and the reference models of the attacks that need
+    them (the ``reference`` stage)."""
 
+    kinds: unique_list(str) = ["loss", "lira", "rmia"]  # registered attacks; loss always
     classifier: Literal[CLASSIFIERS] = "logistic"
     folds: Annotated[int, Field(ge=2), NUMBER] = 5
     max_features: Count = 512  # conv maps average-pooled to this many
     max_records: Annotated[int, Field(ge=2), NUMBER] = 2000  # members (and as many non-members)
     # reference models per run, in complementary pairs (each pool record IN for exactly half);
-    # 0 = no LiRA / RMIA
+    # 0 = none (the attacks that need them are skipped, with the reason in the metrics)
     references: Annotated[int, Field(ge=0), NUMBER] = 2
     mode: Literal[ATTACK_MODES] = "offline"  # offline: public pool | online: members + holdout
     population: Literal[POPULATIONS] = "public"  # offline pool and RMIA's z: public splits
-    fixed_variance: StrictBool = True  # LiRA: one pooled variance (the paper's, few models)
-    rmia_offline_a: Annotated[float, Field(ge=0, le=1), NUMBER] = 0.3  # P(x) from OUT models
-    rmia_gamma: Annotated[float, Field(gt=0), NUMBER] = 1.0  # LR(x) / LR(z) > gamma
-    # the attack compared across methods and seeds, chosen before any run (auto: lira with
-    # reference models, else loss), not the per-run best, which is biased upward
-    headline: Literal[HEADLINE_ATTACKS] = "auto"
+    # the attack compared across methods and seeds, chosen before any run (auto: the first of
+    # attack.kinds that uses reference models when there are some, else the baseline loss), not
+    # the per-run best, which is biased upward
+    headline: Text = "auto"
+    # attack -> its validated options: the attack.<name> sections of params.yaml
+    options: dict[str, dict] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attack_sections(cls, data):
+        """Move each ``attack.<name>`` section into ``options``, validated by the attack's own
+        model (every registered attack gets its defaults); refuse an option's old flat key."""
+        if data is None:  # an empty section: the defaults
+            data = {}
+        if not isinstance(data, dict):
+            return data
+        registry, data, problems = _attack_registry(), dict(data), []
+        for name, attack in sorted(registry.items()):
+            problems += [bad_value(f"attack.{old}", data[old], f"has moved to "
+                                   f"attack.{name}.{new}") for old, new in
+                         attack.MOVED_KEYS.items() if old in data]
+        written = dict(data.pop("options", None) or {})
+        written.update({name: data.pop(name) for name in registry if name in data})
+        problems += [bad_value(f"attack.{name}", value, f"is not a registered attack "
+                               f"{sorted(registry)}") for name, value in written.items()
+                     if name not in registry]
+        options = {}
+        for name, attack in sorted(registry.items()):
+            try:
+                options[name] = attack.Options.model_validate(written.get(name) or {}
+                                                              ).model_dump()
+            except ValidationError as exc:
+                problems += problems_of(exc, ("attack", name))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return {**data, "options": options}
+
+    def baseline(self) -> str:
+        return next(name for name, a in _attack_registry().items() if a.baseline)
 
     def headline_attack(self) -> str:
         if self.headline != "auto":
             return self.headline
-        return "lira" if self.references else "loss"
+        registry = _attack_registry()
+        calibrated = [k for k in self.kinds if registry[k].needs_references]
+        return calibrated[0] if self.references and calibrated else self.baseline()
+
+    def build(self, name: str):
+        """The attack ``name`` with its options from params.yaml."""
+        from dpclip.attacks import get_attack
+
+        attack = get_attack(name)
+        return attack(attack.Options.model_validate(self.options.get(name, {})))
 
     @model_validator(mode="after")
-    def _enough_references(self):
-        k, problems = self.references, []
+    def _attacks_fit(self):
+        registry, k, problems = _attack_registry(), self.references, []
+        problems += [bad_value("attack.kinds", kind, f"is not one of {sorted(registry)}: an "
+                               f"attack is a module in src/dpclip/attacks/")
+                     for kind in self.kinds if kind not in registry]
+        if self.baseline() not in self.kinds:
+            problems.append(bad_value("attack.kinds", self.kinds, f"must include "
+                                      f"{self.baseline()!r}, the baseline attack every run "
+                                      f"reports (mia_auc)"))
         if k % 2:
             problems.append(bad_value("attack.references", k, "is odd: reference models come "
                                       "in complementary pairs (each pool record IN for exactly "
@@ -213,11 +269,14 @@ class AttackParams(Section):
             problems.append(bad_value("attack.references", k, "is too few for attack.mode "
                                       "'online': each record needs two IN and two OUT models; "
                                       "use 4 or more"))
-        elif not self.fixed_variance and 0 < k < 4:
-            problems.append(bad_value("attack.references", k, "is too few for "
-                                      "attack.fixed_variance false: a per-record variance "
-                                      "needs 4 or more"))
-        if self.headline in ("lira", "rmia") and k == 0:
+        for kind in (kind for kind in self.kinds if kind in registry):
+            attack = registry[kind]
+            problems += attack.check_options(attack.Options.model_validate(self.options[kind]),
+                                             k, self.mode)
+        if self.headline != "auto" and self.headline not in self.kinds:
+            problems.append(bad_value("attack.headline", self.headline, f"is not one of "
+                                      f"attack.kinds {self.kinds} (or auto)"))
+        elif self.headline in registry and registry[self.headline].needs_references and k == 0:
             problems.append(bad_value("attack.headline", self.headline, "needs reference "
                                       "models: attack.references is 0"))
         if problems:
@@ -384,10 +443,15 @@ def with_overrides(raw: dict, overrides: dict) -> dict:
 
 
 def json_schema() -> dict:
-    """The JSON schema of params.yaml, each registered method's options included."""
+    """The JSON schema of params.yaml, each registered method's and attack's options included
+    (``methods.<name>``, ``attack.<name>``)."""
     from dpclip.methods.base import REGISTRY
 
     schema = Params.model_json_schema()
+    attack = schema["$defs"]["AttackParams"]["properties"]
+    attack.pop("options")  # written as attack.<name> sections
+    attack.update({name: cls.Options.model_json_schema()
+                   for name, cls in sorted(_attack_registry().items())})
     schema["properties"]["methods"] = {
         "type": "object", "additionalProperties": False,
         "properties": {name: cls.options_model().model_json_schema()

@@ -53,6 +53,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpclip.artifacts import load_model, load_split
+from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
 from dpclip.hashing import file_hash
 from dpclip.io import read_json
@@ -95,12 +96,20 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "attack_auc": ("mia", "headline", "auc"),
     "attack_tpr_at_low_fpr": ("mia", "headline", "tpr_at_low_fpr"),
     "attack_low_fpr": ("mia", "headline", "low_fpr"),
-    # the attacks calibrated with reference models, mia_<attack>_<value> (absent without them)
-    **{f"mia_{attack}_{name}": ("mia", attack, *path) for attack in ("lira", "rmia")
-       for name, path in (("auc", ("auc",)), ("tpr_at_fpr_1pct", ("tpr_at_fpr_1pct",)),
-                          ("tpr_at_fpr_0.1pct", ("tpr_at_fpr_0.1pct",)),
-                          ("dp_bound_margin", ("dp_bound", "worst_margin")))},
 }
+ATTACK_METRICS = {"auc": ("auc",), "tpr_at_fpr_1pct": ("tpr_at_fpr_1pct",),
+                  "tpr_at_fpr_0.1pct": ("tpr_at_fpr_0.1pct",),
+                  "dp_bound_margin": ("dp_bound", "worst_margin")}
+
+
+def summary_metrics() -> dict[str, tuple]:
+    """:data:`SUMMARY_METRICS`, and every other registered attack's (:mod:`dpclip.attacks`;
+    the baseline's are the unprefixed ``mia_*`` above) as ``mia_<attack>_<value>``, absent
+    where it did not run."""
+    return {**SUMMARY_METRICS, **{
+        f"mia_{attack.prefix()}_{name}": ("mia", attack.name, *path)
+        for attack in map(get_attack, available_attacks()) if attack.prefix()
+        for name, path in ATTACK_METRICS.items()}}
 # wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
 TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
@@ -287,9 +296,9 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", params.to_dict(), {}))
+        roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
         for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
-                     "clip_thresholds.png",
-                     "roc.png", "roc_lira.png", "roc_rmia.png",
+                     "clip_thresholds.png", *roc_figures,
                      "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
                      "paired_vs_dp_sgd.csv", "tuning.csv",
                      "data_use.md"):
@@ -541,7 +550,7 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
                               tags={**tags, "mlflow.parentRunId": parent_id})
     with mlflow.start_run(run_id=child.info.run_id, nested=True):
         mlflow.log_params(run_params(layout, key, metrics))
-        summary = {name: float(_get(metrics, path)) for name, path in SUMMARY_METRICS.items()
+        summary = {name: float(_get(metrics, path)) for name, path in summary_metrics().items()
                    if _get(metrics, path) is not None}
         # the headline first (the compare page's default metric is a run's first), then the
         # rest, the timings last

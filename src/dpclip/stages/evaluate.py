@@ -2,20 +2,22 @@
 
 Utility and calibration are measured on the whole target holdout. Membership inference is
 measured on class-matched sets (docs/attacks.md, "Membership evaluation";
-:mod:`dpclip.attacks.membership`): members are drawn from the records the run trained on (its
+:mod:`dpclip.attacks.common.membership`): members are drawn from the records the run trained on (its
 partition of target train), non-members from the target holdout, with identical class counts,
 seeded from ``data.seed``, the partition and the training seed (every method of one partition
 and seed is scored on the same records). So a label-skewed partition does not pass for
 membership leakage; the label-only baseline (``mia.label_only``) shows what the label shift
-alone would have given. Two attacks on the same matched sets: the loss threshold on the
-output, and (``evaluate.ir_attack``) one classifier per layer on its intermediate
+alone would have given. On the same matched sets: every record-level attack of
+``attack.kinds`` (a module of :mod:`dpclip.attacks` each: the loss threshold, LiRA, RMIA, ...;
+one that needs reference models is skipped on a run without them, the reason in
+``mia.not_run``), and (``evaluate.ir_attack``) one classifier per layer on its intermediate
 representations. Every attack's ROC of a run with a DP claim is checked against the DP
 bound of the run's neighbouring notion
 (:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
 
 Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
-scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and per-layer IR-attack
-CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json`` (the inputs it was
+scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and
+per-layer IR-attack CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json`` (the inputs it was
 made from, :mod:`dpclip.stages.provenance`).
 """
 
@@ -32,9 +34,12 @@ import torch
 
 from dpclip.artifacts import (load_model, load_partition, load_signals, load_split,
                               population_source, public_population)
-from dpclip.attacks import (attack_every_layer, class_matched_indices, evaluation_seed,
-                            label_only_auc, layer_representations)
-from dpclip.attacks.reference import calibrated_scores, unseen_fit
+from dpclip.attacks import AttackEvidence, ReferenceEvidence, get_attack
+from dpclip.attacks.common.layerwise import attack_every_layer
+from dpclip.attacks.common.membership import (class_matched_indices, evaluation_seed,
+                                              label_only_auc)
+from dpclip.attacks.common.representations import layer_representations
+from dpclip.attacks.common.signals import unseen_fit
 from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
@@ -52,16 +57,10 @@ from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
 
-ATTACK_NAMES = {"loss": "loss threshold", "lira": "LiRA", "rmia": "RMIA"}
 
-
-def predict(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
-    """Class probabilities (the softmax of :func:`dpclip.models.logits_of`)."""
-    return torch.softmax(torch.as_tensor(logits_of(model, x)), dim=1).double().numpy()
-
-
-def per_sample_loss(probs: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Class probabilities from logits (n, C), in float64."""
+    return torch.softmax(torch.as_tensor(logits), dim=1).double().numpy()
 
 
 def _finite_or_none(value):
@@ -94,22 +93,23 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     x_in, y_in = x_train[members], y_train[members]
     x_out, y_out, _ = load_split(layout, "target_holdout")
 
-    probs_out = predict(model, x_out)
+    holdout_logits = logits_of(model, x_out)
+    probs_out = softmax(holdout_logits)
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
     utility["auc"] = classifier_auc(probs_out, y_out)  # the papers' tabular utility metric
     # membership: class-matched members and non-members, the same sets for every attack
     rng = np.random.default_rng(evaluation_seed(params.data.seed,
                                                 f"{alpha_tag(alpha)}-seed{int(seed)}"))
     pick_in, pick_out = class_matched_indices(y_in, y_out, rng)
-    probs_in = predict(model, x_in[pick_in])  # only the members that are attacked
-    # loss-threshold attack: a lower loss means "member", so the score is -loss
-    scores = {"loss": (-per_sample_loss(probs_in, y_in[pick_in]),
-                       -per_sample_loss(probs_out[pick_out], y_out[pick_out]))}
     signals = load_signals(layout, run)
-    if signals is not None:  # LiRA and RMIA against the reference stage's models
-        scores.update(reference_attack_scores(params, layout, run, model, signals,
-                                              x_in[pick_in], y_in[pick_in], pick_in,
-                                              x_out, y_out, pick_out))
+    x_attacked_in = x_in[pick_in]  # every attack sees the same records: members first
+    evidence = AttackEvidence(
+        x=np.concatenate([x_attacked_in, x_out[pick_out]]),
+        labels=np.concatenate([y_in[pick_in], y_out[pick_out]]),
+        logits=np.concatenate([logits_of(model, x_attacked_in), holdout_logits[pick_out]]),
+        model=model, references=None if signals is None else reference_evidence(
+            params, run, model, signals, pick_in, x_out, y_out, pick_out, layout))
+    scores, not_run = run_attacks(params, evidence, len(pick_in))
     privacy = record["privacy"]
     # the run's flag ORs its checks (each record-level attack, each IR layer): each gets its
     # share of the 5%
@@ -131,7 +131,9 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                            "n_nonmembers": mia[headline]["n_nonmembers"]}
     if signals is not None:
         mia["references"] = {**signals["facts"], "match": reference_match(
-            privacy, len(y_in), signals, logits_of(model, x_out), y_out)}
+            privacy, len(y_in), signals, holdout_logits, y_out)}
+    if not_run:
+        mia["not_run"] = not_run
     mia.update({
         "label_only": {"auc": label_only_auc(y_in[pick_in], y_out[pick_out]),
                        "auc_unmatched": label_only_auc(y_in, y_out)},
@@ -153,25 +155,45 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     if layout.audit(run).exists():  # the audit stage's lower bounds (audit.<kind>)
         metrics["audit"] = read_json(layout.audit(run))
     if params.evaluate.ir_attack:
-        metrics["mia"]["ir"] = ir_attack(params, model, x_in[pick_in], y_in[pick_in],
+        metrics["mia"]["ir"] = ir_attack(params, model, x_attacked_in, y_in[pick_in],
                                          x_out[pick_out], y_out[pick_out], rng, privacy, run,
                                          confidence)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
-    _write_plots(layout, run, rocs, probs_out, y_out, params.evaluate.ece_bins, trace, metrics)
+    _write_plots(layout, run, rocs, probs_out, y_out, params.evaluate.ece_bins, trace, metrics,
+                 params.attack.baseline())
     write_json(layout.metrics(run), metrics)
     write_json(layout.summary(run), run_summary(metrics))
     EVALUATE.record(layout, key, inputs)
     return metrics
 
 
-def reference_attack_scores(params: Params, layout: Layout, run: str, model: torch.nn.Module,
-                            signals: dict, x_members: np.ndarray, y_members: np.ndarray,
-                            pick_in: np.ndarray, x_out: np.ndarray, y_out: np.ndarray,
-                            pick_out: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """LiRA and RMIA scores (members, non-members) of the evaluation sets against the run's
-    reference models (:mod:`dpclip.stages.reference`): ``x_members`` are the attacked members
-    (positions ``pick_in`` of the run's members), the non-members positions ``pick_out`` of
-    the holdout ``x_out``."""
+def run_attacks(params: Params, evidence: AttackEvidence, n_members: int
+                ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, str]]:
+    """Every attack of ``attack.kinds`` on the same evidence: its scores split into the
+    ``n_members`` members (first) and the non-members; and the attacks not run, with why
+    (one that needs reference models on a run without them)."""
+    scores, not_run = {}, {}
+    for name in params.attack.kinds:
+        attack = params.attack.build(name)
+        if attack.needs_references and evidence.references is None:
+            not_run[name] = "needs reference models: attack.references is 0"
+            continue
+        values = np.asarray(attack.scores(evidence), dtype=np.float64)
+        if values.shape != (len(evidence.labels),) or not np.isfinite(values).all():
+            raise DpclipError(f"attack {name!r} returned scores of shape {values.shape} "
+                              f"(finite: {bool(np.isfinite(values).all())}), not "
+                              f"{len(evidence.labels)} finite numbers, one per record")
+        scores[name] = (values[:n_members], values[n_members:])
+    return scores, not_run
+
+
+def reference_evidence(params: Params, run: str, model: torch.nn.Module, signals: dict,
+                       pick_in: np.ndarray, x_out: np.ndarray, y_out: np.ndarray,
+                       pick_out: np.ndarray, layout: Layout) -> ReferenceEvidence:
+    """The run's reference models (:mod:`dpclip.stages.reference`) on the attacked records:
+    the members at positions ``pick_in`` of the run's members, then the non-members at
+    positions ``pick_out`` of the holdout ``x_out``; and on the population (the holdout
+    online, the public population offline)."""
     a, facts = params.attack, signals["facts"]
     online = facts["mode"] == "online"
     pop_x, pop_y = (x_out, y_out) if online else public_population(params, layout)
@@ -182,17 +204,13 @@ def reference_attack_scores(params: Params, layout: Layout, run: str, model: tor
                           f"({signals['logits_population'].shape[1]} records), not for "
                           f"{a.mode!r} and {population_source(params)!r} ({len(pop_x)}): "
                           f"run the reference stage again")
-    labels = np.concatenate([y_members, y_out[pick_out]])
-    reference = np.concatenate([signals["logits_members"][:, pick_in],
-                                signals["logits_holdout"][:, pick_out]], axis=1)
-    inside = np.concatenate([signals["in_members"][:, pick_in],
-                             signals["in_holdout"][:, pick_out]], axis=1) if online else None
-    result = calibrated_scores(
-        logits_of(model, np.concatenate([x_members, x_out[pick_out]])), reference, labels,
-        inside, logits_of(model, pop_x), signals["logits_population"], pop_y,
-        fixed_variance=a.fixed_variance, a=a.rmia_offline_a, gamma=a.rmia_gamma)
-    n = len(y_members)
-    return {name: (values[:n], values[n:]) for name, values in result.items()}
+    return ReferenceEvidence(
+        logits=np.concatenate([signals["logits_members"][:, pick_in],
+                               signals["logits_holdout"][:, pick_out]], axis=1),
+        inside=np.concatenate([signals["in_members"][:, pick_in],
+                               signals["in_holdout"][:, pick_out]], axis=1) if online else None,
+        population_labels=pop_y, population_logits=logits_of(model, pop_x),
+        population_reference_logits=signals["logits_population"])
 
 
 def reference_match(privacy: dict, n_members: int, signals: dict, target_holdout_logits,
@@ -367,7 +385,7 @@ def _write_scores(layout: Layout, run: str, scores: dict, member_positions: np.n
     write_csv_frame(layout.attack_scores(run), frame)
 
 
-def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics) -> None:
+def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics, baseline) -> None:
     write_csv_frame(layout.roc(run), pd.concat(
         [pd.DataFrame({"attack": name, "fpr": roc["fpr"], "tpr": roc["tpr"]})
          for name, roc in rocs.items()], ignore_index=True))
@@ -378,9 +396,9 @@ def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics) -> No
     write_csv_frame(layout.reliability(run), frame)
     folder = layout.figures(run)
     title = f"{run} (acc {metrics['utility']['accuracy']:.3f})"
-    check = metrics["mia"]["loss"]["dp_bound"]
+    check = metrics["mia"][baseline]["dp_bound"]
     bound = (check["epsilon_used"], check["delta_used"]) if check["checked"] else None
-    roc_figure(folder / "roc.png", {ATTACK_NAMES.get(n, n): r for n, r in rocs.items()},
+    roc_figure(folder / "roc.png", {get_attack(n).label: r for n, r in rocs.items()},
                title=f"Membership-attack ROC: {title}", bound=bound)
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")

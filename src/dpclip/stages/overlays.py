@@ -7,7 +7,8 @@ colour by run (and dash by revision under ``dvc plots diff``). The tables are sm
 tracks them (``dvc plots diff main`` reads main's from git):
 
 * ``clip_threshold.csv``: C_t against step, at most :data:`MAX_POINTS` steps per run;
-* ``roc.csv``, ``roc_lira.csv``, ``roc_rmia.csv``: the loss attack's, LiRA's and RMIA's ROC
+* ``roc/<attack>.csv``: each attack's ROC (``roc/loss.csv``, ``roc/lira.csv``, ... one file per
+  attack that ran on some run; ``dvc.yaml`` plots the folder, so a new attack needs no entry)
   with FPR and TPR > 0 (log axes), at most :data:`MAX_POINTS` points per run, evenly spaced in
   log FPR (column ``attack`` names it; a run without reference models has no LiRA or RMIA rows);
 * ``reliability.csv``: accuracy against confidence per non-empty bin;
@@ -24,6 +25,8 @@ tracks them (``dvc plots diff main`` reads main's from git):
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pandas as pd
 
@@ -34,9 +37,9 @@ from dpclip.naming import RunKey, alpha_tag
 from dpclip.seed_stats import mean_interval
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
-ROC_FILES = {"loss": "roc.csv", "lira": "roc_lira.csv", "rmia": "roc_rmia.csv"}
-FILES = ("clip_threshold.csv", *ROC_FILES.values(), "reliability.csv", "privacy_utility.csv",
-         "privacy_utility_seeds.csv")
+ROC_FOLDER = "roc"  # roc/<attack>.csv
+FILES = ("clip_threshold.csv", "reliability.csv", "privacy_utility.csv",
+         "privacy_utility_seeds.csv")  # and one roc/<attack>.csv per attack
 
 
 def thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
@@ -159,14 +162,26 @@ def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
         pd.DataFrame(columns=columns)
 
 
+def attacks_run(layout: Layout, runs: list[RunKey]) -> list[str]:
+    """The attacks with ROC points in any of the runs, in the order they first appear."""
+    seen: dict[str, None] = {}
+    for key in runs:
+        seen.update(dict.fromkeys(read_roc(layout, key.name)["attack"]))
+    return list(seen)
+
+
 def write_overlays(layout: Layout, runs: list[RunKey]) -> dict[str, pd.DataFrame]:
-    """Write the overlay tables of ``runs`` into ``overlays/`` (replacing those of runs no
-    longer configured); returns them by file name."""
+    """Write the overlay tables of ``runs`` into ``overlays/``, replacing everything there
+    (the tables of runs no longer configured, the ROC of an attack no longer run); returns
+    them by path relative to ``overlays/``."""
     tables = {"clip_threshold.csv": clip_threshold_table(layout, runs),
-              **{name: roc_table(layout, runs, attack) for attack, name in ROC_FILES.items()},
+              **{f"{ROC_FOLDER}/{attack}.csv": roc_table(layout, runs, attack)
+                 for attack in attacks_run(layout, runs)},
               "reliability.csv": reliability_table(layout, runs),
               "privacy_utility.csv": privacy_utility_table(layout, runs),
               "privacy_utility_seeds.csv": privacy_utility_seeds_table(layout, runs)}
+    if layout.overlays.exists():  # this function owns the folder
+        shutil.rmtree(layout.overlays)
     for name, table in tables.items():
         write_csv_frame(layout.overlays / name, table)
     return tables

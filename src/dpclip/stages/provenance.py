@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from dpclip.attacks import get_attack
 from dpclip.code_closure import ROOT_NAME, closure_files
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_json
@@ -62,17 +63,21 @@ class RunStage:
     provenance: Callable[[Layout, object], Path]
     result: Callable[[Layout, object], Path]
     reads_tuned_values: bool = False  # trains the run's configuration (dpclip.tuned)
+    # the modules of the parts params.yaml chooses that every run uses (the attacks of
+    # attack.kinds); they are code roots like the stage's own
+    chosen_code: Callable[[object], tuple[str, ...]] = lambda params: ()
 
-    def code_files(self, method: str) -> dict[str, Path]:
+    def code_files(self, method: str, params=None) -> dict[str, Path]:
         """label -> file of the run's code: the import closure (:mod:`dpclip.code_closure`) of
-        the stage's modules and the run's method's module (a plugin's module outside the
-        package counts as its own file)."""
-        module = get_method(method).__module__
-        inside = module == ROOT_NAME or module.startswith(ROOT_NAME + ".")
-        roots = [*self.code, module] if inside else list(self.code)
-        files = {f"src/dpclip/{f}": PACKAGE / f for f in closure_files(roots, PACKAGE)}
-        if not inside:
-            files[f"plugin:{module}"] = Path(sys.modules[module].__file__)
+        the stage's modules, the run's method's module and the modules ``params`` chooses
+        (``chosen_code``); a plugin's module outside the package counts as its own file."""
+        modules = [get_method(method).__module__,
+                   *(self.chosen_code(params) if params is not None else ())]
+        inside = [m for m in modules if m == ROOT_NAME or m.startswith(ROOT_NAME + ".")]
+        files = {f"src/dpclip/{f}": PACKAGE / f
+                 for f in closure_files([*self.code, *inside], PACKAGE)}
+        files.update({f"plugin:{m}": Path(sys.modules[m].__file__)
+                      for m in modules if m not in inside})
         return files
 
     def inputs(self, params, key, layout: Layout) -> dict:
@@ -84,7 +89,8 @@ class RunStage:
             values["train.threads"] = thread_count(values["train.threads"])
         if self.reads_method_options:
             values[f"methods.{key.method}"] = params.method_options(key.method)
-        files = {label: file_hash(path) for label, path in self.code_files(key.method).items()}
+        files = {label: file_hash(path)
+                 for label, path in self.code_files(key.method, params).items()}
         files.update({label: file_hash(path) for label, path in self.data(layout, key).items()})
         run = {"method": key.method, "epsilon": key.epsilon, "alpha": key.alpha,
                "seed": key.seed}
@@ -220,6 +226,8 @@ EVALUATE = RunStage(
     name="evaluate",
     params=("evaluate", "attack", "data.seed", "train.threads"),
     code=("dpclip.stages.evaluate",),
+    chosen_code=lambda params: tuple(get_attack(kind).__module__
+                                     for kind in params.attack.kinds),
     reads_method_options=False,
     data=_evaluate_data,
     outputs=_evaluate_outputs,

@@ -1,5 +1,5 @@
 """reference: the reference models of LiRA and RMIA for one configuration
-(:mod:`dpclip.attacks.reference`).
+(:mod:`dpclip.attacks.lira`, :mod:`dpclip.attacks.rmia`).
 
 K = ``attack.references`` models are trained like the target: the run's own code and
 configuration (method, options, tuned values, target epsilon; a seed of their own each), on a set

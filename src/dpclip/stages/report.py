@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from dpclip.attacks import available_attacks, baseline_attack, get_attack
 from dpclip.audit.status import audit_status
 from dpclip.config import Params
 from dpclip.errors import DpclipError
@@ -63,7 +64,7 @@ def worst_dp_bound_margin(mia: dict) -> float | None:
 
 
 def table_row(m: dict) -> dict:
-    p, u, a = m["privacy"], m["utility"], m["mia"]["loss"]
+    p, u, a = m["privacy"], m["utility"], m["mia"][baseline_attack().name]
     ir = m["mia"].get("ir") or {}
     checks, label_only = _dp_bound_checks(m["mia"]), m["mia"].get("label_only") or {}
     return {"run": m["run"], "method": m["method"], "dp_guarantee": p["dp_guarantee"],
@@ -101,14 +102,34 @@ def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
     return float(dp_bound_curve(fpr, eps, delta))
 
 
+def prefixed_attack_columns(name: str) -> list[str]:
+    """The comparison table's columns of a registered attack besides the baseline (whose
+    numbers are the ``mia_*`` columns): ``<name>_auc``, ``<name>_tpr_at_fpr_0.1pct``."""
+    prefix = get_attack(name).prefix()
+    return [f"{prefix}_auc", f"{prefix}_tpr_at_fpr_0.1pct"] if prefix else []
+
+
+def table_columns(attacks) -> list[str]:
+    """:data:`COLUMNS`, then the columns of each of ``attacks`` that it lacks (an attack added
+    after the table's layout was fixed), in their order."""
+    extra = [c for name in attacks for c in prefixed_attack_columns(name) if c not in COLUMNS]
+    return COLUMNS + list(dict.fromkeys(extra))
+
+
+def attacks_in(metrics: list[dict]) -> list[str]:
+    """The registered record-level attacks that ran on any of the runs, in registry order."""
+    ran = {name for m in metrics for name in m["mia"]}
+    return [name for name in available_attacks() if name in ran]
+
+
 def attack_columns(mia: dict, privacy: dict) -> dict:
-    """LiRA's and RMIA's AUC and TPR at 0.1% FPR (— without reference models), and the
-    strongest record-level attack's TPR at 0.1% FPR next to what the DP claim allows there."""
+    """Each attack's AUC and TPR at 0.1% FPR (— where it did not run: no reference models),
+    and the strongest record-level attack's TPR at 0.1% FPR next to what the DP claim allows
+    there."""
     columns = {}
-    for name in ("lira", "rmia"):
-        attack = mia.get(name) or {}
-        columns[f"{name}_auc"] = attack.get("auc")
-        columns[f"{name}_tpr_at_fpr_0.1pct"] = attack.get("tpr_at_fpr_0.1pct")
+    for name in available_attacks():
+        for column, key in zip(prefixed_attack_columns(name), ("auc", "tpr_at_fpr_0.1pct")):
+            columns[column] = (mia.get(name) or {}).get(key)
     strongest = strongest_attack(mia)
     columns["strongest_attack"] = strongest[0] if strongest else None
     columns["strongest_auc"] = strongest[1]["auc"] if strongest else None
@@ -163,8 +184,14 @@ def _shadow_notes(layout: Layout) -> list[str]:
 
 DATA_USE = "data_use.md"
 SUMMARY_CSV, SUMMARY_TEXT = "summary.csv", "summary.txt"  # the short table (make run prints it)
-OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "roc_lira.png", "roc_rmia.png",
-                    "privacy_utility.png")
+OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "privacy_utility.png")  # and roc_*.png
+
+
+def attack_notes(attacks: list[str]) -> list[str]:
+    """One line per attack that ran besides the baseline (the ``mia_*`` note): its columns and
+    what it does (from its module)."""
+    return [f"`{get_attack(name).prefix()}_*`: {get_attack(name).label}, "
+            f"{get_attack(name).description}." for name in attacks if get_attack(name).prefix()]
 
 ADDED_NOTES = [
     "`adjacency`: the neighbouring notion of the row's epsilon. `add_remove` (gradient methods: "
@@ -198,16 +225,18 @@ ADDED_NOTES = [
     "epsilon below it is refuted by the canaries; `audit_violated: True` (a bound above the "
     "claimed epsilon of a run with a DP guarantee) is a privacy bug. — = not applicable (no DP "
     "claim, replace-one-features adjacency) or not audited; `audit_status` says which.",
-    "`lira_*`, `rmia_*`: LiRA (Carlini et al. 2022) and RMIA (Zarifzadeh et al. 2024), "
-    "calibrated per record with `attack.references` reference models trained like the run "
-    "(its configuration, its sampling rate, steps and noise, on as many records as it had: "
-    "offline from the public population, online on halves of members and holdout); — = no "
-    "reference models. TPR at 0.1% FPR: with fewer than 10,000 non-members it allows fewer "
+    "`<attack>_*` (`lira_*`, `rmia_*`, ... one pair of columns per attack of `attack.kinds` "
+    "besides the loss attack, whose columns are `mia_*`; what each attack does is listed "
+    "below the table): the attacks that need reference models are calibrated per record with "
+    "`attack.references` models trained like the run (its configuration, its sampling rate, "
+    "steps and noise, on as many records as it had: offline from the public population, online "
+    "on halves of members and holdout); — = not run on that row (no reference models: the "
+    "metrics file's `mia.not_run` says why). TPR at 0.1% FPR: with fewer than 10,000 non-members it allows fewer "
     "than 10 false positives, and below 1000 it is the TPR at no false positive at all. "
     "`attack`: the attack compared across methods and seeds, chosen in advance "
     "(`attack.headline`); `attack_tpr_at_low_fpr`: its TPR at `attack_low_fpr`, the smallest "
     "FPR that allows 10 false positives (never below 0.1%); `attack_tpr_at_zero_fp`: its TPR "
-    "with no false positive. `strongest_attack`: the record-level attack (loss, LiRA, RMIA) with "
+    "with no false positive. `strongest_attack`: the record-level attack with "
     "the highest TPR at 0.1% FPR (ties: AUC), the best of each run and so biased upward; "
     "`tpr_bound_at_fpr_0.1pct`: the most any attack may reach there "
     "under the row's DP claim in this evaluation game, min(1, e^eps' 0.001 + delta', "
@@ -382,7 +411,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     if missing:
         raise DpclipError(f"metrics missing for {missing}: run the evaluate stage first")
     metrics = [read_json(layout.metrics(k.name)) for k in runs]
-    table = pd.DataFrame([table_row(m) for m in metrics], columns=COLUMNS)
+    table = pd.DataFrame([table_row(m) for m in metrics], columns=table_columns(
+        attacks_in(metrics)))
     out = layout.reports
     write_csv_frame(out / "comparison.csv", table)
     notes = ["", "`dp_guarantee: false` rows are non-private or literal-paper variants: their "
@@ -393,7 +423,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              "`peak_ir_mia`: the highest held-out accuracy of the per-layer attacks on "
              "intermediate representations (0.5 is a guess), and the layer where it peaks, on "
              "the same class-matched sets.",
-             *ADDED_NOTES,
+             *ADDED_NOTES, *attack_notes(attacks_in(metrics)),
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
     by_seed, paired = seed_summary(table), paired_comparison(table)
@@ -412,8 +442,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     # figures that exist only with what they show (audits, LiRA / RMIA, private runs): one
     # left from an earlier report must not pass for current (the Prefect flow and the CLI
     # write into the same folder; DVC empties it first)
-    for name in OPTIONAL_FIGURES:
-        (out / name).unlink(missing_ok=True)
+    for path in [*(out / name for name in OPTIONAL_FIGURES), *out.glob("roc*.png")]:
+        path.unlink(missing_ok=True)
     audit_figure(out / "claimed_vs_audited_epsilon.png", table)
     comparison_figure(out / "comparison.png", table)
     clip_figure(out / "clip_thresholds.png", traces, title="Clip threshold C_t by run")
@@ -422,12 +452,13 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
         clip_figure(out / f"clip_thresholds-eps{epsilon}-{alpha}-seed{seed}.png",
                     {k.method: traces[k.name] for k in keys},
                     title=f"C_t by method (target eps {epsilon}, alpha {alpha}, seed {seed})")
-    for attack, label in (("loss", "Loss-attack"), ("lira", "LiRA"), ("rmia", "RMIA")):
-        curves = {run: roc[roc["attack"] == attack] for run, roc in rocs.items()}
+    for name in attacks_in(metrics):  # one figure per attack: roc.png (loss), roc_<name>.png
+        attack = get_attack(name)
+        curves = {run: roc[roc["attack"] == name] for run, roc in rocs.items()}
         curves = {run: roc for run, roc in curves.items() if len(roc)}
         if curves:
-            roc_figure(out / ("roc.png" if attack == "loss" else f"roc_{attack}.png"), curves,
-                       title=f"{label} ROC by run")
+            roc_figure(out / f"{attack.figure_stem()}.png", curves,
+                       title=f"{attack.label} ROC by run")
     overlays = write_overlays(layout, runs)
     privacy_utility_figure(out / "privacy_utility.png", overlays["privacy_utility_seeds.csv"])
     logged = None

@@ -5,8 +5,8 @@ Representations via Layer-wise MIA-risk-aware DP-SGD", Algorithm 2).
 A model with the target's architecture is trained without privacy on the public shadow train
 split (optionally label-skewed by a Dirichlet ``shadow.alpha``, to test how risk estimates
 transfer). The intermediate representation of every parameterised layer
-(:mod:`dpclip.attacks.representations`) of its members (shadow train) and non-members (shadow
-holdout) feeds one membership classifier per layer; its error rate ER^(l) is the layer's risk
+(:mod:`dpclip.attacks.common.representations`) of its members (shadow train) and non-members
+(shadow holdout) feeds one membership classifier per layer; its error rate ER^(l) is the layer's risk
 estimate (lower error = higher risk). ``shadow.risk_eval: cv`` scores held-out folds;
 ``train`` is the paper's literal protocol (the classifier's own training set).
 
@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from dpclip.artifacts import architecture, load_split
-from dpclip.attacks import attack_every_layer, layer_representations
+from dpclip.attacks.common.layerwise import attack_every_layer
+from dpclip.attacks.common.representations import layer_representations
 from dpclip.config import IID, EarlyStopping, Params
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError

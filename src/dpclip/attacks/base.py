@@ -1,0 +1,134 @@
+"""What a membership attack is, and what it may see.
+
+An attack is one module in :mod:`dpclip.attacks` that defines a subclass of :class:`Attack`
+and decorates it with :func:`register`; the package finds the module by itself
+(:func:`dpclip.attacks.discover`). ``attack.kinds`` in params.yaml chooses which attacks the
+evaluate stage runs, and ``attack.<name>`` holds an attack's options (its ``Options`` model).
+The evaluate stage, the report, the overlays, MLflow and the figures take the attack's name,
+label and description from here and never name an attack, so adding one touches no other file.
+
+The game (docs/attacks.md, "Membership evaluation"): the evaluate stage draws members of the
+run's training set and as many non-members from the holdout, with identical class counts, and
+hands every attack the same :class:`AttackEvidence` of those records, in an order that does not
+say which is which to the attack's code (members first; the attack is not told how many). An
+attack returns one score per record, higher = member; the stage computes the ROC, the AUC, the
+TPR at low FPR and the check against the DP bound from the scores.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel
+from torch import nn
+
+from dpclip.param_types import Section
+
+
+@dataclass(frozen=True)
+class ReferenceEvidence:
+    """The reference models' view of the attacked records (the ``reference`` stage): K models
+    trained like the target on halves of a pool.
+
+    ``logits`` (K, n, C): each reference model's logits on the n attacked records;
+    ``inside`` (K, n): whether each trained on each record, or None offline (every record OUT
+    for every model); ``population_*``: the records z of a population that none of the attacked
+    records are in (RMIA's), their labels, the target's logits (p, C) and the reference models'
+    (K, p, C)."""
+
+    logits: np.ndarray
+    inside: np.ndarray | None
+    population_labels: np.ndarray
+    population_logits: np.ndarray
+    population_reference_logits: np.ndarray
+
+    @property
+    def online(self) -> bool:
+        return self.inside is not None
+
+
+@dataclass(frozen=True)
+class AttackEvidence:
+    """What every attack sees of the n attacked records: the inputs ``x``, their ``labels``,
+    the target model's ``logits`` (n, C) on them, the target ``model`` itself (white-box
+    attacks; eval mode, do not train it) and, with ``attack.references`` > 0, the reference
+    models' :class:`ReferenceEvidence` (else None)."""
+
+    x: np.ndarray
+    labels: np.ndarray
+    logits: np.ndarray
+    model: nn.Module
+    references: ReferenceEvidence | None = None
+
+
+class NoOptions(Section):
+    """An attack without options: ``attack.<name>`` may only be empty."""
+
+
+class Attack(ABC):
+    """Base class. A subclass sets ``name``, ``label`` and ``description`` and implements
+    :meth:`scores`; ``needs_references`` when it calibrates against reference models (it is
+    then skipped, with the reason in the metrics file, for a run that has none)."""
+
+    name: ClassVar[str] = ""  # the key in attack.kinds, metrics (mia.<name>) and file names
+    label: ClassVar[str] = ""  # how figures and tables name it ("LiRA")
+    description: ClassVar[str] = ""  # one or two sentences for the report's notes
+    needs_references: ClassVar[bool] = False
+    # the baseline attack every run reports: its numbers keep the unprefixed contract names
+    # (mia_auc in MLflow and comparison.csv, reports/roc.png); the others are prefixed by name
+    baseline: ClassVar[bool] = False
+    Options: ClassVar[type[BaseModel]] = NoOptions  # attack.<name> in params.yaml
+    # old flat keys of the attack section that became options: attack.<old> -> attack.<name>.<new>
+    MOVED_KEYS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, options: BaseModel | dict | None = None):
+        self.options = options if isinstance(options, BaseModel) else \
+            self.Options.model_validate(options or {})
+
+    @abstractmethod
+    def scores(self, evidence: AttackEvidence) -> np.ndarray:
+        """One membership score per attacked record (n,), higher = member."""
+
+    @classmethod
+    def check_options(cls, options: BaseModel, references: int, mode: str) -> list[str]:
+        """Problems of the options together with ``attack.references`` and ``attack.mode``
+        (one line each naming ``attack.<name>.<option>`` and the value); none by default."""
+        return []
+
+    # names derived from ``name``, the same everywhere
+    @classmethod
+    def prefix(cls) -> str:
+        """The prefix of its columns and MLflow metrics: "" for the baseline, else the name."""
+        return "" if cls.baseline else cls.name
+
+    @classmethod
+    def figure_stem(cls) -> str:
+        """Its report figure and plot table: ``roc`` for the baseline, else ``roc_<name>``."""
+        return "roc" if cls.baseline else f"roc_{cls.name}"
+
+
+REGISTRY: dict[str, type[Attack]] = {}
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    """Class decorator: add an attack to the registry under ``cls.name``. A second class under
+    a registered name is refused (the metrics would name an attack that did not run); importing
+    the same module again replaces its own class."""
+    if not (isinstance(cls, type) and issubclass(cls, Attack)):
+        raise TypeError(f"{cls!r} is not an Attack subclass")
+    if not cls.name or not cls.name.isidentifier() or cls.name != cls.name.lower():
+        raise ValueError(f"{cls.__name__}.name must be a lower-case identifier, not "
+                         f"{cls.name!r} (it names files and metrics)")
+    if not cls.label or not cls.description:
+        raise ValueError(f"attack {cls.name!r} needs a label and a description")
+    if "scores" in getattr(cls, "__abstractmethods__", ()):
+        raise TypeError(f"attack {cls.name!r} does not implement scores()")
+    known = REGISTRY.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != \
+            (cls.__module__, cls.__qualname__):
+        raise ValueError(f"attack {cls.name!r} is already registered by {known.__module__}")
+    REGISTRY[cls.name] = cls
+    return cls
