@@ -117,7 +117,9 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
     """A run's code inputs are its import closure (dpclip.code_closure), not a list kept by
     hand: a helper only the DC-SGD rules import re-runs their runs only; a module the train
     stage imports through another (the artifact readers, through the run's inputs) re-runs
-    every run; another stage's module (partition, report) re-runs none."""
+    every run; another stage's module (partition, report) or an attack's re-runs none. An
+    attack's module makes every evaluation stale, and a helper only LiRA and RMIA import none
+    of the trainings."""
     methods = ["dp_sgd", "dc_sgd_p", "dc_sgd_e"]
     package = tmp_path / "package"
     shutil.copytree(provenance.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -137,6 +139,12 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
     assert touch("artifacts.py") == methods
     assert touch("stages/partition.py") == []
     assert touch("stages/report.py") == []
+    assert touch("attacks/common/signals.py") == []
+    evaluated = params()
+    key = configured_runs(evaluated)[0]
+    before = EVALUATE.code_files(key.method, evaluated)
+    assert "src/dpclip/attacks/loss.py" in before and "src/dpclip/attacks/lira.py" in before
+    assert "src/dpclip/attacks/loss.py" not in TRAIN.code_files(key.method, evaluated)
 
 
 def test_each_run_runs_the_stale_runs_and_force_runs_all(project):

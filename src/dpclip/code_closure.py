@@ -144,9 +144,9 @@ def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     """The code dependencies dvc.yaml lists for ``stage`` (:func:`compact` of its closure)."""
     roots = []
     for root in DVC_STAGE_ROOTS[stage]:
-        if root in DISCOVERED:  # the package's own modules; what they share by their imports
+        if root in DISCOVERED:  # the whole folder, so that dvc.yaml covers a module added to it
             roots += [name for name in package_modules(package)
-                      if name.rsplit(".", 1)[0] == f"{ROOT_NAME}.{root}"]
+                      if name.startswith(f"{ROOT_NAME}.{root}.")]
         else:
             roots.append(root)
     return compact(closure_files(roots, package), package)

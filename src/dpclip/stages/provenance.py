@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dpclip.attacks import get_attack
-from dpclip.code_closure import ROOT_NAME, closure_files
+from dpclip.code_closure import closure_files, package_modules
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
@@ -73,7 +73,9 @@ class RunStage:
         (``chosen_code``); a plugin's module outside the package counts as its own file."""
         modules = [get_method(method).__module__,
                    *(self.chosen_code(params) if params is not None else ())]
-        inside = [m for m in modules if m == ROOT_NAME or m.startswith(ROOT_NAME + ".")]
+        # a module the package's folder holds (a plugin folder added to a package's search
+        # path gives its modules the package's names, but not a file there)
+        inside = [m for m in modules if m in package_modules(PACKAGE)]
         files = {f"src/dpclip/{f}": PACKAGE / f
                  for f in closure_files([*self.code, *inside], PACKAGE)}
         files.update({f"plugin:{m}": Path(sys.modules[m].__file__)

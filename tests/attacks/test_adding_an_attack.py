@@ -1,0 +1,102 @@
+"""Adding an attack is one new file plus params.yaml: the example of docs/adding-an-attack.md,
+dropped into a plugin folder of the attacks package, is found, validated, scored as worked out
+by hand, run by the evaluate stage on every run, and shown in the report, the overlays, the
+MLflow names and the run's provenance, with no other edit."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import PROJECT
+
+import dpclip.attacks
+from dpclip.attacks import AttackEvidence, available_attacks, discover, get_attack
+from dpclip.attacks.base import REGISTRY
+from dpclip.config import parse_params
+from dpclip.errors import ConfigError, DpclipError
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.stages.evaluate import evaluate
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
+from dpclip.stages.provenance import EVALUATE
+from dpclip.stages.report import report
+from dpclip.stages.train import train
+from dpclip.tracking import summary_metrics
+
+
+def docs_example() -> str:
+    """The first Python block of the documentation's "Adding an attack" page."""
+    text = (PROJECT / "docs" / "adding-an-attack.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.fixture
+def mentr(tmp_path, monkeypatch):
+    """The documented module dropped into a folder the attacks package searches."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "mentr.py").write_text(docs_example())
+    monkeypatch.setattr(dpclip.attacks, "__path__", [*dpclip.attacks.__path__, str(folder)])
+    discover()
+    yield "mentr"
+    REGISTRY.pop("mentr", None)
+    sys.modules.pop("dpclip.attacks.mentr", None)
+
+
+def test_an_unknown_attack_lists_the_known_ones(tiny_raw):
+    with pytest.raises(DpclipError) as info:
+        get_attack("mentr_typo")
+    assert all(name in str(info.value) for name in available_attacks())
+    with pytest.raises(ConfigError, match=r"attack\.kinds: 'mentr_typo' is not one of"):
+        parse_params(tiny_raw(attack={"kinds": ["loss", "mentr_typo"]}))
+
+
+def test_the_documented_attack_is_found_validated_and_scores_as_by_hand(mentr, tiny_raw):
+    assert mentr in available_attacks()
+    with pytest.raises(ConfigError, match=r"attack\.mentr\.floor: 0"):
+        parse_params(tiny_raw(attack={"kinds": ["loss", mentr], "mentr": {"floor": 0}}))
+    params = parse_params(tiny_raw(attack={"kinds": ["loss", mentr], "headline": mentr}))
+    assert params.attack.headline_attack() == mentr
+    # two classes, p = (0.8, 0.2): label 0 gives Mentr = -0.2 log 0.8 - 0.2 log 0.8,
+    # label 1 gives -0.8 log 0.2 - 0.8 log 0.2
+    logits = np.log([[0.8, 0.2], [0.8, 0.2]])
+    scores = params.attack.build(mentr).scores(
+        AttackEvidence(x=np.zeros((2, 1)), labels=np.array([0, 1]), logits=logits, model=None))
+    assert scores == pytest.approx([0.4 * math.log(0.8), 1.6 * math.log(0.2)])
+
+
+def test_the_documented_attack_runs_through_the_stages_into_every_output(mentr, tiny_raw,
+                                                                         tmp_path):
+    params = parse_params(tiny_raw(
+        train={"methods": ["dp_sgd"], "epochs": 1}, evaluate={"ir_attack": False},
+        audit={"kinds": []}, attack={"kinds": ["loss", "lira", mentr], "references": 0,
+                                     "mentr": {"floor": 1e-20}}))
+    layout = Layout(tmp_path)
+    prepare(params, layout)
+    partition(params, "iid", layout)
+    train(params, "dp_sgd", 8, "iid", 0, layout, progress=False)
+    metrics = evaluate(params, "dp_sgd", 8, "iid", 0, layout)
+    run = metrics["run"]
+    ours = metrics["mia"][mentr]
+    assert 0 <= ours["auc"] <= 1 and ours["dp_bound"]["checked"]
+    assert metrics["mia"]["not_run"] == {"lira": "needs reference models: attack.references "
+                                                 "is 0"}
+    assert mentr in pd.read_csv(layout.attack_scores(run)).columns
+    # the run's provenance names the attack's file among its code
+    code = read_json(layout.figures(run) / "provenance.json")["inputs"]["files"]
+    assert any(label.endswith("mentr") or label.endswith("mentr.py") for label in code)
+    assert EVALUATE.code_files("dp_sgd", params).keys() >= {"plugin:dpclip.attacks.mentr"}
+    report(params, layout, track=False)
+    table = pd.read_csv(layout.reports / "comparison.csv")
+    assert table.loc[0, "mentr_auc"] == pytest.approx(ours["auc"])
+    assert table.loc[0, "mentr_tpr_at_fpr_0.1pct"] == pytest.approx(ours["tpr_at_fpr_0.1pct"])
+    assert "`mentr_*`: Modified entropy" in (layout.reports / "comparison.md").read_text()
+    assert (layout.reports / "roc_mentr.png").exists()
+    assert set(pd.read_csv(layout.overlays / "roc" / "mentr.csv")["run"]) == {run}
+    assert summary_metrics()["mia_mentr_auc"] == ("mia", mentr, "auc")

@@ -1,0 +1,76 @@
+"""Every registered attack against the contract of an attack: the list comes from the
+registry, so a new attack module is covered without editing this file. An attack declares a
+name, label and description; its default options validate; it returns one finite score per
+attacked record, the same score for a record wherever it sits among the others (it cannot
+learn membership from the order), and the same scores when run twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpclip.attacks import AttackEvidence, ReferenceEvidence, available_attacks, get_attack
+from dpclip.attacks.base import Attack, register
+
+ATTACKS = available_attacks()
+N, K, P, C = 40, 4, 30, 3
+
+
+def evidence(permutation: np.ndarray | None = None) -> AttackEvidence:
+    """Random evidence of N records (4 online reference models, P population records)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 5)).astype(np.float32)
+    labels = rng.integers(0, C, N)
+    logits = rng.normal(size=(N, C))
+    reference = rng.normal(size=(K, N, C))
+    inside = np.zeros((K, N), bool)
+    inside[:2, : N // 2] = inside[2:, N // 2:] = True  # each record IN for two models
+    pop_y = rng.integers(0, C, P)
+    pop_logits, pop_reference = rng.normal(size=(P, C)), rng.normal(size=(K, P, C))
+    order = np.arange(N) if permutation is None else permutation
+    model = torch.nn.Sequential(torch.nn.Linear(5, C)).eval()
+    return AttackEvidence(x=x[order], labels=labels[order], logits=logits[order], model=model,
+                          references=ReferenceEvidence(
+                              logits=reference[:, order], inside=inside[:, order],
+                              population_labels=pop_y, population_logits=pop_logits,
+                              population_reference_logits=pop_reference))
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_declaration_and_default_options(name):
+    attack = get_attack(name)
+    assert attack.name == name and attack.label and attack.description
+    assert issubclass(attack, Attack) and isinstance(attack.needs_references, bool)
+    attack(attack.Options.model_validate({}))  # the defaults are valid
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_one_finite_score_per_record_wherever_it_sits(name):
+    attack = get_attack(name)()
+    scores = attack.scores(evidence())
+    assert scores.shape == (N,) and np.isfinite(scores).all()
+    assert np.array_equal(scores, attack.scores(evidence()))  # deterministic
+    permutation = np.random.default_rng(1).permutation(N)
+    moved = attack.scores(evidence(permutation))
+    # the same record, the same score, up to float rounding
+    assert moved == pytest.approx(scores[permutation], rel=1e-9, abs=1e-12)
+
+
+def test_exactly_one_baseline_attack():
+    assert [n for n in ATTACKS if get_attack(n).baseline] == ["loss"]
+
+
+def test_a_registration_that_would_confuse_the_metrics_is_refused():
+    class Nameless(Attack):
+        label, description = "x", "y"
+
+        def scores(self, evidence):
+            return np.zeros(len(evidence.labels))
+
+    with pytest.raises(ValueError, match="lower-case identifier"):
+        register(Nameless)
+    impostor = type("Impostor", (Nameless,), {"name": "lira", "__module__": "plugin.fake"})
+    with pytest.raises(ValueError, match="already registered"):
+        register(impostor)
+    assert get_attack("lira") is not impostor
