@@ -14,7 +14,7 @@ import pytest
 from dpclip.artifacts import load_split
 from dpclip.config import parse_params
 from dpclip.data import fit_encoder, read_source
-from dpclip.data.sources import IDX_FILES, read_idx
+from dpclip.data.idx import IDX_FILES, read_idx
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.stages.partition import partition

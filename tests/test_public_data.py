@@ -16,7 +16,7 @@ import pytest
 
 from dpclip.artifacts import load_split
 from dpclip.config import parse_params
-from dpclip.data.sources import IDX_FILES
+from dpclip.data.idx import IDX_FILES
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.layout import Layout

@@ -20,14 +20,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpclip.data.sources import load_idx_dataset
+from dpclip.config import DataParams
+from dpclip.data import read_source
 from dpclip.methods import get_method
 from dpclip.pretraining import accuracy_on
 from dpclip.train import PublicData, TrainConfig, build_run
 
 
 def measure(mnist: str, settings: list[tuple[int, int]], epsilon: float = 1.0) -> pd.DataFrame:
-    data = load_idx_dataset("mnist", mnist, False)
+    data = read_source("mnist", mnist, DataParams(download=False))
     order = np.random.default_rng(0).permutation(len(data.y))
     test = (torch.as_tensor(data.x[order[60000:]]), torch.as_tensor(data.y[order[60000:]]))
     rows = []

@@ -127,17 +127,18 @@ def compact(files, package: Path = PACKAGE) -> list[str]:
 
 
 # each DVC stage's code: its stage module, and for the stages that run every configured
-# method (every chosen attack), every registered method's (attack's) module: "methods"
-# ("attacks"), the modules the package's discovery imports
+# method (every chosen attack, the chosen dataset), every registered method's (attack's,
+# dataset source's) module: "methods" ("attacks", "data.sources"), the modules the package's
+# discovery imports
 DVC_STAGE_ROOTS = {
-    "prepare": ("dpclip.stages.prepare",), "partition": ("dpclip.stages.partition",),
+    "prepare": ("dpclip.stages.prepare", "data.sources"), "partition": ("dpclip.stages.partition",),
     "shadow": ("dpclip.stages.shadow",), "tune": ("dpclip.stages.tune", "methods"),
     "train": ("dpclip.stages.train", "methods"), "audit": ("dpclip.stages.audit", "methods"),
     "reference": ("dpclip.stages.reference", "methods"),
     "evaluate": ("dpclip.stages.evaluate", "methods", "attacks"),
     "report": ("dpclip.stages.report", "attacks"),
 }
-DISCOVERED = {"methods", "attacks"}  # packages whose modules are found at run time
+DISCOVERED = {"methods", "attacks", "data.sources"}  # modules found at run time
 
 
 def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:

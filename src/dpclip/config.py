@@ -21,7 +21,6 @@ from dpclip.errors import ConfigError, DpclipError, bad_value
 from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Real, Section,
                                 Seed, Text, problems_of, unique_list)
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "csv")
 
 
 def _level(value) -> str:
@@ -55,7 +54,7 @@ class SplitFractions(Section):
 
 
 class DataParams(Section):
-    dataset: Literal[DATASETS] = "digits"
+    dataset: Text = "digits"  # a source of dpclip.data.sources
     path: Text | None = None
     seed: Seed = 0
     download: StrictBool = True
@@ -70,7 +69,7 @@ class DataParams(Section):
     numeric_columns: list[str] | None = None
     categorical_columns: list[str] | None = None
     missing_values: list[str] = ["", "?", "NA", "NaN", "nan"]
-    shadow_dataset: Literal[DATASETS] | None = None  # a separate public dataset
+    shadow_dataset: Text | None = None  # a separate public dataset (a source as well)
     shadow_path: Text | None = None
     shadow_max_shared: Fraction = 0.01  # of the shadow records that may equal a main record
     # csv: the public schema {column: [levels]}; the target's entry is the class list
@@ -87,19 +86,22 @@ class DataParams(Section):
         return value
 
     @model_validator(mode="after")
-    def _required_together(self):
-        problems = []
-        if self.dataset == "csv" and self.path is None:
-            problems.append(bad_value("data.path", None, "is required when data.dataset is 'csv'"))
-        if self.dataset == "csv" and self.target is None:
-            problems.append(bad_value("data.target", None, "is required when data.dataset is "
-                                                           "'csv' (the label column)"))
-        if self.dataset == "cifar10" and self.path is None:
-            problems.append(bad_value("data.path", None, "is required for cifar10 (folder of "
-                                                         "python pickle batches)"))
-        if self.shadow_dataset in ("csv", "cifar10") and self.shadow_path is None:
-            problems.append(bad_value("data.shadow_path", None, f"is required when "
-                                      f"data.shadow_dataset is {self.shadow_dataset!r}"))
+    def _sources_known_and_complete(self):
+        """Each named dataset is a registered source, with what that source needs (its
+        path; a CSV's label column)."""
+        from dpclip.data.sources import discover  # late: the sources read the data package
+
+        registry, problems = discover(), []
+        for role, name in (("data.dataset", self.dataset),
+                           ("data.shadow_dataset", self.shadow_dataset)):
+            if name is None:
+                continue
+            if name not in registry:
+                problems.append(bad_value(role, name, f"is not one of {sorted(registry)}: a "
+                                          f"dataset source is a module in "
+                                          f"src/dpclip/data/sources/"))
+            else:
+                problems += registry[name].check(self, role)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -447,7 +449,12 @@ def json_schema() -> dict:
     (``methods.<name>``, ``attack.<name>``)."""
     from dpclip.methods.base import REGISTRY
 
+    from dpclip.data.sources import available_sources
+
     schema = Params.model_json_schema()
+    data = schema["$defs"]["DataParams"]["properties"]
+    data["dataset"] = {**data["dataset"], "enum": available_sources()}
+    data["shadow_dataset"]["anyOf"][0]["enum"] = available_sources()
     attack = schema["$defs"]["AttackParams"]["properties"]
     attack.pop("options")  # written as attack.<name> sections
     attack.update({name: cls.Options.model_json_schema()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpclip.data.sources import Dataset
+from dpclip.data.dataset import Dataset
 from dpclip.data.tabular import CsvTable
 from dpclip.errors import DpclipError
 

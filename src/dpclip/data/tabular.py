@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpclip.data.sources import Dataset
+from dpclip.data.dataset import Dataset
 from dpclip.errors import DpclipError
 
 # A column whose non-missing public cells are at least this fraction numeric is taken as a

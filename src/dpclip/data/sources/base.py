@@ -1,0 +1,69 @@
+"""What a dataset source is.
+
+A source is one module in :mod:`dpclip.data.sources` that defines a subclass of
+:class:`DataSource` and decorates it with :func:`register`; the package finds the module by
+itself. ``data.dataset`` (and ``data.shadow_dataset``, a separate public dataset) names a
+source; ``data.path`` (``data.shadow_path``) is where its files are.
+
+A source is of one of two kinds, which decide how the prepare stage encodes it:
+
+* ``arrays``: :meth:`DataSource.read` returns a :class:`~dpclip.data.dataset.Dataset` of
+  float features already scaled by fixed constants (nothing fitted on the data);
+* ``table``: it returns a :class:`~dpclip.data.tabular.CsvTable` of raw columns, which the
+  prepare stage encodes with statistics and vocabularies fitted on public rows only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Literal
+
+from dpclip.errors import bad_value
+
+KINDS = ("arrays", "table")
+
+
+class DataSource(ABC):
+    """Base class. A subclass sets ``name``, ``kind`` and ``description`` and implements
+    :meth:`read`; ``needs_path`` (with ``path_help``, what the path must name) when it cannot
+    find its files by itself."""
+
+    name: ClassVar[str] = ""  # data.dataset's value
+    kind: ClassVar[Literal["arrays", "table"]] = "arrays"
+    description: ClassVar[str] = ""
+    needs_path: ClassVar[bool] = False
+    path_help: ClassVar[str] = ""  # "the folder of python pickle batches"
+
+    @classmethod
+    def check(cls, data, role: str) -> list[str]:
+        """Problems of the ``data`` parameters for this source in ``role`` (``data.dataset`` or
+        ``data.shadow_dataset``), one line each naming the key; by default the path when
+        ``needs_path``."""
+        path_key = "data.path" if role == "data.dataset" else "data.shadow_path"
+        if cls.needs_path and getattr(data, path_key.split(".")[1]) is None:
+            return [bad_value(path_key, None, f"is required when {role} is {cls.name!r} "
+                                              f"({cls.path_help})")]
+        return []
+
+    @abstractmethod
+    def read(self, path: str | None, data, key: str):
+        """The dataset at ``path`` (None: the source's own default), read with the ``data``
+        parameters; errors name ``key``, the parameter that gave the path."""
+
+
+REGISTRY: dict[str, type[DataSource]] = {}
+
+
+def register(cls: type[DataSource]) -> type[DataSource]:
+    """Class decorator: make a source known by ``cls.name``; a second class under a known name
+    is refused (a record would name a dataset that was not read)."""
+    if not cls.name or cls.kind not in KINDS or not cls.description:
+        raise ValueError(f"source {cls.__name__}: name, description and a kind of {KINDS} "
+                         f"are required")
+    known = REGISTRY.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != \
+            (cls.__module__, cls.__qualname__):
+        raise ValueError(f"dataset source {cls.name!r} is already registered by "
+                         f"{known.__module__}")
+    REGISTRY[cls.name] = cls
+    return cls

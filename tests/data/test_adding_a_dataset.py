@@ -1,0 +1,63 @@
+"""Adding a dataset source is one new file: the example of docs/adding-a-dataset.md, dropped
+into a plugin folder of the sources package, is found, validated, read and split by the
+prepare stage, and trained and evaluated on, with no other edit."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+from conftest import PROJECT
+
+import dpclip.data.sources
+from dpclip.config import parse_params
+from dpclip.data.sources import available_sources, discover
+from dpclip.data.sources.base import REGISTRY
+from dpclip.errors import ConfigError
+from dpclip.io import read_json
+from dpclip.layout import Layout
+from dpclip.stages.evaluate import evaluate
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
+from dpclip.stages.train import train
+
+
+def docs_example() -> str:
+    text = (PROJECT / "docs" / "adding-a-dataset.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.fixture
+def breast_cancer(tmp_path, monkeypatch):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "breast_cancer.py").write_text(docs_example())
+    monkeypatch.setattr(dpclip.data.sources, "__path__",
+                        [*dpclip.data.sources.__path__, str(folder)])
+    discover()
+    yield "breast_cancer"
+    REGISTRY.pop("breast_cancer", None)
+    sys.modules.pop("dpclip.data.sources.breast_cancer", None)
+
+
+def test_the_documented_source_is_read_split_trained_and_evaluated(breast_cancer, tiny_raw,
+                                                                   tmp_path):
+    assert breast_cancer in available_sources()
+    with pytest.raises(ConfigError, match=r"data\.dataset: 'breast_cancr' is not one of"):
+        parse_params(tiny_raw(data={"dataset": "breast_cancr"}))
+    params = parse_params(tiny_raw(
+        data={"dataset": breast_cancer}, train={"methods": ["dp_sgd"], "epochs": 2},
+        evaluate={"ir_attack": False}, audit={"kinds": []}, attack={"references": 0}))
+    layout = Layout(tmp_path)
+    meta = prepare(params, layout)
+    assert meta["feature_shape"] == [30] and meta["classes"] == ["malignant", "benign"]
+    assert sum(meta["sizes"].values()) == 569  # every record in exactly one split
+    x = np.load(layout.prepared / "target_train.npz")["x"]
+    assert x.min() >= 0 and np.isfinite(x).all()  # log(1 + v) of non-negative features
+    partition(params, "iid", layout)
+    train(params, "dp_sgd", 8, "iid", 0, layout, progress=False)
+    metrics = evaluate(params, "dp_sgd", 8, "iid", 0, layout)
+    assert metrics["dataset"] == breast_cancer and 0 <= metrics["utility"]["accuracy"] <= 1
+    assert read_json(layout.prepared_meta)["dataset"] == breast_cancer
