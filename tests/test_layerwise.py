@@ -179,7 +179,42 @@ def test_cnn_maps_are_pooled_to_the_documented_shapes():
 # --- the shadow stage, lm_dp_sgd and evaluate through the CLI ------------------------------------
 
 def _project(tmp_path, tiny_raw, write_params, **override):
+    """A prepared project whose methods read the shadow risk (lm_dp_sgd), unless ``train``
+    is overridden: without one the shadow stage trains nothing."""
+    override.setdefault("train", {"methods": ["dp_sgd", "lm_dp_sgd"]})
     return prepared_project(tmp_path, tiny_raw(**override), write_params)
+
+
+def test_the_shadow_model_trains_only_when_needed_and_is_kept_while_current(
+        tmp_path, tiny_raw, write_params, capsys):
+    """Without a method that reads the risk nothing is trained and risk.json says why; with
+    one, the model trains once and a second call with the same inputs keeps it (a change of
+    train.methods that still needs it costs nothing); a changed input trains it again."""
+    base = _project(tmp_path, tiny_raw, write_params, train={"methods": ["dp_sgd"]},
+                    shadow={"epochs": 1})
+    assert main([*base, "shadow"]) == 0
+    assert "no shadow model: no method of train.methods ['dp_sgd']" in capsys.readouterr().out
+    risk = json.loads((tmp_path / "shadow" / "risk.json").read_text())
+    assert risk["needed"] is False and "lm_dp_sgd" in risk["reason"]
+    assert sorted(p.name for p in (tmp_path / "shadow").iterdir()) == ["risk.json"]
+    raw = tiny_raw(train={"methods": ["dp_sgd", "lm_dp_sgd"]}, shadow={"epochs": 1})
+    write_params(raw)
+    assert main([*base, "shadow"]) == 0
+    model = tmp_path / "shadow" / "model.pt"
+    first = model.stat().st_mtime_ns
+    assert json.loads((tmp_path / "shadow" / "risk.json").read_text())["needed"] is True
+    raw["train"]["methods"] = ["lm_dp_sgd"]
+    write_params(raw)
+    assert main([*base, "shadow"]) == 0
+    assert model.stat().st_mtime_ns == first  # kept
+    raw["shadow"]["seed"] = 1
+    write_params(raw)
+    assert main([*base, "shadow"]) == 0
+    assert model.stat().st_mtime_ns != first  # trained again
+    raw["train"]["methods"] = ["dp_sgd"]
+    write_params(raw)
+    assert main([*base, "shadow"]) == 0
+    assert not model.exists()  # nothing left that could pass for current
 
 
 def test_shadow_lm_dp_sgd_and_layerwise_evaluation_end_to_end(tmp_path, tiny_raw, write_params,

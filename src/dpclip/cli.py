@@ -234,6 +234,9 @@ def _dispatch(args, params, layout) -> int:
         return 0
     if args.command == "shadow":
         rec = _stage("shadow")(params, layout, progress=not args.quiet)
+        if not rec.get("needed", True):
+            print(f"no shadow model: {rec['reason']}")
+            return 0
         risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in rec["layers"].items())
         print(f"shadow model (holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer MIA "
               f"error rate ({rec['risk_eval']}): {risks}")

@@ -404,9 +404,9 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
 def _log_shadow(mlflow, layout: Layout) -> None:
     """The shadow stage's per-layer risk on the pipeline's parent run (it serves every
     configuration): ``shadow_er_<layer>`` metrics, the risk file and its plot."""
-    if not layout.shadow_risk.exists():
+    risk = read_json(layout.shadow_risk) if layout.shadow_risk.exists() else {}
+    if not risk.get("layers"):  # no shadow stage, or no method needed it
         return
-    risk = read_json(layout.shadow_risk)
     mlflow.log_metrics({f"shadow_er_{name}": v["error_rate"]
                         for name, v in risk["layers"].items()})
     mlflow.log_metric("shadow_accuracy", risk["shadow_accuracy"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -235,4 +236,27 @@ EVALUATE = RunStage(
     outputs=_evaluate_outputs,
     provenance=lambda layout, key: layout.figures(key.name) / "provenance.json",
     result=lambda layout, key: layout.metrics(key.name),
+)
+
+
+def shadow_key(params):
+    """The shadow model as a run: trained by the ``non_private`` method (no privacy: public
+    data) with ``shadow.seed`` on the ``shadow.alpha`` skew of the public split."""
+    return SimpleNamespace(name="shadow", method="non_private", epsilon=None,
+                           alpha=params.shadow.alpha, seed=params.shadow.seed)
+
+
+SHADOW = RunStage(
+    name="shadow",
+    # what dvc.yaml's shadow stage lists but train.methods, which decides whether it runs
+    params=("shadow", "attack.classifier", "attack.folds", "attack.max_features",
+            "attack.max_records", "train.model", "train.hidden", "train.optimizer", "train.lr",
+            "train.momentum", "train.threads"),
+    code=("dpclip.stages.shadow",),
+    reads_method_options=False,
+    data=lambda layout, key: {"data/prepared": layout.prepared},
+    outputs=lambda layout, key: {f"shadow/{name}": layout.shadow / name
+                                 for name in ("risk.json", "model.pt", "risk.png")},
+    provenance=lambda layout, key: layout.shadow / "provenance.json",
+    result=lambda layout, key: layout.shadow_risk,
 )

@@ -174,9 +174,9 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 
 def _shadow_notes(layout: Layout) -> list[str]:
-    if not layout.shadow_risk.exists():
+    risk = read_json(layout.shadow_risk) if layout.shadow_risk.exists() else {}
+    if not risk.get("layers"):  # no shadow stage, or no method needed it
         return []
-    risk = read_json(layout.shadow_risk)
     rates = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in risk["layers"].items())
     return [f"Shadow-model risk ER per layer ({risk['risk_eval']}, {risk['classifier']}; "
             f"lower = leakier), used by lm_dp_sgd: {rates}."]

@@ -13,8 +13,12 @@ estimate (lower error = higher risk). ``shadow.risk_eval: cv`` scores held-out f
 Also recorded: the public per-layer gradient-norm shares, mean_i n_i^(l) / n_i over the shadow
 members under the trained shadow weights, which ``lm_dp_sgd``'s ``public`` weight mode uses.
 
-Writes ``shadow/risk.json`` (with the architecture it was computed for), ``shadow/model.pt``
-and ``shadow/risk.png``.
+Writes ``shadow/risk.json`` (with the architecture it was computed for), ``shadow/model.pt``,
+``shadow/risk.png`` and ``shadow/provenance.json`` (what it was made from). It trains only when
+a configured method reads the risk (``needs_shadow_risk``: ``lm_dp_sgd``); otherwise
+``risk.json`` says that none does and why, and nothing is trained. A shadow model whose inputs
+(parameters, code, the prepared data) are unchanged is kept, so a change of ``train.methods``
+that still needs it costs nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_torch
 from dpclip.layout import Layout
+from dpclip.methods import get_method
+from dpclip.methods.base import REGISTRY
 from dpclip.models import parameterised_layers
 from dpclip.naming import alpha_tag
 from dpclip.plots import layer_attack_figure
+from dpclip.stages.provenance import SHADOW, shadow_key
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
@@ -89,7 +96,41 @@ def _at_most(positions: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
     return positions[np.sort(pick)]
 
 
-def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> dict:
+def methods_needing_risk(params: Params) -> list[str]:
+    """The configured methods that read the shadow stage's risk (``needs_shadow_risk``)."""
+    return [m for m in params.train.methods if get_method(m).needs_shadow_risk]
+
+
+def not_needed(params: Params, layout: Layout) -> dict:
+    """Write a risk file that says why there is no shadow model, and remove the outputs of an
+    earlier one (nothing may pass for current)."""
+    for name in ("model.pt", "risk.png", "provenance.json"):
+        (layout.shadow / name).unlink(missing_ok=True)
+    needing = [name for name, cls in REGISTRY.items() if cls.needs_shadow_risk]
+    record = {"needed": False, "reason": f"no method of train.methods {params.train.methods} "
+                                         f"reads the shadow risk (those that do: {needing})"}
+    write_json(layout.shadow_risk, record)
+    return record
+
+
+def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
+           force: bool = False) -> dict:
+    """The shadow model's per-layer risk (module docstring), when a configured method reads
+    it; else a risk file saying it was not needed. A shadow model made from the same inputs
+    (:data:`~dpclip.stages.provenance.SHADOW`) is kept unless ``force``."""
+    if not methods_needing_risk(params):
+        return not_needed(params, layout)
+    key = shadow_key(params)
+    reused = None if force else SHADOW.reuse(params, key, layout)
+    if reused is not None:
+        return reused
+    inputs = SHADOW.inputs(params, key, layout)
+    record = train_shadow(params, layout, progress)
+    SHADOW.record(layout, key, inputs)
+    return record
+
+
+def train_shadow(params: Params, layout: Layout, progress: bool) -> dict:
     use_threads(params.train.threads)
     meta = read_json(layout.prepared_meta)
     x_in, y_in, _ = load_split(layout, "shadow_train")
@@ -116,6 +157,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True) -> 
     for name, share in zip(parameterised_layers(model), _norm_shares(model, x_in, y_in)):
         layers[name]["norm_share"] = float(share)
     record = {
+        "needed": True,
         "architecture": architecture(params, meta), "layer_names": list(layers),
         "risk_eval": params.shadow.risk_eval, "classifier": a.classifier,
         "alpha": None if params.shadow.alpha == IID else params.shadow.alpha,
