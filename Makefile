@@ -31,12 +31,12 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet -r $(VENV)/requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	# `dvc plots show` without a network: Vega inline (fetched once from npm, SHA-512 checked)
-	$(BIN)/python -m dpclip.offline_plots || echo "warning: dvc plots show will load Vega from its CDN"
+	$(BIN)/python -m dpclip.reporting.offline_plots || echo "warning: dvc plots show will load Vega from its CDN"
 	touch $(STAMP)
 
 run: install
 	@start=$$(date +%s); \
-	dvc repro 2>&1 | $(BIN)/python -m dpclip.stage_times && end=$$(date +%s) && \
+	dvc repro 2>&1 | $(BIN)/python -m dpclip.reporting.stage_times && end=$$(date +%s) && \
 	echo && cat reports/summary.txt && echo && \
 	echo "Every column of every run: reports/comparison.md (.csv); over seeds: reports/seeds.csv" && \
 	echo "Figures: reports/*.png, per run: figures/<run>/; dvc plots show; dpclip compare" && \

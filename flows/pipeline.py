@@ -49,7 +49,7 @@ from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs
 from dpclip.stages.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
-from dpclip.summary_table import HEADERS, LEGEND, cells
+from dpclip.reporting.summary_table import HEADERS, LEGEND, cells
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 

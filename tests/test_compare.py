@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpclip.compare import (MAX_WIDTH, changed_params, compare_text, comparison_rows,
+from dpclip.reporting.compare import (MAX_WIDTH, changed_params, compare_text, comparison_rows,
                             experiments_from_json, select)
 from dpclip.errors import DpclipError
 

@@ -13,7 +13,7 @@ import yaml
 
 from dpclip.cli import main
 from dpclip.errors import DpclipError
-from dpclip.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE, NOT_REPRODUCED,
+from dpclip.reporting.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE, NOT_REPRODUCED,
                              UNTESTABLE, evidence, for_configuration, judge, load_claims)
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -327,7 +327,7 @@ def test_a_claim_about_some_variants_reads_only_those():
 
 
 def test_an_ablation_is_shown_per_variant_beside_the_claimed_method(tmp_path):
-    from dpclip.evidence import ablation_lines
+    from dpclip.reporting.evidence import ablation_lines
 
     def write(preset, variant, accuracies, c_final):
         folder = tmp_path / preset / variant / "reports"

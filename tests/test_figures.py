@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 
-from dpclip import plots  # noqa: E402
+from dpclip.reporting import plots  # noqa: E402
 from dpclip.config import parse_params  # noqa: E402
 from dpclip.io import write_csv_frame, write_json  # noqa: E402
 from dpclip.layout import Layout  # noqa: E402
@@ -103,7 +103,7 @@ class Drawn:
 
 @pytest.fixture
 def drawn(monkeypatch) -> dict[str, Drawn]:
-    """The figures written through :mod:`dpclip.plots` in the test, by file name, looked at
+    """The figures written through :mod:`dpclip.reporting.plots` in the test, by file name, looked at
     just before they are saved."""
     from matplotlib.text import Text
 

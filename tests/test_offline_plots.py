@@ -10,7 +10,7 @@ import pytest
 from dvc_render.html import HTML
 
 from dpclip.errors import DpclipError
-from dpclip.offline_plots import SCRIPTS, check_versions, dvc_versions, page, verified
+from dpclip.reporting.offline_plots import SCRIPTS, check_versions, dvc_versions, page, verified
 
 
 def test_the_pinned_versions_are_those_dvc_loads():

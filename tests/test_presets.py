@@ -16,7 +16,7 @@ from dpclip.config import parse_params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.presets import available_presets, load_preset, variant_params
-from dpclip.seed_stats import minimum_exact_seeds, seeds_needed
+from dpclip.reporting.seed_stats import minimum_exact_seeds, seeds_needed
 
 PROJECT = Path(__file__).resolve().parents[1]
 

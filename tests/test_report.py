@@ -183,7 +183,7 @@ def test_one_seed_says_no_difference_is_tested(reported):
 
 
 def test_several_seeds_give_intervals_and_paired_verdicts(tmp_path):
-    from dpclip.seed_stats import paired_comparison, seed_summary
+    from dpclip.reporting.seed_stats import paired_comparison, seed_summary
     from dpclip.stages.report import seeds_section
 
     def section(frame):

@@ -12,7 +12,7 @@ import pytest
 
 import itertools
 
-from dpclip.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison, paired_test,
+from dpclip.reporting.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison, paired_test,
                                seed_summary, seeds_needed, sign_flip_test, verdict)
 
 
@@ -188,7 +188,7 @@ def test_the_exact_tests_power_is_below_the_t_tests_at_small_n():
     at 6 seeds it rejects only when every sign agrees (p = 2/64)."""
     from scipy import stats
 
-    from dpclip.seed_stats import sign_flip_power
+    from dpclip.reporting.seed_stats import sign_flip_power
 
     def simulated(n, ratio, draws=600):
         rng = np.random.default_rng(99)

@@ -1,4 +1,4 @@
-"""``python -m dpclip.stage_times``: the per-stage time table of ``make run``."""
+"""``python -m dpclip.reporting.stage_times``: the per-stage time table of ``make run``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dpclip.stage_times import main, stage_seconds, summarise
+from dpclip.reporting.stage_times import main, stage_seconds, summarise
 
 
 def test_each_stage_lasts_until_the_next_one_starts():
@@ -58,7 +58,7 @@ def test_the_record_is_outside_every_dvc_output():
     import yaml
 
     from conftest import PROJECT
-    from dpclip.stage_times import RECORD
+    from dpclip.reporting.stage_times import RECORD
 
     stages = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]
     outputs = [str(next(iter(o)) if isinstance(o, dict) else o).split("$")[0]

@@ -7,8 +7,8 @@ import math
 
 import pandas as pd
 
-from dpclip.seed_stats import paired_comparison, seed_summary
-from dpclip.summary_table import MAX_WIDTH, summary_frame, text_table
+from dpclip.reporting.seed_stats import paired_comparison, seed_summary
+from dpclip.reporting.summary_table import MAX_WIDTH, summary_frame, text_table
 
 T_975_DF5 = 2.570582  # Student t quantile, 0.975, 5 degrees of freedom (tables)
 

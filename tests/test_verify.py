@@ -9,7 +9,7 @@ import pytest
 
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
-from dpclip.verify import check_run, verify, verify_text
+from dpclip.reporting.verify import check_run, verify, verify_text
 
 SUMMARY = {"epsilon": 7.998399784936951, "accuracy": 0.9171, "ece": 0.1342,
            "attack_auc": 0.5092}

@@ -194,7 +194,7 @@ def _preset(args) -> int:
 
 
 def _compare(args) -> int:
-    from dpclip.compare import compare_text, dvc_experiments, select
+    from dpclip.reporting.compare import compare_text, dvc_experiments, select
 
     try:
         experiments = select(dvc_experiments(Path(args.root), args.rev, args.num),
@@ -207,7 +207,7 @@ def _compare(args) -> int:
 
 
 def _evidence(args) -> int:
-    from dpclip.evidence import write_evidence
+    from dpclip.reporting.evidence import write_evidence
 
     root = Path(args.root)
     command = "dpclip evidence" + ("" if args.out == "reports/evidence.md" else
@@ -263,7 +263,7 @@ def _dispatch(args, params, layout) -> int:
             print(describe(result.mlflow))
         return 0
     if args.command == "verify":
-        from dpclip.verify import verify, verify_text
+        from dpclip.reporting.verify import verify, verify_text
 
         checks = verify([k.name for k in configured_runs(params)], layout, args.against)
         print(verify_text(checks, args.against, layout))

@@ -7,7 +7,7 @@ differs from the paper, and why), ``params`` (an overlay of params.yaml) and opt
 Each variant runs the same stage functions DVC runs, in order, in its own project folder
 ``results/presets/<name>/<variant>/`` (its merged ``params.yaml`` beside its outputs), so the
 presets never touch the main pipeline's outputs. ``preset.json`` there records the deviations
-and the wall time of each variant; :mod:`dpclip.evidence` reads the results.
+and the wall time of each variant; :mod:`dpclip.reporting.evidence` reads the results.
 
 ``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``
 (default: ``datasets/`` in the project, which git ignores), where the real MNIST,
@@ -195,7 +195,7 @@ def _training_seconds(root: Path) -> float:
 def _needed(name: str, project: Path) -> int | None:
     """The most paired seeds an inconclusive claim on this preset needs (None: none does, or
     no estimate)."""
-    from dpclip.evidence import INCONCLUSIVE, evidence
+    from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 
     wanted = [f.seeds_needed for f in evidence(project / PRESETS / "claims.yaml",
                                                project / RESULTS)
@@ -210,11 +210,11 @@ def seeds_by_power(name: str, budget_s: float, *, project: Path = Path("."),
 
     Runs ``first`` seeds (default: the exact test's minimum), judges the preset's claims and
     takes the largest number of paired seeds an inconclusive claim needs at 80% power from the
-    observed spread (:func:`dpclip.seed_stats.seeds_needed`); runs that many, or as many as the
+    observed spread (:func:`dpclip.reporting.seed_stats.seeds_needed`); runs that many, or as many as the
     budget affords at the training time per seed the runs' own timing files give (evaluation
     not counted), judges again (the spread is re-estimated), and records in ``preset.json``
     what was needed, what ran and whether the budget capped it (the evidence report says so)."""
-    from dpclip.seed_stats import minimum_exact_seeds
+    from dpclip.reporting.seed_stats import minimum_exact_seeds
 
     seeds = first or minimum_exact_seeds()
     record = run_preset(name, project=project, seeds=seeds, **options)

@@ -50,7 +50,7 @@ from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
                             reliability_bins, roc_points, strongest_attack)
 from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
-from dpclip.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
+from dpclip.reporting.plots import (clip_figure, early_stopping_figure, layer_attack_figure,
                           reliability_figure, roc_figure)
 from dpclip.stages.provenance import EVALUATE
 from dpclip.threads import use_threads

@@ -34,7 +34,7 @@ from dpclip.audit.status import audit_status
 from dpclip.io import read_json, write_csv_frame
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag
-from dpclip.seed_stats import mean_interval
+from dpclip.reporting.seed_stats import mean_interval
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
 ROC_FOLDER = "roc"  # roc/<attack>.csv
@@ -137,7 +137,7 @@ PRIVACY_UTILITY_SEEDS = ["series", "method", "alpha", "target_epsilon", "seeds",
 
 def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     """One row per (method, alpha, target epsilon) with a DP claim: the mean over its seeds of
-    the epsilon spent and, with a 95% interval (:func:`dpclip.seed_stats.mean_interval`; none
+    the epsilon spent and, with a 95% interval (:func:`dpclip.reporting.seed_stats.mean_interval`; none
     for one seed), of accuracy, ECE and the headline attack's TPR at the honest low FPR: the
     curves and their bands against epsilon."""
     groups: dict[tuple, list[dict]] = {}

@@ -15,7 +15,7 @@ from dpclip.data.splits import dirichlet_subsample
 from dpclip.io import atomic_dir, read_json, write_json
 from dpclip.layout import Layout
 from dpclip.naming import alpha_tag
-from dpclip.plots import partition_histogram_figure
+from dpclip.reporting.plots import partition_histogram_figure
 
 
 def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:

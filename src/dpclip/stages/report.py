@@ -16,13 +16,13 @@ from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
 from dpclip.naming import RunKey, configured_runs
-from dpclip.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
+from dpclip.reporting.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
                           privacy_utility_figure, roc_figure)
-from dpclip.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
+from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
                                seed_summary)
 from dpclip.stages.overlays import read_roc, write_overlays
-from dpclip.summary_table import LEGEND, legend, summary_frame, text_table
-from dpclip.summary_table import markdown_table as summary_markdown
+from dpclip.reporting.summary_table import LEGEND, legend, summary_frame, text_table
+from dpclip.reporting.summary_table import markdown_table as summary_markdown
 from dpclip.tracking import log_pipeline
 
 
@@ -93,7 +93,7 @@ def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
     """The largest TPR at ``fpr`` any attack may reach in our membership game under the run's
     DP claim, min(1, e^eps' fpr + delta', 1 - e^-eps' (1 - delta' - fpr)) with (eps', delta')
     of its adjacency (:func:`dpclip.metrics.membership_game_bound`: (2 eps, (1 + e^eps) delta)
-    for add/remove, (eps, delta) for replace-one; :func:`dpclip.plots.dp_bound_curve`, the
+    for add/remove, (eps, delta) for replace-one; :func:`dpclip.reporting.plots.dp_bound_curve`, the
     curve the ROC figures draw); None without a DP claim."""
     if dp_bound_unchecked(privacy) is not None:
         return None
@@ -264,7 +264,7 @@ def _range(low, high) -> str:
 
 def seeds_section(summary: pd.DataFrame, paired: pd.DataFrame, out) -> list[str]:
     """Write ``seeds.csv`` (mean and 95% interval of each headline metric per configuration)
-    and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.seed_stats`); return the report's section on
+    and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.reporting.seed_stats`); return the report's section on
     them, which says so when one seed allows no interval and no test."""
     write_csv_frame(out / "seeds.csv", summary)
     write_csv_frame(out / "paired_vs_dp_sgd.csv", paired)

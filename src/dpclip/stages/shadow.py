@@ -41,7 +41,7 @@ from dpclip.methods import get_method
 from dpclip.methods.base import REGISTRY
 from dpclip.models import parameterised_layers
 from dpclip.naming import alpha_tag
-from dpclip.plots import layer_attack_figure
+from dpclip.reporting.plots import layer_attack_figure
 from dpclip.stages.provenance import SHADOW, shadow_key
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model

@@ -1,4 +1,4 @@
-"""Where ``dvc repro``'s seconds go: ``dvc repro 2>&1 | python -m dpclip.stage_times``.
+"""Where ``dvc repro``'s seconds go: ``dvc repro 2>&1 | python -m dpclip.reporting.stage_times``.
 
 Passes DVC's output through unchanged and notes when each "Running stage 'NAME':" line arrives;
 a stage's time is the gap to the next stage's line (or to the end of the output), so it includes

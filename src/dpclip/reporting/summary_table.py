@@ -8,7 +8,7 @@ Columns: the spent epsilon (the largest over seeds; "—" without a DP claim), t
 and the half-width of its 95% Student t interval over seeds (with two or more), ECE, the
 attack chosen in advance (``attack.headline``) with its AUC and its TPR at the honest low FPR,
 the audited lower bound on epsilon (the range over seeds: a mean of lower bounds is no bound),
-and the paired verdicts against ``dp_sgd`` (:mod:`dpclip.seed_stats`) that reach 5%.
+and the paired verdicts against ``dp_sgd`` (:mod:`dpclip.reporting.seed_stats`) that reach 5%.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import textwrap
 
 import pandas as pd
 
-from dpclip.seed_stats import BASELINE, CONFIGURATION, minimum_exact_seeds
+from dpclip.reporting.seed_stats import BASELINE, CONFIGURATION, minimum_exact_seeds
 
 MAX_WIDTH = 120
 METHOD_WIDTH = 24  # longer method names are cut with "…" in the text table
@@ -67,7 +67,7 @@ def summary_frame(table: pd.DataFrame, seeds: pd.DataFrame,
                   paired: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration of the comparison ``table`` (the report's, one row per run),
     from its per-seed summary ``seeds`` and paired comparison ``paired``
-    (:func:`dpclip.seed_stats.seed_summary`, :func:`~dpclip.seed_stats.paired_comparison`)."""
+    (:func:`dpclip.reporting.seed_stats.seed_summary`, :func:`~dpclip.reporting.seed_stats.paired_comparison`)."""
     rows = []
     for record in seeds.to_dict(orient="records"):
         configuration = tuple(record[c] for c in CONFIGURATION)

@@ -5,7 +5,7 @@ file: its effect, and its own baseline), ours with intervals (from each preset r
 ``reports/comparison.csv``, which the report stage makes from the metrics files), and one of
 four verdicts. Seeds pair the runs (same seed: same partition, initialisation and sampling where
 the method allows); each configuration (target epsilon, alpha, variant, and baseline where a
-claim names several) is the paired test of :func:`dpclip.seed_stats.paired_test` (the exact
+claim names several) is the paired test of :func:`dpclip.reporting.seed_stats.paired_test` (the exact
 sign-flip test up to 16 seeds). In the claim's favourable orientation (a gain is positive: the
 method minus the baseline for a higher-is-better metric, the baseline minus the method
 otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's effect
@@ -27,7 +27,7 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
   paper's), so whatever the comparison says is not about the claim;
 * **inconclusive**: neither: the interval contains both no effect and the paper's effect. The
   report says how many seeds would decide it at 80% power from the observed spread
-  (:func:`dpclip.seed_stats.seeds_needed`; the effect to detect is e, or e + margin for
+  (:func:`dpclip.reporting.seed_stats.seeds_needed`; the effect to detect is e, or e + margin for
   ``within``), never fewer than the 6 the exact test needs to reach 5% at all.
 
 A zero-width interval (the same difference on every seed) decides nothing. A claim is "not
@@ -47,7 +47,7 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
-from dpclip.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval, minimum_exact_seeds,
+from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval, minimum_exact_seeds,
                                paired_test, seeds_needed)
 
 HELD, CONTRADICTED, INCONCLUSIVE = "held", "contradicted", "inconclusive"
@@ -517,7 +517,7 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
              f"(`{results}/<preset>/<variant>/reports/comparison.csv`), as fractions where the "
              "papers give percentages. Each claim is paired over seeds per configuration "
              "(exact sign-flip test and its interval up to 16 seeds, which cannot reach 5% "
-             f"below {minimum_exact_seeds()} seeds; 95% intervals; `dpclip.evidence`). A "
+             f"below {minimum_exact_seeds()} seeds; 95% intervals; `dpclip.reporting.evidence`). A "
              "verdict is one of:", ""]
     lines += [f"- **{name}**: {meaning}." for name, meaning in VERDICT_MEANINGS.items()]
     lines += ["", "| claim | source | verdict | seeds to decide | our baseline / the paper's "
@@ -565,7 +565,7 @@ def write_evidence(claims_path: Path, results: Path, out: Path, command: str) ->
     tested claim in ``<out stem>/`` (the method and its baselines, mean and 95% interval)."""
     import markdown
 
-    from dpclip.plots import claim_figure
+    from dpclip.reporting.plots import claim_figure
 
     findings = evidence(claims_path, results)
     figures = {}

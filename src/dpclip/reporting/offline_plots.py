@@ -7,7 +7,7 @@ registry once, checks each archive against the registry's published SHA-512, and
 ``plots.html_template``, so plain ``dvc plots show`` and ``dvc plots diff`` use it. ``make
 install`` runs this; it needs the network once, like ``pip``.
 
-    python -m dpclip.offline_plots [--project DIR]
+    python -m dpclip.reporting.offline_plots [--project DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ PAGE = """<!DOCTYPE html>
     <meta charset="utf-8">
     <title>dpclip plots</title>
     <!-- Vega {vega}, Vega-Lite {vega_lite}, Vega-Embed {vega_embed} (BSD-3-Clause), inline so
-         that the page renders offline. Written by `python -m dpclip.offline_plots`. -->
+         that the page renders offline. Written by `python -m dpclip.reporting.offline_plots`. -->
 {scripts}
     <style>
         body {{ font-family: sans-serif; }}
@@ -78,7 +78,7 @@ def check_versions() -> None:
     wanted = dvc_versions()
     pinned = {name: version for name, (version, _, _) in SCRIPTS.items()}
     if wanted != pinned:
-        raise DpclipError(f"dvc_render loads {wanted}, dpclip.offline_plots pins {pinned}: "
+        raise DpclipError(f"dvc_render loads {wanted}, dpclip.reporting.offline_plots pins {pinned}: "
                           "update SCRIPTS (version and the registry's dist.integrity)")
 
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = install(args.project)
     except DpclipError as err:
-        print(f"dpclip.offline_plots: {err}; `dvc plots show` keeps loading Vega from its CDN",
+        print(f"dpclip.reporting.offline_plots: {err}; `dvc plots show` keeps loading Vega from its CDN",
               file=sys.stderr)
         return 1
     print(f"dvc plots show now renders offline: {path} (.dvc/config.local: "
