@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dpclip.reporting.compare import (MAX_WIDTH, changed_params, compare_text, comparison_rows,
-                            experiments_from_json, select)
+                                      experiments_from_json, select)
 from dpclip.errors import DpclipError
 
 

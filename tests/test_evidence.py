@@ -13,8 +13,9 @@ import yaml
 
 from dpclip.cli import main
 from dpclip.errors import DpclipError
-from dpclip.reporting.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE, NOT_REPRODUCED,
-                             UNTESTABLE, evidence, for_configuration, judge, load_claims)
+from dpclip.reporting.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE,
+                                       NOT_REPRODUCED, UNTESTABLE, evidence, for_configuration,
+                                       judge, load_claims)
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,9 @@ import pytest
 
 import itertools
 
-from dpclip.reporting.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison, paired_test,
-                               seed_summary, seeds_needed, sign_flip_test, verdict)
+from dpclip.reporting.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison,
+                                         paired_test, seed_summary, seeds_needed, sign_flip_test,
+                                         verdict)
 
 
 def test_the_t_interval_by_hand():

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from dpclip.artifacts import load_split
-from dpclip.config import Params
+from dpclip.config import Params, load_params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
@@ -186,10 +187,8 @@ def peak_memory(params_path: str, root: str, name: str, steps: int, model: str,
 
 
 def _child_memory(params_path: str, root: str, name: str, steps: str, spec: str) -> float:
-    from dpclip.config import load_params
-
     params = with_model(load_params(params_path), **json.loads(spec))
-    layout = Layout(__import__("pathlib").Path(root))
+    layout = Layout(Path(root))
     data = _data(layout)
     step, device, q = _stepper(params, layout, name, data)
     batches = _batches(len(data[0]), q, _WARM_UP + int(steps))

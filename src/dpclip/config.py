@@ -17,6 +17,10 @@ import yaml
 from pydantic import (BeforeValidator, Field, StrictBool, ValidationError, field_validator,
                       model_validator)
 
+from dpclip.attacks import discover as discover_attacks
+from dpclip.attacks import get_attack
+from dpclip.data.sources import available_sources
+from dpclip.data.sources import discover as discover_sources
 from dpclip.errors import ConfigError, DpclipError, bad_value
 from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Real, Section,
                                 Seed, Text, problems_of, unique_list)
@@ -89,9 +93,7 @@ class DataParams(Section):
     def _sources_known_and_complete(self):
         """Each named dataset is a registered source, with what that source needs (its
         path; a CSV's label column)."""
-        from dpclip.data.sources import discover  # late: the sources read the data package
-
-        registry, problems = discover(), []
+        registry, problems = discover_sources(), []
         for role, name in (("data.dataset", self.dataset),
                            ("data.shadow_dataset", self.shadow_dataset)):
             if name is None:
@@ -178,9 +180,7 @@ POPULATIONS = ("public", "shadow_train", "shadow_holdout")
 
 
 def _attack_registry() -> dict:
-    from dpclip.attacks import discover  # late: attack modules read the parameter types
-
-    return discover()
+    return discover_attacks()
 
 
 class AttackParams(Section):
@@ -248,8 +248,6 @@ class AttackParams(Section):
 
     def build(self, name: str):
         """The attack ``name`` with its options from params.yaml."""
-        from dpclip.attacks import get_attack
-
         attack = get_attack(name)
         return attack(attack.Options.model_validate(self.options.get(name, {})))
 
@@ -448,8 +446,6 @@ def json_schema() -> dict:
     """The JSON schema of params.yaml, each registered method's and attack's options included
     (``methods.<name>``, ``attack.<name>``)."""
     from dpclip.methods.base import REGISTRY
-
-    from dpclip.data.sources import available_sources
 
     schema = Params.model_json_schema()
     data = schema["$defs"]["DataParams"]["properties"]

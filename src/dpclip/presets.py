@@ -27,7 +27,18 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
+from dpclip.reporting.evidence import INCONCLUSIVE, evidence
+from dpclip.reporting.seed_stats import minimum_exact_seeds
+from dpclip.stages.audit import audit_all
+from dpclip.stages.evaluate import evaluate_all
+from dpclip.stages.partition import partition
+from dpclip.stages.prepare import prepare
 from dpclip.stages.provenance import TRAIN
+from dpclip.stages.reference import reference_all
+from dpclip.stages.report import report
+from dpclip.stages.shadow import shadow
+from dpclip.stages.train import train_all
+from dpclip.stages.tune import tune
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
@@ -116,16 +127,6 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
 def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True) -> float:
     """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s. Before
     training, the expected training time of the runs to train is printed."""
-    from dpclip.stages.audit import audit_all
-    from dpclip.stages.evaluate import evaluate_all
-    from dpclip.stages.partition import partition
-    from dpclip.stages.prepare import prepare
-    from dpclip.stages.reference import reference_all
-    from dpclip.stages.report import report
-    from dpclip.stages.shadow import shadow
-    from dpclip.stages.train import train_all
-    from dpclip.stages.tune import tune
-
     params_path = root / "params.yaml"
     root.mkdir(parents=True, exist_ok=True)
     write_text(params_path, yaml.safe_dump(raw, sort_keys=False))
@@ -195,8 +196,6 @@ def _training_seconds(root: Path) -> float:
 def _needed(name: str, project: Path) -> int | None:
     """The most paired seeds an inconclusive claim on this preset needs (None: none does, or
     no estimate)."""
-    from dpclip.reporting.evidence import INCONCLUSIVE, evidence
-
     wanted = [f.seeds_needed for f in evidence(project / PRESETS / "claims.yaml",
                                                project / RESULTS)
               if f.claim.get("preset") == name and f.verdict == INCONCLUSIVE]
@@ -210,12 +209,10 @@ def seeds_by_power(name: str, budget_s: float, *, project: Path = Path("."),
 
     Runs ``first`` seeds (default: the exact test's minimum), judges the preset's claims and
     takes the largest number of paired seeds an inconclusive claim needs at 80% power from the
-    observed spread (:func:`dpclip.reporting.seed_stats.seeds_needed`); runs that many, or as many as the
-    budget affords at the training time per seed the runs' own timing files give (evaluation
-    not counted), judges again (the spread is re-estimated), and records in ``preset.json``
+    observed spread (:func:`dpclip.reporting.seed_stats.seeds_needed`); runs that many, or as
+    many as the budget affords at the training time per seed the runs' own timing files give
+    (evaluation not counted), judges again (the spread is re-estimated), and records in ``preset.json``
     what was needed, what ran and whether the budget capped it (the evidence report says so)."""
-    from dpclip.reporting.seed_stats import minimum_exact_seeds
-
     seeds = first or minimum_exact_seeds()
     record = run_preset(name, project=project, seeds=seeds, **options)
     chosen = options.get("variants") or list(record["variants"])

@@ -5,8 +5,8 @@ file: its effect, and its own baseline), ours with intervals (from each preset r
 ``reports/comparison.csv``, which the report stage makes from the metrics files), and one of
 four verdicts. Seeds pair the runs (same seed: same partition, initialisation and sampling where
 the method allows); each configuration (target epsilon, alpha, variant, and baseline where a
-claim names several) is the paired test of :func:`dpclip.reporting.seed_stats.paired_test` (the exact
-sign-flip test up to 16 seeds). In the claim's favourable orientation (a gain is positive: the
+claim names several) is the paired test of :func:`dpclip.reporting.seed_stats.paired_test` (the
+exact sign-flip test up to 16 seeds). In the claim's favourable orientation (a gain is positive: the
 method minus the baseline for a higher-is-better metric, the baseline minus the method
 otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's effect
 (``effect``) and m the number of configurations:
@@ -47,8 +47,9 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
-from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval, minimum_exact_seeds,
-                               paired_test, seeds_needed)
+from dpclip.reporting.plots import claim_figure
+from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval,
+                                         minimum_exact_seeds, paired_test, seeds_needed)
 
 HELD, CONTRADICTED, INCONCLUSIVE = "held", "contradicted", "inconclusive"
 NOT_REPRODUCED, UNTESTABLE = "setting not reproduced", "not testable here"
@@ -564,8 +565,6 @@ def write_evidence(claims_path: Path, results: Path, out: Path, command: str) ->
     """Write the verdict report as Markdown at ``out`` and as HTML beside it, with a figure per
     tested claim in ``<out stem>/`` (the method and its baselines, mean and 95% interval)."""
     import markdown
-
-    from dpclip.reporting.plots import claim_figure
 
     findings = evidence(claims_path, results)
     figures = {}

@@ -78,8 +78,8 @@ def check_versions() -> None:
     wanted = dvc_versions()
     pinned = {name: version for name, (version, _, _) in SCRIPTS.items()}
     if wanted != pinned:
-        raise DpclipError(f"dvc_render loads {wanted}, dpclip.reporting.offline_plots pins {pinned}: "
-                          "update SCRIPTS (version and the registry's dist.integrity)")
+        raise DpclipError(f"dvc_render loads {wanted}, dpclip.reporting.offline_plots pins "
+                          f"{pinned}: update SCRIPTS (version and the registry's dist.integrity)")
 
 
 def verified(data: bytes, integrity: str) -> bytes:
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = install(args.project)
     except DpclipError as err:
-        print(f"dpclip.reporting.offline_plots: {err}; `dvc plots show` keeps loading Vega from its CDN",
-              file=sys.stderr)
+        print(f"dpclip.reporting.offline_plots: {err}; `dvc plots show` keeps loading Vega from "
+              f"its CDN", file=sys.stderr)
         return 1
     print(f"dvc plots show now renders offline: {path} (.dvc/config.local: "
           f"plots.html_template = {CONFIG_VALUE})")

@@ -288,9 +288,9 @@ def layer_attack_figure(path: Path, layers: dict[str, dict], title: str,
 
 def claim_figure(path: Path, rows: list[dict], method: str, metric: str,
                  title: str) -> Path | None:
-    """One claim's comparisons (:mod:`dpclip.reporting.evidence`): per configuration, the method's mean
-    and each baseline's with their 95% intervals over seeds, and the paper's own numbers where
-    the claim gives them (a row's ``paper_method`` and ``paper_baseline``, drawn as crosses);
+    """One claim's comparisons (:mod:`dpclip.reporting.evidence`): per configuration, the
+    method's mean and each baseline's with their 95% intervals over seeds, and the paper's own
+    numbers where the claim gives them (a row's ``paper_method`` and ``paper_baseline``, drawn as crosses);
     the legend right of the axes. None without comparisons."""
     if not rows:
         return None

@@ -137,9 +137,10 @@ PRIVACY_UTILITY_SEEDS = ["series", "method", "alpha", "target_epsilon", "seeds",
 
 def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     """One row per (method, alpha, target epsilon) with a DP claim: the mean over its seeds of
-    the epsilon spent and, with a 95% interval (:func:`dpclip.reporting.seed_stats.mean_interval`; none
-    for one seed), of accuracy, ECE and the headline attack's TPR at the honest low FPR: the
-    curves and their bands against epsilon."""
+    the epsilon spent and, with a 95% interval
+    (:func:`dpclip.reporting.seed_stats.mean_interval`; none for one seed), of accuracy, ECE
+    and the headline attack's TPR at the honest low FPR: the curves and their bands against
+    epsilon."""
     groups: dict[tuple, list[dict]] = {}
     for key in runs:
         summary = read_json(layout.summary(key.name))

@@ -16,13 +16,13 @@ from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
 from dpclip.naming import RunKey, configured_runs
-from dpclip.reporting.plots import (audit_figure, clip_figure, comparison_figure, dp_bound_curve,
-                          privacy_utility_figure, roc_figure)
-from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE, paired_comparison,
-                               seed_summary)
-from dpclip.stages.overlays import read_roc, write_overlays
+from dpclip.reporting.plots import (audit_figure, clip_figure, comparison_figure,
+                                    dp_bound_curve, privacy_utility_figure, roc_figure)
+from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE,
+                                         paired_comparison, seed_summary)
 from dpclip.reporting.summary_table import LEGEND, legend, summary_frame, text_table
 from dpclip.reporting.summary_table import markdown_table as summary_markdown
+from dpclip.stages.overlays import read_roc, write_overlays
 from dpclip.tracking import log_pipeline
 
 
@@ -231,8 +231,9 @@ ADDED_NOTES = [
     "`attack.references` models trained like the run (its configuration, its sampling rate, "
     "steps and noise, on as many records as it had: offline from the public population, online "
     "on halves of members and holdout); — = not run on that row (no reference models: the "
-    "metrics file's `mia.not_run` says why). TPR at 0.1% FPR: with fewer than 10,000 non-members it allows fewer "
-    "than 10 false positives, and below 1000 it is the TPR at no false positive at all. "
+    "metrics file's `mia.not_run` says why). TPR at 0.1% FPR: with fewer than 10,000 "
+    "non-members it allows fewer than 10 false positives, and below 1000 it is the TPR at no "
+    "false positive at all. "
     "`attack`: the attack compared across methods and seeds, chosen in advance "
     "(`attack.headline`); `attack_tpr_at_low_fpr`: its TPR at `attack_low_fpr`, the smallest "
     "FPR that allows 10 false positives (never below 0.1%); `attack_tpr_at_zero_fp`: its TPR "
@@ -264,8 +265,8 @@ def _range(low, high) -> str:
 
 def seeds_section(summary: pd.DataFrame, paired: pd.DataFrame, out) -> list[str]:
     """Write ``seeds.csv`` (mean and 95% interval of each headline metric per configuration)
-    and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.reporting.seed_stats`); return the report's section on
-    them, which says so when one seed allows no interval and no test."""
+    and ``paired_vs_dp_sgd.csv`` (:mod:`dpclip.reporting.seed_stats`); return the report's
+    section on them, which says so when one seed allows no interval and no test."""
     write_csv_frame(out / "seeds.csv", summary)
     write_csv_frame(out / "paired_vs_dp_sgd.csv", paired)
     lines = ["", "## Over seeds", ""]
