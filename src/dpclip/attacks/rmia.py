@@ -19,7 +19,6 @@ from typing import Annotated
 
 import numpy as np
 from pydantic import Field
-from scipy import stats
 
 from dpclip.attacks.base import Attack, AttackEvidence, register
 from dpclip.attacks.common.signals import true_class_probability
@@ -52,7 +51,9 @@ def rmia_scores(target_p: np.ndarray, reference_p: np.ndarray, population_p: np.
     # the fraction takes |Z| + 1 values, so members and non-members between two population
     # ratios tie; break the ties by LR(x) itself, within less than one population step (the
     # order of different fractions is kept), or a threshold could not separate them
-    order = stats.rankdata(ratio_x) / (len(ratio_x) + 1)  # in (0, 1)
+    from scipy.stats import rankdata  # on use: scipy.stats loads slowly (every stage validates)
+
+    order = rankdata(ratio_x) / (len(ratio_x) + 1)  # in (0, 1)
     return fraction + order / (2 * len(ratio_z))
 
 

@@ -12,25 +12,28 @@ With p_y(x) the softmax probability of the true label y of record x:
 from __future__ import annotations
 
 import numpy as np
-from scipy import special
 
 
 def logit_confidence(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """phi = log p_y - log(1 - p_y) from raw logits, stably: the true class's logit minus the
     log-sum-exp of the others. ``logits`` (..., n, C), ``labels`` (n,)."""
+    from scipy.special import logsumexp  # on use: every stage validates the attack registry
+
     logits = np.asarray(logits, dtype=np.float64)
     rows = np.arange(logits.shape[-2])
     true = logits[..., rows, labels]
     others = logits.copy()
     others[..., rows, labels] = -np.inf
-    return true - special.logsumexp(others, axis=-1)
+    return true - logsumexp(others, axis=-1)
 
 
 def true_class_probability(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """p_y = softmax(logits)_y, ``logits`` (..., n, C)."""
+    from scipy.special import logsumexp  # on use, as above
+
     logits = np.asarray(logits, dtype=np.float64)
     rows = np.arange(logits.shape[-2])
-    return np.exp(logits[..., rows, labels] - special.logsumexp(logits, axis=-1))
+    return np.exp(logits[..., rows, labels] - logsumexp(logits, axis=-1))
 
 
 def unseen_fit(logits: np.ndarray, labels: np.ndarray, seen: np.ndarray | None = None
