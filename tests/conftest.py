@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +94,32 @@ def gaussian_records(n: int, seed: int = 0) -> tuple:
     the training-loop tests)."""
     rng = np.random.default_rng(seed)
     return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
+
+
+def docs_example(page: str) -> str:
+    """The first Python block of a documentation page (``adding-a-method.md``)."""
+    text = (PROJECT / "docs" / page).read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """``plugin(package, name, source)``: the module ``source`` saved as ``name`` in a folder
+    that the registry package ``package`` (dotted) searches, and discovered there, as a user's
+    own module would be; the registry and ``sys.modules`` forget it afterwards."""
+    added = []
+
+    def drop(package: str, name: str, source: str) -> str:
+        module = importlib.import_module(package)
+        folder = tmp_path / f"plugins-{package}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{name}.py").write_text(source)
+        monkeypatch.setattr(module, "__path__", [*module.__path__, str(folder)])
+        module.discover()
+        added.append((module, name))
+        return name
+
+    yield drop
+    for module, name in added:
+        module.REGISTRY.pop(name, None)
+        sys.modules.pop(f"{module.__name__}.{name}", None)

@@ -6,17 +6,13 @@ MLflow names and the run's provenance, with no other edit."""
 from __future__ import annotations
 
 import math
-import re
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import PROJECT
+from conftest import docs_example
 
-import dpclip.attacks
-from dpclip.attacks import AttackEvidence, available_attacks, discover, get_attack
-from dpclip.attacks.base import REGISTRY
+from dpclip.attacks import AttackEvidence, available_attacks, get_attack
 from dpclip.config import parse_params
 from dpclip.errors import ConfigError, DpclipError
 from dpclip.io import read_json
@@ -30,23 +26,10 @@ from dpclip.stages.train import train
 from dpclip.tracking import summary_metrics
 
 
-def docs_example() -> str:
-    """The first Python block of the documentation's "Adding an attack" page."""
-    text = (PROJECT / "docs" / "adding-an-attack.md").read_text()
-    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
-
-
 @pytest.fixture
-def mentr(tmp_path, monkeypatch):
+def mentr(plugin):
     """The documented module dropped into a folder the attacks package searches."""
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    (folder / "mentr.py").write_text(docs_example())
-    monkeypatch.setattr(dpclip.attacks, "__path__", [*dpclip.attacks.__path__, str(folder)])
-    discover()
-    yield "mentr"
-    REGISTRY.pop("mentr", None)
-    sys.modules.pop("dpclip.attacks.mentr", None)
+    return plugin("dpclip.attacks", "mentr", docs_example("adding-an-attack.md"))
 
 
 def test_an_unknown_attack_lists_the_known_ones(tiny_raw):

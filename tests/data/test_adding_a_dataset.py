@@ -4,17 +4,13 @@ prepare stage, and trained and evaluated on, with no other edit."""
 
 from __future__ import annotations
 
-import re
-import sys
 
 import numpy as np
 import pytest
-from conftest import PROJECT
+from conftest import docs_example
 
-import dpclip.data.sources
 from dpclip.config import parse_params
-from dpclip.data.sources import available_sources, discover
-from dpclip.data.sources.base import REGISTRY
+from dpclip.data.sources import available_sources
 from dpclip.errors import ConfigError
 from dpclip.io import read_json
 from dpclip.layout import Layout
@@ -24,22 +20,10 @@ from dpclip.stages.prepare import prepare
 from dpclip.stages.train import train
 
 
-def docs_example() -> str:
-    text = (PROJECT / "docs" / "adding-a-dataset.md").read_text()
-    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
-
-
 @pytest.fixture
-def breast_cancer(tmp_path, monkeypatch):
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    (folder / "breast_cancer.py").write_text(docs_example())
-    monkeypatch.setattr(dpclip.data.sources, "__path__",
-                        [*dpclip.data.sources.__path__, str(folder)])
-    discover()
-    yield "breast_cancer"
-    REGISTRY.pop("breast_cancer", None)
-    sys.modules.pop("dpclip.data.sources.breast_cancer", None)
+def breast_cancer(plugin):
+    """The documented module dropped into a folder the sources package searches."""
+    return plugin("dpclip.data.sources", "breast_cancer", docs_example("adding-a-dataset.md"))
 
 
 def test_the_documented_source_is_read_split_trained_and_evaluated(breast_cancer, tiny_raw,

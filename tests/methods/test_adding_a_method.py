@@ -4,21 +4,17 @@ the contract and shown in the report, with no other edit."""
 
 from __future__ import annotations
 
-import re
-import sys
 
 import pytest
-from conftest import PROJECT
+from conftest import docs_example
 from contract import (check_clip_bound, check_declaration, check_determinism,
                       check_empty_batch, check_matched_budget, check_option_validation,
                       check_resume, check_step_metrics)
 
-import dpclip.methods
 from dpclip.config import parse_params
 from dpclip.errors import ConfigError, DpclipError
 from dpclip.layout import Layout
-from dpclip.methods import available_methods, discover, get_method
-from dpclip.methods.base import REGISTRY
+from dpclip.methods import available_methods, get_method
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
@@ -26,23 +22,10 @@ from dpclip.stages.report import report
 from dpclip.stages.train import train
 
 
-def docs_example() -> str:
-    """The first Python block of the documentation's "Adding a method" page."""
-    text = (PROJECT / "docs" / "adding-a-method.md").read_text()
-    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
-
-
 @pytest.fixture
-def per_layer(tmp_path, monkeypatch):
+def per_layer(plugin):
     """The documented module dropped into a folder the methods package searches."""
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    (folder / "per_layer.py").write_text(docs_example())
-    monkeypatch.setattr(dpclip.methods, "__path__", [*dpclip.methods.__path__, str(folder)])
-    discover()
-    yield "per_layer"
-    REGISTRY.pop("per_layer", None)
-    sys.modules.pop("dpclip.methods.per_layer", None)
+    return plugin("dpclip.methods", "per_layer", docs_example("adding-a-method.md"))
 
 
 def test_an_unknown_method_lists_the_known_ones():

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from dpclip.param_types import Section
+from dpclip.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -110,25 +111,21 @@ class Attack(ABC):
         return "roc" if cls.baseline else f"roc_{cls.name}"
 
 
-REGISTRY: dict[str, type[Attack]] = {}
-
-
-def register(cls: type[Attack]) -> type[Attack]:
-    """Class decorator: add an attack to the registry under ``cls.name``. A second class under
-    a registered name is refused (the metrics would name an attack that did not run); importing
-    the same module again replaces its own class."""
+def declaration_problems(cls: type) -> list[str]:
+    """What would make an attack's metrics, files or columns ambiguous."""
     if not (isinstance(cls, type) and issubclass(cls, Attack)):
-        raise TypeError(f"{cls!r} is not an Attack subclass")
-    if not cls.name or not cls.name.isidentifier() or cls.name != cls.name.lower():
-        raise ValueError(f"{cls.__name__}.name must be a lower-case identifier, not "
-                         f"{cls.name!r} (it names files and metrics)")
+        return ["is not an Attack subclass"]
+    problems = []
+    if not cls.name.isidentifier() or cls.name != cls.name.lower():
+        problems.append(f"name must be a lower-case identifier, not {cls.name!r} (it names "
+                        f"files and metrics)")
     if not cls.label or not cls.description:
-        raise ValueError(f"attack {cls.name!r} needs a label and a description")
+        problems.append("needs a label and a description")
     if "scores" in getattr(cls, "__abstractmethods__", ()):
-        raise TypeError(f"attack {cls.name!r} does not implement scores()")
-    known = REGISTRY.get(cls.name)
-    if known is not None and (known.__module__, known.__qualname__) != \
-            (cls.__module__, cls.__qualname__):
-        raise ValueError(f"attack {cls.name!r} is already registered by {known.__module__}")
-    REGISTRY[cls.name] = cls
-    return cls
+        problems.append("does not implement scores()")
+    return problems
+
+
+REGISTRY = Registry("attack", "dpclip.attacks", "Attack", "dpclip.attacks",
+                    check=declaration_problems)
+register = REGISTRY.register  # the class decorator of every attack module

@@ -39,6 +39,7 @@ from dpclip.errors import bad_value
 from dpclip.param_types import NUMBER, problems_of
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
+from dpclip.registry import Registry
 
 
 @dataclass
@@ -282,21 +283,8 @@ class Method:
         self.clip_threshold = float(state["clip_threshold"])
 
 
-REGISTRY: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: make ``cls`` known by ``cls.name``. A name used twice by different
-    classes (another module, or another class) is an error: a plugin cannot silently replace a
-    method; registering the same class again (a re-imported module) is not."""
-    known = REGISTRY.get(cls.name)
-    same = known is not None and (known.__module__, known.__qualname__) == \
-        (cls.__module__, cls.__qualname__)
-    if not cls.name or (known is not None and not same):
-        raise ValueError(f"method name {cls.name!r} is empty or already registered by "
-                         f"{known.__module__ if known else None}")
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY = Registry("method", "dpclip.methods", "Method", "dpclip.methods")
+register = REGISTRY.register  # the class decorator of every method module
 
 
 def read_method_options(raw: object, layer_names: list[str], problems: list[str]) -> dict:

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar, Literal
 
 from dpclip.errors import bad_value
+from dpclip.registry import Registry
 
 KINDS = ("arrays", "table")
 
@@ -51,19 +52,12 @@ class DataSource(ABC):
         parameters; errors name ``key``, the parameter that gave the path."""
 
 
-REGISTRY: dict[str, type[DataSource]] = {}
+def declaration_problems(cls: type) -> list[str]:
+    if cls.kind not in KINDS or not cls.description:
+        return [f"needs a description and a kind of {KINDS}, not {cls.kind!r}"]
+    return []
 
 
-def register(cls: type[DataSource]) -> type[DataSource]:
-    """Class decorator: make a source known by ``cls.name``; a second class under a known name
-    is refused (a record would name a dataset that was not read)."""
-    if not cls.name or cls.kind not in KINDS or not cls.description:
-        raise ValueError(f"source {cls.__name__}: name, description and a kind of {KINDS} "
-                         f"are required")
-    known = REGISTRY.get(cls.name)
-    if known is not None and (known.__module__, known.__qualname__) != \
-            (cls.__module__, cls.__qualname__):
-        raise ValueError(f"dataset source {cls.name!r} is already registered by "
-                         f"{known.__module__}")
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY = Registry("dataset source", "dpclip.data.sources", "DataSource", "dpclip.datasets",
+                    check=declaration_problems)
+register = REGISTRY.register  # the class decorator of every source module
