@@ -12,7 +12,7 @@ Without Dask (``--sequential``, and the served deployment) they run one after an
 flow's process: the stages seed torch's global generator, so running them in threads would make
 results depend on scheduling. A configuration whose inputs did not change
 is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
-that ``dvc repro`` uses (:mod:`dpclip.stages.provenance`), and completes as "up to date". The
+that ``dvc repro`` uses (:mod:`dpclip.provenance`), and completes as "up to date". The
 dependency edges are the real ones (a run's training, its audit and its reference models wait
 for its partition and the shadow stage; its evaluation for those three; the report for every
 evaluation): on Dask a run's reference models train beside other runs' training, and the
@@ -48,7 +48,7 @@ from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
+from dpclip.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
 from dpclip.reporting.summary_table import HEADERS, LEGEND, cells
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"

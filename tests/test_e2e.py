@@ -317,7 +317,7 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
 
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     """The train and evaluate stages run every configuration in one process, but a run whose
-    inputs did not change is not run again (dpclip.stages.provenance). Last in this module: it
+    inputs did not change is not run again (dpclip.provenance). Last in this module: it
     adds a configuration to the shared project (only the commit-and-compare test follows)."""
     _, project, env, _ = dvc_project
     raw = yaml.safe_load((project / "params.yaml").read_text())

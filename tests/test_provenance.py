@@ -1,4 +1,4 @@
-"""Per-run caching inside the batched train and evaluate stages (dpclip.stages.provenance): a
+"""Per-run caching inside the batched train and evaluate stages (dpclip.provenance): a
 change re-runs exactly the runs a per-run DVC stage would have re-run, and dvc.yaml's stages
 list every input of every run, so DVC starts them whenever a run may be stale."""
 
@@ -14,8 +14,8 @@ from conftest import PROJECT
 from dpclip.config import parse_params
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
-from dpclip.stages import provenance
-from dpclip.stages.provenance import AUDIT, EVALUATE, TRAIN
+from dpclip import provenance
+from dpclip.provenance import AUDIT, EVALUATE, TRAIN
 
 METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
 

@@ -62,12 +62,12 @@ def test_no_private_name_is_imported_from_another_module():
 
 def test_every_method_has_its_own_params_section_and_module():
     """A method's runs record its own ``methods.<method>`` section and ``methods/<method>.py``
-    (dpclip.stages.provenance: editing one re-runs only that method's runs); every registered
+    (dpclip.provenance: editing one re-runs only that method's runs); every registered
     method has both."""
     import yaml
 
     from dpclip.methods import available_methods
-    from dpclip.stages.provenance import TRAIN
+    from dpclip.provenance import TRAIN
 
     auto_s = TRAIN.code_files("auto_s")  # its own module, no other method's
     assert "src/dpclip/methods/auto_s.py" in auto_s and "src/dpclip/methods/dp_psac.py" not in auto_s
@@ -141,6 +141,17 @@ def test_the_committed_dvc_lock_matches_the_code_and_parameters():
 
 STAGES = ("prepare", "partition", "shadow", "tune", "train", "audit", "reference", "evaluate",
           "report")
+
+
+def test_no_import_runs_back_up_to_the_stages():
+    """The stages sit on top of the library: apart from the stages themselves, only what runs
+    them (the command, the presets) imports a module of dpclip.stages."""
+    from dpclip.code_closure import direct_imports, package_modules
+
+    runners = {"dpclip.cli", "dpclip.presets", "dpclip.bench"}
+    back = {m: sorted(d for d in direct_imports(m) if d.startswith("dpclip.stages."))
+            for m in package_modules() if not m.startswith("dpclip.stages") and m not in runners}
+    assert {m: d for m, d in back.items() if d} == {}
 
 
 def test_no_stage_imports_another_stage():

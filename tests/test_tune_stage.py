@@ -182,7 +182,7 @@ def test_values_searched_on_other_data_are_refused(tmp_path, tiny_raw, write_par
 
 def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, write_params):
     from dpclip.naming import RunKey
-    from dpclip.stages.provenance import TRAIN
+    from dpclip.provenance import TRAIN
 
     base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
     assert main([*base, "train"]) == 0

@@ -24,7 +24,7 @@ RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     """One run's options: all four name one run; none means every configured run that is not
-    up to date (one process for all, dpclip.stages.provenance)."""
+    up to date (one process for all, dpclip.provenance)."""
     p.add_argument("--method")
     p.add_argument("--epsilon", help="target epsilon, as in params.yaml")
     p.add_argument("--alpha", help="'iid' or a Dirichlet alpha")

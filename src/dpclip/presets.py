@@ -33,7 +33,7 @@ from dpclip.stages.audit import audit_all
 from dpclip.stages.evaluate import evaluate_all
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.stages.provenance import TRAIN
+from dpclip.provenance import TRAIN
 from dpclip.stages.reference import reference_all
 from dpclip.stages.report import report
 from dpclip.stages.shadow import shadow

@@ -20,7 +20,7 @@ from dpclip.layout import Layout
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.stages.provenance import EVALUATE
+from dpclip.provenance import EVALUATE
 from dpclip.stages.report import report
 from dpclip.stages.train import train
 from dpclip.tracking import summary_metrics

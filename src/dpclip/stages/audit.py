@@ -32,7 +32,7 @@ from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.provenance import AUDIT
+from dpclip.provenance import AUDIT
 from dpclip.stages.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import build_run

@@ -18,7 +18,7 @@ bound of the run's neighbouring notion
 Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
 scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and
 per-layer IR-attack CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json``
-(the inputs it was made from, :mod:`dpclip.stages.provenance`).
+(the inputs it was made from, :mod:`dpclip.provenance`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.reporting.plots import (clip_figure, early_stopping_figure,
                                     layer_attack_figure, reliability_figure, roc_figure)
-from dpclip.stages.provenance import EVALUATE
+from dpclip.provenance import EVALUATE
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
-from dpclip.stages.provenance import REFERENCE
+from dpclip.provenance import REFERENCE
 from dpclip.stages.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model

@@ -2,7 +2,7 @@
 
 Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
 record, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
-:mod:`dpclip.stages.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
+:mod:`dpclip.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
 spent, method signals). Wall-clock times go to ``timings/<run>.json``, outside DVC's outputs:
 the record, trace and model are the same bytes whenever the inputs are (``dvc.lock`` stays put),
 a time never is. The trace's loss and batch-size columns are diagnostics for the data
@@ -25,7 +25,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
 from dpclip.numerics import kernels_in_use
-from dpclip.stages.provenance import TRAIN
+from dpclip.provenance import TRAIN
 from dpclip.stages.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model

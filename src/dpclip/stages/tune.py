@@ -44,7 +44,7 @@ from dpclip.methods import get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
-from dpclip.stages.provenance import PACKAGE
+from dpclip.provenance import PACKAGE
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, train_model
 from dpclip.train.inputs import checkpoint_of, needs_public, train_config
@@ -191,7 +191,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
 
 
 # what a search reads besides the parameters: the package files training runs (as in
-# dpclip.stages.provenance.TRAIN, every method's module) and this stage
+# dpclip.provenance.TRAIN, every method's module) and this stage
 CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads.py",
         "tuned.py", "stages/train.py", "stages/tune.py")
 

@@ -34,7 +34,7 @@ from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.threads import thread_count
 from dpclip.tuned import tuned_values
 
-PACKAGE = Path(__file__).resolve().parents[1]  # src/dpclip: code inputs are the package's files
+PACKAGE = Path(__file__).resolve().parent  # src/dpclip: code inputs are the package's files
 
 
 def _lookup(tree: dict, dotted: str):
