@@ -74,3 +74,34 @@ def test_a_registration_that_would_confuse_the_metrics_is_refused():
     with pytest.raises(ValueError, match="already registered"):
         register(impostor)
     assert get_attack("lira") is not impostor
+
+
+def test_the_evaluate_stage_shuffles_so_position_tells_nothing(tiny_raw):
+    """An attack that scores the first records highest would find every member if the members
+    came first; the stage hands the records over shuffled, so it scores chance, while every
+    score comes back to its own record (the loss attack's, computed in the stage's order)."""
+    from dpclip.attacks.base import REGISTRY, register
+    from dpclip.config import parse_params
+    from dpclip.metrics import attack_metrics
+    from dpclip.stages.evaluate import run_attacks
+
+    class ByPosition(Attack):
+        name, label, description = "by_position", "By position", "the first records first"
+
+        def scores(self, evidence):
+            return -np.arange(len(evidence.labels), dtype=float)
+
+    register(ByPosition)
+    try:
+        params = parse_params(tiny_raw(attack={"kinds": ["loss", "by_position"],
+                                               "references": 0}))
+        rng, n = np.random.default_rng(3), 400
+        given = AttackEvidence(x=rng.normal(size=(n, 2)), labels=rng.integers(0, 3, n),
+                               logits=rng.normal(size=(n, 3)), model=None)
+        scores, not_run = run_attacks(params, given, n // 2, seed=0)
+        assert abs(attack_metrics(*scores["by_position"])["auc"] - 0.5) < 0.1
+        assert np.concatenate(scores["loss"]) == pytest.approx(
+            get_attack("loss")().scores(given))
+        assert not_run == {}
+    finally:
+        REGISTRY.pop("by_position", None)

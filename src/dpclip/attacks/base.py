@@ -9,9 +9,9 @@ label and description from here and never name an attack, so adding one touches 
 
 The game (docs/attacks.md, "Membership evaluation"): the evaluate stage draws members of the
 run's training set and as many non-members from the holdout, with identical class counts, and
-hands every attack the same :class:`AttackEvidence` of those records, in an order that does not
-say which is which to the attack's code (members first; the attack is not told how many). An
-attack returns one score per record, higher = member; the stage computes the ROC, the AUC, the
+hands every attack the same :class:`AttackEvidence` of those records, shuffled (an attack
+cannot tell a member by its position, nor how many there are). An attack returns one score per
+record, higher = member; the stage computes the ROC, the AUC, the
 TPR at low FPR and the check against the DP bound from the scores.
 """
 

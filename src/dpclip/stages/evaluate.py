@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -98,8 +99,8 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
     utility["auc"] = classifier_auc(probs_out, y_out)  # the papers' tabular utility metric
     # membership: class-matched members and non-members, the same sets for every attack
-    rng = np.random.default_rng(evaluation_seed(params.data.seed,
-                                                f"{alpha_tag(alpha)}-seed{int(seed)}"))
+    game_seed = evaluation_seed(params.data.seed, f"{alpha_tag(alpha)}-seed{int(seed)}")
+    rng = np.random.default_rng(game_seed)
     pick_in, pick_out = class_matched_indices(y_in, y_out, rng)
     signals = load_signals(layout, run)
     x_attacked_in = x_in[pick_in]  # every attack sees the same records: members first
@@ -109,7 +110,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         logits=np.concatenate([logits_of(model, x_attacked_in), holdout_logits[pick_out]]),
         model=model, references=None if signals is None else reference_evidence(
             params, run, model, signals, pick_in, x_out, y_out, pick_out, layout))
-    scores, not_run = run_attacks(params, evidence, len(pick_in))
+    scores, not_run = run_attacks(params, evidence, len(pick_in), seed=game_seed + 1)
     privacy = record["privacy"]
     # the run's flag ORs its checks (each record-level attack, each IR layer): each gets its
     # share of the 5%
@@ -167,22 +168,38 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     return metrics
 
 
-def run_attacks(params: Params, evidence: AttackEvidence, n_members: int
+def shuffled(evidence: AttackEvidence, order: np.ndarray) -> AttackEvidence:
+    """The same evidence with its records in ``order`` (the reference models' arrays too)."""
+    ref = evidence.references
+    if ref is not None:
+        ref = replace(ref, logits=ref.logits[:, order],
+                      inside=None if ref.inside is None else ref.inside[:, order])
+    return replace(evidence, x=evidence.x[order], labels=evidence.labels[order],
+                   logits=evidence.logits[order], references=ref)
+
+
+def run_attacks(params: Params, evidence: AttackEvidence, n_members: int, seed: int
                 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, str]]:
-    """Every attack of ``attack.kinds`` on the same evidence: its scores split into the
-    ``n_members`` members (first) and the non-members; and the attacks not run, with why
-    (one that needs reference models on a run without them)."""
+    """Every attack of ``attack.kinds`` on the same evidence, whose first ``n_members``
+    records are the members: the attacks see the records in an order shuffled with ``seed``
+    (no attack can tell a member by its position), and their scores come back split into the
+    members' and the non-members'. Also the attacks not run, with why (one that needs
+    reference models on a run without them)."""
+    order = np.random.default_rng(seed).permutation(len(evidence.labels))
+    seen = shuffled(evidence, order)
     scores, not_run = {}, {}
     for name in params.attack.kinds:
         attack = params.attack.build(name)
         if attack.needs_references and evidence.references is None:
             not_run[name] = "needs reference models: attack.references is 0"
             continue
-        values = np.asarray(attack.scores(evidence), dtype=np.float64)
-        if values.shape != (len(evidence.labels),) or not np.isfinite(values).all():
-            raise DpclipError(f"attack {name!r} returned scores of shape {values.shape} "
-                              f"(finite: {bool(np.isfinite(values).all())}), not "
-                              f"{len(evidence.labels)} finite numbers, one per record")
+        given = np.asarray(attack.scores(seen), dtype=np.float64)
+        if given.shape != (len(order),) or not np.isfinite(given).all():
+            raise DpclipError(f"attack {name!r} returned scores of shape {given.shape} "
+                              f"(finite: {bool(np.isfinite(given).all())}), not "
+                              f"{len(order)} finite numbers, one per record")
+        values = np.empty_like(given)
+        values[order] = given  # back in the evidence's order: members first
         scores[name] = (values[:n_members], values[n_members:])
     return scores, not_run
 
