@@ -139,7 +139,7 @@ def test_the_same_weights_give_the_same_model_file(tmp_path):
 def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys):
     base = _prepared(tmp_path, tiny_raw, write_params)
     code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "sanitize", "--steps", "2",
-                 "--rounds", "2"])
+                 "--rounds", "2", "--profile"])
     assert code == 0, capsys.readouterr().err
     import json
 
@@ -153,6 +153,16 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
         rows["opacus_ghost"]["step_ms_median"] / rows["dp_sgd"]["step_ms_median"])
     assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["mlp/ww_dp_sgd"]["share"] < 1
     assert (tmp_path / "reports" / "bench.md").exists()
+    # --profile: every part of dp_sgd's step, and their sum, beside the non-private step
+    from dpclip.train.step import STEP_PARTS
+
+    parts = {row["part"]: row for row in result["parts"]["mlp"]}
+    assert list(parts)[:len(STEP_PARTS)] == list(STEP_PARTS)
+    assert all(parts[p]["ms_per_step"] >= 0 for p in STEP_PARTS)
+    assert parts["dp_sgd step (sum)"]["ms_per_step"] == pytest.approx(
+        sum(parts[p]["ms_per_step"] for p in STEP_PARTS))
+    assert parts["non-private step"]["share_of_non_private"] == 1.0
+    assert "## Where dp_sgd's step goes (mlp)" in capsys.readouterr().out
 
 
 def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, tiny_raw,

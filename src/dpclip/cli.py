@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, help="default: train.batch_size")
     bench.add_argument("--steps", type=int, default=10, help="steps per method per round")
     bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--profile", action="store_true",
+                       help="also time each part of dp_sgd's step (forward, output gradients, "
+                            "per-sample norms, scaling, weighted sum, noise, optimizer)")
     bench.add_argument("--no-memory", action="store_true",
                        help="skip the peak-memory subprocesses (faster)")
     preset = sub.add_parser("preset", help="run a paper preset (presets/NAME.yaml) into "
@@ -249,8 +252,12 @@ def _dispatch(args, params, layout) -> int:
         from dpclip.bench import bench
 
         table = bench(params, layout, args.params, args.methods, args.steps, args.rounds,
-                      args.models, args.hidden, args.batch_size, memory=not args.no_memory)
+                      args.models, args.hidden, args.batch_size, memory=not args.no_memory,
+                      profile=args.profile)
         print(table.to_string(index=False))
+        if args.profile:  # the parts' tables, as bench.md has them
+            text = (layout.reports / "bench.md").read_text()
+            print(text[text.index("## Where"):])
         print(f"written to {layout.reports / 'bench.md'}")
         return 0
     if args.command == "report":

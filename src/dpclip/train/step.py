@@ -22,9 +22,11 @@ bias together).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -246,6 +248,59 @@ CONV_WEIGHT_GRADS = {nn.Conv1d: torch.nn.grad.conv1d_weight,
                      nn.Conv3d: torch.nn.grad.conv3d_weight}
 
 
+STEP_PARTS = ("forward", "output gradients", "per-sample norms", "scaling rule",
+              "weighted sum", "extra queries", "noise", "optimizer", "controller")
+
+
+@dataclass
+class StepLaps:
+    """Wall time of each part of the DP step (:data:`STEP_PARTS`), summed over the non-empty
+    steps run while it is active (:func:`timing_parts`): where a step's time goes, for
+    ``dpclip bench --profile``. On a GPU each lap waits for the device."""
+
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
+    steps: int = 0
+    _last: float = 0.0
+    _cuda: bool = False
+
+    def start(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self.steps += 1
+        self._last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        if self._cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[part] += now - self._last
+        self._last = now
+
+
+class _NoLaps:
+    """What the step times with outside :func:`timing_parts`: nothing (no clock read)."""
+
+    def start(self, device) -> None:
+        pass
+
+    def lap(self, part: str) -> None:
+        pass
+
+
+NO_LAPS = _NoLaps()
+_laps: StepLaps | _NoLaps = NO_LAPS  # a StepLaps only inside timing_parts()
+
+
+@contextlib.contextmanager
+def timing_parts():
+    """Time the parts of every DP step run inside the block; yields the :class:`StepLaps`."""
+    global _laps
+    _laps = laps = StepLaps()
+    try:
+        yield laps
+    finally:
+        _laps = NO_LAPS
+
+
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
             method: Method, sigma_train: float, expected_batch: float,
             optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int,
@@ -263,6 +318,8 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     """
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
+    laps = _laps if len(x) else NO_LAPS  # the parts of non-empty steps, when profiling
+    laps.start(x.device)
     n_layers = len(groups.names)
     chosen, canary_norms = canaries.sample(x.device) if canaries is not None else \
         ([], torch.zeros((0, n_layers), device=x.device))
@@ -274,25 +331,34 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     else:
         out, uses = model.forward_keeping(x)
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
+        laps.lap("forward")
         kept = backward_keeping(model, losses, uses)  # no weight gradients computed
         loss = float(losses.mean().detach())
+        laps.lap("output gradients")
         layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
+        laps.lap("per-sample norms")
         factors = method.scale(layer_norms)
+        laps.lap("scaling rule")
         sums = scaled_sum(groups, kept, factors[:len(x)])
+        laps.lap("weighted sum")
     if canaries is not None:
         canaries.observe(method, x.device)  # every step, whoever was sampled
     if len(chosen):
         canaries.add(sums, chosen, factors[len(x):])
     extras = method.release_extras(layer_norms, rng)
+    laps.lap("extra queries")
     noisy = []
     for p, total in zip(groups.flat(), sums):
         noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=rng.noise,
                              device=total.device)
         p.grad = noise.add_(total).div_(expected_batch)  # (sum + noise) / B, in place
         noisy.append(p.grad.detach())
+    laps.lap("noise")
     optimizer.step()
+    laps.lap("optimizer")
     release = StepRelease(step=step, noisy_grad=noisy, extras=extras)
     method.update(release)
+    laps.lap("controller")
     return loss, release
 
 
