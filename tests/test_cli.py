@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import prepared_project
@@ -139,7 +140,7 @@ def test_the_same_weights_give_the_same_model_file(tmp_path):
 def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys):
     base = _prepared(tmp_path, tiny_raw, write_params)
     code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "sanitize", "--steps", "2",
-                 "--rounds", "2", "--profile"])
+                 "--rounds", "2", "--profile", "--epoch"])
     assert code == 0, capsys.readouterr().err
     import json
 
@@ -162,7 +163,16 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
     assert parts["dp_sgd step (sum)"]["ms_per_step"] == pytest.approx(
         sum(parts[p]["ms_per_step"] for p in STEP_PARTS))
     assert parts["non-private step"]["share_of_non_private"] == 1.0
-    assert "## Where dp_sgd's step goes (mlp)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "## Where dp_sgd's step goes (mlp)" in out and "## Whole epochs (mlp" in out
+    # --epoch: records per second of whole epochs, and the time of one of 60,000 records
+    epochs = {row["method"]: row for row in result["epochs"]["mlp"]}
+    assert set(epochs) == {"non_private", "opacus_ghost", "dp_sgd"}
+    n = len(np.load(tmp_path / "data" / "prepared" / "target_train.npz")["y"])
+    for row in epochs.values():
+        assert row["records_per_s"] == pytest.approx(n / row["epoch_s"])
+        assert row["epoch_s_60000"] == pytest.approx(60000 / row["records_per_s"])
+    assert epochs["non_private"]["ratio_to_non_private"] == 1.0
 
 
 def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, tiny_raw,

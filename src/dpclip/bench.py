@@ -187,6 +187,54 @@ def step_parts(params: Params, layout: Layout, method: str = "dp_sgd", steps: in
     return rows
 
 
+PAPER_SCALE = 60_000  # records in an epoch of full MNIST's training set
+
+
+def epoch_throughput(params: Params, layout: Layout, method: str = "dp_sgd",
+                     rounds: int = 1) -> list[dict]:
+    """Records per second of whole epochs over the prepared target train split, as training
+    runs them: the run's own epoch loop (Poisson batches, the budget guard, the trace) for
+    ``non_private`` and ``method``; Opacus's ghost clipping stepping through as many Poisson
+    batches. Each is timed over ``rounds`` epochs, alternating, after two warm-up steps; the
+    time of an epoch of :data:`PAPER_SCALE` records follows from the rate."""
+    from tqdm import tqdm
+
+    data = _data(layout)
+    x, y, shape, n_classes = data
+    runs = {name: _runner(params, layout, name, x, y, shape, n_classes)
+            for name in (NON_PRIVATE, method)}
+    ghost, device, q = _opacus_ghost(params, layout, data)
+    steps = max(1, round(1 / q))
+    batches = _batches(len(x), q, steps * rounds + 2, seed=1)
+    seconds = dict.fromkeys([NON_PRIVATE, OPACUS_GHOST, method], 0.0)
+    for run, xt, yt in runs.values():  # warm-up: lazy loads, first allocations
+        for batch in batches[:2]:
+            if hasattr(run, "guard"):
+                run.step(xt, yt, batch, epoch=0)
+            else:
+                idx = torch.as_tensor(batch, device=run.device)
+                plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
+    for batch in batches[:2]:
+        ghost(batch)
+    bar = tqdm(disable=True)
+    for r in range(rounds):
+        for name in seconds:
+            tic = time.perf_counter()
+            if name == OPACUS_GHOST:
+                for batch in batches[2 + r * steps:2 + (r + 1) * steps]:
+                    ghost(batch)
+            else:
+                run, xt, yt = runs[name]
+                run.run_epoch(xt, yt, r + 1, bar)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds[name] += time.perf_counter() - tic
+    floor = seconds[NON_PRIVATE]
+    return [{"method": name, "records_per_s": len(x) * rounds / s,
+             "epoch_s": s / rounds, f"epoch_s_{PAPER_SCALE}": PAPER_SCALE * s / (len(x) * rounds),
+             "ratio_to_non_private": s / floor} for name, s in seconds.items()]
+
+
 def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict | None:
     """A method's probe time over its step time at the configured probe period (None: the
     method has no probe)."""
@@ -277,10 +325,11 @@ class _RssPeak:
 def bench(params: Params, layout: Layout, params_path: str, methods: list[str] | None = None,
           steps: int = 10, rounds: int = 5, models: list[str] | None = None,
           hidden: list[int] | None = None, batch_size: int | None = None,
-          memory: bool = True, profile: bool = False) -> pd.DataFrame:
+          memory: bool = True, profile: bool = False, epoch: bool = False) -> pd.DataFrame:
     """The table of every method and both anchors, per model; written to reports/bench.*.
     With ``profile``, also where ``dp_sgd``'s step spends its time, part by part
-    (:func:`step_parts`), per model."""
+    (:func:`step_parts`), per model; with ``epoch``, the records per second of whole epochs of
+    the non-private run, ``dp_sgd`` and Opacus's ghost clipping (:func:`epoch_throughput`)."""
     methods = [m for m in (methods or params.train.methods) if m != NON_PRIVATE]
     if "dp_sgd" not in methods:
         methods.insert(0, "dp_sgd")
@@ -291,12 +340,14 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     if not layout.split("target_train").exists():
         raise DpclipError("bench needs the prepared data: run `dpclip prepare` first")
     names = [NON_PRIVATE, OPACUS_GHOST, *methods]
-    rows, probes, parts = [], {}, {}
+    rows, probes, parts, epochs = [], {}, {}, {}
     for model in models or [params.train.model]:
         p = with_model(params, model, hidden, batch_size)
         times = time_steps(p, layout, names, steps, rounds)
         if profile:
             parts[model] = step_parts(p, layout, "dp_sgd", steps, rounds)
+        if epoch:
+            epochs[model] = epoch_throughput(p, layout, "dp_sgd")
         # at least 100 steps, so that the WW probe (every K = 50 steps) falls among them
         mem = {n: peak_memory(params_path, str(layout.root), n, max(steps, 100), model,
                               list(p.train.hidden), p.train.batch_size) if memory else None
@@ -322,7 +373,7 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
                "hidden": hidden or list(params.train.hidden), "steps": steps, "rounds": rounds,
                "dataset": params.data.dataset}
     result = {"setting": setting, "table": rows, **({"probes": probes} if probes else {}),
-              **({"parts": parts} if parts else {}),
+              **({"parts": parts} if parts else {}), **({"epochs": epochs} if epochs else {}),
               **({"not_timed": not_timed} if not_timed else {})}
     out = layout.reports
     write_json(out / "bench.json", result)
@@ -335,6 +386,11 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     header = ", ".join(f"{k} {v}" for k, v in setting.items())
     if not_timed:
         extra += (f"\n\nNot timed (no per-batch DP step to compare): {', '.join(not_timed)}\n")
+    for model, model_epochs in epochs.items():
+        frame = pd.DataFrame(model_epochs)
+        extra += (f"\n\n## Whole epochs ({model}, {len(_data(layout)[0])} records)\n\n" +
+                  (frame.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
+                   frame.to_string(index=False)) + "\n")
     for model, model_parts in parts.items():
         frame = pd.DataFrame(model_parts)
         extra += (f"\n\n## Where dp_sgd's step goes ({model})\n\n" +

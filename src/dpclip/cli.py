@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true",
                        help="also time each part of dp_sgd's step (forward, output gradients, "
                             "per-sample norms, scaling, weighted sum, noise, optimizer)")
+    bench.add_argument("--epoch", action="store_true",
+                       help="also time whole epochs (records per second) of non_private, "
+                            "dp_sgd and Opacus's ghost clipping")
     bench.add_argument("--no-memory", action="store_true",
                        help="skip the peak-memory subprocesses (faster)")
     preset = sub.add_parser("preset", help="run a paper preset (presets/NAME.yaml) into "
@@ -253,11 +256,11 @@ def _dispatch(args, params, layout) -> int:
 
         table = bench(params, layout, args.params, args.methods, args.steps, args.rounds,
                       args.models, args.hidden, args.batch_size, memory=not args.no_memory,
-                      profile=args.profile)
+                      profile=args.profile, epoch=args.epoch)
         print(table.to_string(index=False))
-        if args.profile:  # the parts' tables, as bench.md has them
-            text = (layout.reports / "bench.md").read_text()
-            print(text[text.index("## Where"):])
+        text = (layout.reports / "bench.md").read_text()
+        if "\n## " in text:  # the epochs' and the parts' tables, as bench.md has them
+            print(text[text.index("\n## "):])
         print(f"written to {layout.reports / 'bench.md'}")
         return 0
     if args.command == "report":
