@@ -35,6 +35,7 @@ from prefect.cache_policies import NONE as NO_CACHE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
+from dpclip.attacks import baseline_attack
 from dpclip.stages.audit import audit, set_aside_unconfigured_audits
 from dpclip.stages.evaluate import evaluate, remove_unconfigured_evaluations
 from dpclip.stages.partition import partition
@@ -215,7 +216,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
         evaluated.append(state)
         summary.append({"run": m["run"], "epsilon": m["privacy"]["epsilon"],
                         "accuracy": m["utility"]["accuracy"], "ece": m["utility"]["ece"],
-                        "mia_auc": m["mia"]["loss"]["auc"],
+                        "mia_auc": m["mia"][baseline_attack().name]["auc"],
                         "peak_ir_mia": m["mia"].get("ir", {}).get("peak_accuracy"),
                         "trained": trained.message != UP_TO_DATE,
                         "evaluated": state.message != UP_TO_DATE})

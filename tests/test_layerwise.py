@@ -193,10 +193,16 @@ def test_the_shadow_model_trains_only_when_needed_and_is_kept_while_current(
     base = _project(tmp_path, tiny_raw, write_params, train={"methods": ["dp_sgd"]},
                     shadow={"epochs": 1})
     assert main([*base, "shadow"]) == 0
-    assert "no shadow model: no method of train.methods ['dp_sgd']" in capsys.readouterr().out
+    assert "no shadow model: no configured method reads" in capsys.readouterr().out
     risk = json.loads((tmp_path / "shadow" / "risk.json").read_text())
     assert risk["needed"] is False and "lm_dp_sgd" in risk["reason"]
     assert sorted(p.name for p in (tmp_path / "shadow").iterdir()) == ["risk.json"]
+    # the record names no configured method: adding one that does not read it changes nothing
+    # that the tune stage hashes
+    first_record = (tmp_path / "shadow" / "risk.json").read_bytes()
+    write_params(tiny_raw(train={"methods": ["dp_sgd", "auto_s"]}, shadow={"epochs": 1}))
+    assert main([*base, "shadow"]) == 0
+    assert (tmp_path / "shadow" / "risk.json").read_bytes() == first_record
     raw = tiny_raw(train={"methods": ["dp_sgd", "lm_dp_sgd"]}, shadow={"epochs": 1})
     write_params(raw)
     assert main([*base, "shadow"]) == 0

@@ -175,6 +175,9 @@ def step_parts(params: Params, layout: Layout, method: str = "dp_sgd", steps: in
                 plain.append(time.perf_counter() - tic)
             for batch in chunk:
                 steppers[method][0](batch)
+    if laps.steps == 0:
+        raise DpclipError(f"bench --profile: {method}'s step does not run the shared DP step, "
+                          f"so it has no parts to time")
     floor = float(np.mean(plain))
     rows = [{"part": part, "ms_per_step": 1000 * seconds / max(laps.steps, 1),
              "share_of_non_private": seconds / max(laps.steps, 1) / floor}

@@ -132,7 +132,7 @@ def compact(files, package: Path = PACKAGE) -> list[str]:
 # discovery imports
 DVC_STAGE_ROOTS = {
     "prepare": ("dpclip.stages.prepare", "data.sources"), "partition": ("dpclip.stages.partition",),
-    "shadow": ("dpclip.stages.shadow",), "tune": ("dpclip.stages.tune", "methods"),
+    "shadow": ("dpclip.stages.shadow", "methods"), "tune": ("dpclip.stages.tune", "methods"),
     "train": ("dpclip.stages.train", "methods"), "audit": ("dpclip.stages.audit", "methods"),
     "reference": ("dpclip.stages.reference", "methods"),
     "evaluate": ("dpclip.stages.evaluate", "methods", "attacks"),

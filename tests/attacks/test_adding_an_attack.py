@@ -68,8 +68,8 @@ def test_the_documented_attack_runs_through_the_stages_into_every_output(mentr, 
     run = metrics["run"]
     ours = metrics["mia"][mentr]
     assert 0 <= ours["auc"] <= 1 and ours["dp_bound"]["checked"]
-    assert metrics["mia"]["not_run"] == {"lira": "needs reference models: attack.references "
-                                                 "is 0"}
+    assert list(metrics["mia"]["not_run"]) == ["lira"]
+    assert metrics["mia"]["not_run"]["lira"].startswith("needs reference models")
     assert mentr in pd.read_csv(layout.attack_scores(run)).columns
     # the run's provenance names the attack's file among its code
     code = read_json(layout.figures(run) / "provenance.json")["inputs"]["files"]

@@ -6,6 +6,8 @@ learn membership from the order), and the same scores when run twice."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -105,3 +107,46 @@ def test_the_evaluate_stage_shuffles_so_position_tells_nothing(tiny_raw):
         assert not_run == {}
     finally:
         REGISTRY.pop("by_position", None)
+
+
+def test_a_name_the_records_use_for_something_else_is_refused():
+    """``mode`` would be read as the attack section's key, ``mia`` would write mia_auc over
+    the loss attack's column, ``member`` over a column of the scores file."""
+    from dpclip.attacks.base import RESERVED_NAMES
+
+    for name in ("mode", "mia", "member", "label_only"):
+        assert name in RESERVED_NAMES
+        clash = type("Clash", (Attack,), {"name": name, "label": "x", "description": "y",
+                                          "scores": lambda self, evidence: None,
+                                          "__module__": "plugin.fake"})
+        with pytest.raises(ValueError, match="is taken"):
+            register(clash)
+        assert name not in ATTACKS
+
+
+def test_an_attack_cannot_change_what_the_next_one_sees(tiny_raw):
+    """The evidence's arrays are read-only and each attack gets its own copy of the model."""
+    from dpclip.attacks.base import REGISTRY
+    from dpclip.config import parse_params
+    from dpclip.stages.evaluate import run_attacks
+
+    class Writer(Attack):
+        name, label, description = "writer", "Writer", "writes into its evidence"
+
+        def scores(self, evidence):
+            with torch.no_grad():
+                for p in evidence.model.parameters():
+                    p.zero_()  # its own copy: harmless
+            evidence.logits[0, 0] = 1.0  # read-only: refused
+            return np.zeros(len(evidence.labels))
+
+    register(Writer)
+    try:
+        params = parse_params(tiny_raw(attack={"kinds": ["loss", "writer"], "references": 0}))
+        given = evidence()
+        before = [p.detach().clone() for p in given.model.parameters()]
+        with pytest.raises(ValueError, match="read-only"):
+            run_attacks(params, replace(given, references=None), N // 2, seed=0)
+        assert all(torch.equal(a, b) for a, b in zip(before, given.model.parameters()))
+    finally:
+        REGISTRY.pop("writer", None)

@@ -45,3 +45,17 @@ def test_the_documented_source_is_read_split_trained_and_evaluated(breast_cancer
     metrics = evaluate(params, "dp_sgd", 8, "iid", 0, layout)
     assert metrics["dataset"] == breast_cancer and 0 <= metrics["utility"]["accuracy"] <= 1
     assert read_json(layout.prepared_meta)["dataset"] == breast_cancer
+
+
+def test_a_source_whose_data_is_not_of_its_kind_is_refused(plugin, tiny_raw):
+    """The kind decides the encoding (a table's is fitted on public rows only): a source that
+    declares ``table`` and reads arrays is stopped, naming both."""
+    from dpclip.data import read_source
+    from dpclip.errors import DpclipError
+
+    source = docs_example("adding-a-dataset.md").replace('kind = "arrays"', 'kind = "table"') \
+        .replace('name = "breast_cancer"', 'name = "mislabelled"')
+    plugin("dpclip.data.sources", "mislabelled", source)
+    params = parse_params(tiny_raw(data={"dataset": "mislabelled"}))
+    with pytest.raises(DpclipError, match="declares kind 'table' but read a Dataset"):
+        read_source("mislabelled", None, params.data)

@@ -36,9 +36,11 @@ class ReferenceEvidence:
 
     ``logits`` (K, n, C): each reference model's logits on the n attacked records;
     ``inside`` (K, n): whether each trained on each record, or None offline (every record OUT
-    for every model); ``population_*``: the records z of a population that none of the attacked
-    records are in (RMIA's), their labels, the target's logits (p, C) and the reference models'
-    (K, p, C)."""
+    for every model); ``population_*``: the records z of RMIA's population, their labels, the
+    target's logits (p, C) and the reference models' (K, p, C). Offline the population is
+    public data, none of it attacked; online it is the target holdout, which holds the attacked
+    non-members too (an attack must not look records up in it: ``attack.mode: online`` is the
+    data owner's strongest audit, not a game an untrusted attack plays)."""
 
     logits: np.ndarray
     inside: np.ndarray | None
@@ -111,6 +113,15 @@ class Attack(ABC):
         return "roc" if cls.baseline else f"roc_{cls.name}"
 
 
+# names an attack may not take: keys of the attack section, of a metrics file's ``mia``, of
+# ``scores/<run>.csv`` and prefixes of the comparison table's other columns
+RESERVED_NAMES = frozenset({
+    "kinds", "classifier", "folds", "max_features", "max_records", "references", "mode",
+    "population", "headline", "options", "mia", "ir", "label_only", "matching", "not_run",
+    "dp_bound_family", "split", "position", "label", "member", "strongest", "attack", "test",
+    "audit", "peak_ir", "epsilon", "dp_bound", "tpr_bound"})
+
+
 def declaration_problems(cls: type) -> list[str]:
     """What would make an attack's metrics, files or columns ambiguous."""
     if not (isinstance(cls, type) and issubclass(cls, Attack)):
@@ -119,6 +130,9 @@ def declaration_problems(cls: type) -> list[str]:
     if not cls.name.isidentifier() or cls.name != cls.name.lower():
         problems.append(f"name must be a lower-case identifier, not {cls.name!r} (it names "
                         f"files and metrics)")
+    elif cls.name in RESERVED_NAMES:
+        problems.append(f"name {cls.name!r} is taken by a key of the attack section, the "
+                        f"metrics file or the report's columns")
     if not cls.label or not cls.description:
         problems.append("needs a label and a description")
     if "scores" in getattr(cls, "__abstractmethods__", ()):

@@ -31,5 +31,5 @@ class LossThreshold(Attack):
     baseline = True
 
     def scores(self, evidence: AttackEvidence) -> np.ndarray:
-        probs = torch.softmax(torch.as_tensor(evidence.logits), dim=1).double().numpy()
+        probs = torch.softmax(torch.tensor(evidence.logits), dim=1).double().numpy()  # a copy
         return -per_sample_loss(probs, evidence.labels)

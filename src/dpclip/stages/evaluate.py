@@ -23,6 +23,7 @@ per-layer IR-attack CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/pro
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import shutil
@@ -168,14 +169,26 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     return metrics
 
 
+def _read_only(array):
+    if array is not None:
+        array.setflags(write=False)
+    return array
+
+
 def shuffled(evidence: AttackEvidence, order: np.ndarray) -> AttackEvidence:
-    """The same evidence with its records in ``order`` (the reference models' arrays too)."""
+    """The same evidence with its records in ``order`` (the reference models' arrays too),
+    every array read-only: one attack cannot change what the next one sees."""
     ref = evidence.references
     if ref is not None:
-        ref = replace(ref, logits=ref.logits[:, order],
-                      inside=None if ref.inside is None else ref.inside[:, order])
-    return replace(evidence, x=evidence.x[order], labels=evidence.labels[order],
-                   logits=evidence.logits[order], references=ref)
+        ref = replace(ref, logits=_read_only(ref.logits[:, order]),
+                      inside=None if ref.inside is None else _read_only(ref.inside[:, order]),
+                      population_labels=_read_only(np.array(ref.population_labels)),
+                      population_logits=_read_only(np.array(ref.population_logits)),
+                      population_reference_logits=_read_only(
+                          np.array(ref.population_reference_logits)))
+    return replace(evidence, x=_read_only(evidence.x[order]),
+                   labels=_read_only(evidence.labels[order]),
+                   logits=_read_only(evidence.logits[order]), references=ref)
 
 
 def run_attacks(params: Params, evidence: AttackEvidence, n_members: int, seed: int
@@ -191,9 +204,12 @@ def run_attacks(params: Params, evidence: AttackEvidence, n_members: int, seed: 
     for name in params.attack.kinds:
         attack = params.attack.build(name)
         if attack.needs_references and evidence.references is None:
-            not_run[name] = "needs reference models: attack.references is 0"
+            not_run[name] = ("needs reference models: this run has none (attack.references is "
+                             "0, or the reference stage has not run)")
             continue
-        given = np.asarray(attack.scores(seen), dtype=np.float64)
+        # its own copy of the model: an attack that trains or changes it changes nothing else
+        given = np.asarray(attack.scores(replace(seen, model=copy.deepcopy(seen.model))),
+                           dtype=np.float64)
         if given.shape != (len(order),) or not np.isfinite(given).all():
             raise DpclipError(f"attack {name!r} returned scores of shape {given.shape} "
                               f"(finite: {bool(np.isfinite(given).all())}), not "

@@ -101,14 +101,16 @@ def methods_needing_risk(params: Params) -> list[str]:
     return [m for m in params.train.methods if get_method(m).needs_shadow_risk]
 
 
-def not_needed(params: Params, layout: Layout) -> dict:
+def not_needed(layout: Layout) -> dict:
     """Write a risk file that says why there is no shadow model, and remove the outputs of an
-    earlier one (nothing may pass for current)."""
+    earlier one (nothing may pass for current). The record does not name the configured
+    methods: the tune stage hashes it, and adding a method that does not read it must leave the
+    searches done current."""
     for name in ("model.pt", "risk.png", "provenance.json"):
         (layout.shadow / name).unlink(missing_ok=True)
-    needing = [name for name, cls in REGISTRY.items() if cls.needs_shadow_risk]
-    record = {"needed": False, "reason": f"no method of train.methods {params.train.methods} "
-                                         f"reads the shadow risk (those that do: {needing})"}
+    needing = sorted(name for name, cls in REGISTRY.items() if cls.needs_shadow_risk)
+    record = {"needed": False, "reason": f"no configured method reads the shadow risk (those "
+                                         f"that do: {needing})"}
     write_json(layout.shadow_risk, record)
     return record
 
@@ -119,7 +121,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
     it; else a risk file saying it was not needed. A shadow model made from the same inputs
     (:data:`~dpclip.provenance.SHADOW`) is kept unless ``force``."""
     if not methods_needing_risk(params):
-        return not_needed(params, layout)
+        return not_needed(layout)
     key = shadow_key(params)
     reused = None if force else SHADOW.reuse(params, key, layout)
     if reused is not None:
