@@ -107,19 +107,24 @@ def plugin(tmp_path, monkeypatch):
     """``plugin(package, name, source)``: the module ``source`` saved as ``name`` in a folder
     that the registry package ``package`` (dotted) searches, and discovered there, as a user's
     own module would be; the registry and ``sys.modules`` forget it afterwards."""
-    added = []
+    saved = []  # (package module, its registry, the module's sys.modules entry) before
 
     def drop(package: str, name: str, source: str) -> str:
         module = importlib.import_module(package)
         folder = tmp_path / f"plugins-{package}"
         folder.mkdir(exist_ok=True)
         (folder / f"{name}.py").write_text(source)
+        saved.append((module, dict(module.REGISTRY), name,
+                      sys.modules.get(f"{package}.{name}")))
         monkeypatch.setattr(module, "__path__", [*module.__path__, str(folder)])
-        module.discover()
-        added.append((module, name))
+        module.discover()  # a user's own module of that name (saved in src/) stays the one
         return name
 
     yield drop
-    for module, name in added:
-        module.REGISTRY.pop(name, None)
-        sys.modules.pop(f"{module.__name__}.{name}", None)
+    for module, registry, name, loaded in reversed(saved):  # exactly as before the test
+        module.REGISTRY.clear()
+        module.REGISTRY.update(registry)
+        if loaded is None:
+            sys.modules.pop(f"{module.__name__}.{name}", None)
+        else:
+            sys.modules[f"{module.__name__}.{name}"] = loaded

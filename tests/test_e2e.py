@@ -18,8 +18,11 @@ from conftest import PROJECT, tiny_project_params
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
-OVERLAYS = ["clip_threshold.csv", "roc/loss.csv", "roc/lira.csv", "roc/rmia.csv", "reliability.csv",
-            "privacy_utility.csv"]
+# one ROC table per attack of the project's attack.kinds (loss, lira, rmia, and any attack a
+# reader added following docs/adding-an-attack.md)
+OVERLAYS = ["clip_threshold.csv", *(f"roc/{attack}.csv" for attack in
+                                    tiny_project_params()["attack"]["kinds"]),
+            "reliability.csv", "privacy_utility.csv"]
 # plots by id: the claimed-vs-audited scatter and the curves over seeds with their bands
 PLOT_IDS = ["claimed_vs_audited_epsilon", "privacy_utility_accuracy", "privacy_utility_ece",
             "privacy_utility_attack"]

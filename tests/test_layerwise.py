@@ -213,6 +213,7 @@ def test_the_shadow_model_trains_only_when_needed_and_is_kept_while_current(
     write_params(raw)
     assert main([*base, "shadow"]) == 0
     assert model.stat().st_mtime_ns == first  # kept
+    assert "shadow model (up to date, kept: " in capsys.readouterr().out
     raw["shadow"]["seed"] = 1
     write_params(raw)
     assert main([*base, "shadow"]) == 0

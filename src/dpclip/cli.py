@@ -244,8 +244,9 @@ def _dispatch(args, params, layout) -> int:
             print(f"no shadow model: {rec['reason']}")
             return 0
         risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in rec["layers"].items())
-        print(f"shadow model (holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer MIA "
-              f"error rate ({rec['risk_eval']}): {risks}")
+        kept = "up to date, kept: " if rec.get("kept") else ""
+        print(f"shadow model ({kept}holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer "
+              f"MIA error rate ({rec['risk_eval']}): {risks}")
         return 0
     if args.command == "tune":
         rec = _stage("tune")(params, layout, progress=not args.quiet)

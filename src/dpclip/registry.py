@@ -63,8 +63,13 @@ class Registry(dict):
         """The class registered as ``name``; an unknown name lists the known ones."""
         if name not in self:
             folder = "src/" + self.package.replace(".", "/") + "/"
-            raise DpclipError(f"{self.noun} {name!r} is not one of {self.names()}: a "
-                              f"{self.noun} is a module in {folder} (or a plugin in the "
-                              f"{self.entry_point_group!r} entry-point group) that registers a "
-                              f"{self.base} subclass with @register and name = {name!r}")
+            raise DpclipError(f"{self.noun} {name!r} is not one of {self.names()}: "
+                              f"{_article(self.noun)} {self.noun} is a module in {folder} (or "
+                              f"a plugin in the {self.entry_point_group!r} entry-point group) "
+                              f"that registers {_article(self.base)} {self.base} subclass with "
+                              f"@register and name = {name!r}")
         return self[name]
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"

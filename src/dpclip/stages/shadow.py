@@ -125,7 +125,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
     key = shadow_key(params)
     reused = None if force else SHADOW.reuse(params, key, layout)
     if reused is not None:
-        return reused
+        return {**reused, "kept": True}  # "kept": for the command's line, not in the file
     inputs = SHADOW.inputs(params, key, layout)
     record = train_shadow(params, layout, progress)
     SHADOW.record(layout, key, inputs)
