@@ -18,7 +18,7 @@ from pydantic import (BeforeValidator, Field, StrictBool, ValidationError, field
                       model_validator)
 
 from dpclip.attacks import discover as discover_attacks
-from dpclip.attacks import get_attack
+from dpclip.attacks import baseline_attack, get_attack
 from dpclip.data.sources import available_sources
 from dpclip.data.sources import discover as discover_sources
 from dpclip.errors import ConfigError, DpclipError, bad_value
@@ -237,7 +237,7 @@ class AttackParams(Section):
         return {**data, "options": options}
 
     def baseline(self) -> str:
-        return next(name for name, a in _attack_registry().items() if a.baseline)
+        return baseline_attack().name
 
     def headline_attack(self) -> str:
         if self.headline != "auto":
