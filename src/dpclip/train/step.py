@@ -8,23 +8,18 @@
 
 One forward pass keeps each parameterised layer's input activations a_i and output z_i
 (:class:`BookKeeping`); one backward pass asks autograd for dL/dz of every layer (delta_i) and
-for no weight gradient, which the DP step would throw away. Per-sample gradient norms come from
-(a, delta): exact "ghost" norms ||delta_i|| ||a_i|| for Linear layers, the norms of Opacus's
-per-sample gradients (its registered grad samplers) for the others. The scaled sum is formed
-from (a, delta) directly, for per-sample and per-layer factors alike:
-    Linear:  sum_i s_i^(l) g_i^(l) = (s^(l) * delta)^T a   (weight),  sum_i s_i^(l) delta_i  (bias)
-    Conv:    the ordinary weight gradient of the weighted output gradients s^(l) * delta
-             (one backward convolution, no per-sample tensors)
-    others:  Opacus's per-sample gradient of the layer, summed with weights s_i^(l).
-No second backward pass is needed. A "layer" is one module that owns parameters (its weight and
-bias together).
+for no weight gradient, which the DP step would throw away. Each layer's per-sample norms and
+its weighted sum sum_i s_i^(l) g_i^(l) come from (a, delta) (:mod:`dpclip.train.per_sample`:
+ghost norms for Linear layers, the cheaper of ghost norms and instantiated per-sample gradients
+for convolutions, Opacus's per-sample gradients for the others), for per-sample and per-layer
+factors alike. No second backward pass is needed. A "layer" is one module that owns parameters
+(its weight and bias together).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +29,7 @@ from torch import nn
 from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, StepRelease
 from dpclip.randomness import NoiseSources
+from dpclip.train.per_sample import LayerTerms
 
 
 @dataclass
@@ -57,51 +53,6 @@ class LayerGroups:
 
     def flat(self) -> list[nn.Parameter]:
         return [p for group in self.params for p in group]
-
-
-def linear_norms(layer: nn.Linear, activations: list[torch.Tensor], backprops: torch.Tensor
-                 ) -> dict:
-    """Per-sample gradient norms of a Linear layer: ||g_i|| = ||delta_i|| ||a_i|| for the
-    weight (the per-sample gradient is the outer product delta_i a_i^T) and ||delta_i|| for the
-    bias, as row sums of squares (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by
-    d x 1 products instead). Sequence inputs (3-D) take Opacus's Gram form."""
-    if backprops.dim() != 2:
-        return opacus_samplers()[0][nn.Linear](layer, activations, backprops)
-    a = activations[0].to(backprops.dtype)
-    delta_sq = backprops.square().sum(dim=1)
-    out = {}
-    if layer.weight.requires_grad:
-        out[layer.weight] = (delta_sq * a.square().sum(dim=1)).sqrt()
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = delta_sq.sqrt()
-    return out
-
-
-def per_sample_norms(module: nn.Module, activations: list[torch.Tensor],
-                     backprops: torch.Tensor) -> dict:
-    """{parameter: ||g_i||} for one layer: the Linear form above, else the norm of Opacus's
-    per-sample gradients of the layer (its registered grad sampler, or functorch)."""
-    if type(module) is nn.Linear:
-        return linear_norms(module, activations, backprops)
-    sampler = grad_sampler(type(module))
-    return {p: g.reshape(len(g), -1).norm(2, dim=1)
-            for p, g in sampler(module, activations, backprops).items() if p.requires_grad}
-
-
-@functools.cache
-def opacus_samplers() -> tuple[dict, dict]:
-    """Opacus's registries (norm samplers, grad samplers), imported on first use: importing
-    Opacus loads about a second of modules that the stages without a DP step do not need."""
-    from opacus.grad_sample import GradSampleModuleFastGradientClipping as Registry
-
-    return Registry.NORM_SAMPLERS, Registry.GRAD_SAMPLERS
-
-
-def grad_sampler(layer_type: type):
-    """Opacus's per-sample gradient function for a layer type (functorch for the others)."""
-    from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
-
-    return opacus_samplers()[1].get(layer_type, ft_compute_per_sample_gradient)
 
 
 # layers whose output for one record depends on the other records of the batch
@@ -159,7 +110,7 @@ def wrap_for_dp(model: nn.Module) -> BookKeeping:
 
 
 def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
-                     ) -> list[tuple[nn.Module, list, torch.Tensor]]:
+                     ) -> list[LayerTerms]:
     """(module, activations, dL/dz) per use, from one backward pass of sum(losses) that
     computes no weight gradient. A layer used twice in one forward is refused: its per-sample
     gradient is the sum over uses, which the per-use norms below do not give."""
@@ -173,20 +124,19 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
         raise DpclipError("a layer's output was modified in place in the forward pass (e.g. "
                           "nn.ReLU(inplace=True)): use the out-of-place op for DP training")
     grads = torch.autograd.grad(losses.sum(), [z for _, _, z, _ in uses], allow_unused=True)
-    return [(m, a, torch.zeros_like(z) if g is None else g.detach())
+    return [LayerTerms(m, a, torch.zeros_like(z) if g is None else g.detach())
             for (m, a, z, _), g in zip(uses, grads)]
 
 
-def per_layer_norms(groups: LayerGroups, kept: list) -> torch.Tensor:
+def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor:
     """n_i^(l) = ||g_i^(l)||, shape (B, L): each layer's parameters' per-sample norms
     combined (weight and bias together). A trainable layer without one (not seen by the
     forward hooks) is an error: its gradient would go unclipped."""
     columns: list = [None] * len(groups.modules)
-    for module, activations, backprops in kept:
-        k = _layer_index(groups, module)
+    for terms in kept:
+        k = _layer_index(groups, terms.module)
         if k is not None:
-            norms = per_sample_norms(module, activations, backprops)
-            columns[k] = sum(n.square() for n in norms.values()).sqrt()
+            columns[k] = sum(n.square() for n in terms.norms().values()).sqrt()
     if any(c is None for c in columns):
         missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
         raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the "
@@ -194,58 +144,23 @@ def per_layer_norms(groups: LayerGroups, kept: list) -> torch.Tensor:
     return torch.stack(columns, dim=1)
 
 
-def scaled_sum(groups: LayerGroups, kept: list, factors: torch.Tensor) -> list[torch.Tensor]:
+def scaled_sum(groups: LayerGroups, kept: list[LayerTerms], factors: torch.Tensor
+               ) -> list[torch.Tensor]:
     """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order, from each layer's
-    activations and output gradients."""
+    terms (after :func:`per_layer_norms`, which may have kept per-sample gradients)."""
     factors = factors.detach()
     totals: dict[int, torch.Tensor] = {}
-    for module, activations, backprops in kept:
-        k = _layer_index(groups, module)
+    for terms in kept:
+        k = _layer_index(groups, terms.module)
         if k is None:
             continue  # not trained by this step (frozen since the model was wrapped)
         weights = factors if factors.dim() == 1 else factors[:, k]
-        totals.update({id(p): g for p, g in _layer_sum(module, activations, backprops,
-                                                       weights).items()})
+        totals.update({id(p): g for p, g in terms.weighted_sum(weights).items()})
     return [totals[id(p)] if id(p) in totals else torch.zeros_like(p) for p in groups.flat()]
 
 
 def _layer_index(groups: LayerGroups, module: nn.Module) -> int | None:
     return next((k for k, m in enumerate(groups.modules) if m is module), None)
-
-
-def _layer_sum(module: nn.Module, activations, backprops, weights: torch.Tensor) -> dict:
-    """{parameter: sum_i w_i g_i} for one layer."""
-    shape = (-1,) + (1,) * (backprops.dim() - 1)
-    weighted = backprops * weights.to(backprops.dtype).reshape(shape)
-    if type(module) is nn.Linear:
-        # batch and any sequence dimensions are summed: (w delta)^T a, never per sample; a
-        # plain matrix product (einsum runs it as a batched one of batch size 1, slower)
-        a = activations[0].to(weighted.dtype)
-        out = {module.weight: weighted.reshape(-1, weighted.shape[-1]).T @
-               a.reshape(-1, a.shape[-1])}
-        if module.bias is not None:
-            out[module.bias] = weighted.reshape(-1, weighted.shape[-1]).sum(dim=0)
-        return {p: g for p, g in out.items() if p.requires_grad}
-    if type(module) in CONV_WEIGHT_GRADS and isinstance(module.padding, tuple) and \
-            module.padding_mode == "zeros":
-        # a convolution's gradient is linear in its output gradient: the weighted sum of the
-        # per-sample gradients is the ordinary weight gradient of the weighted output
-        # gradient, at the cost of one backward convolution (no per-sample tensors)
-        out = {module.weight: CONV_WEIGHT_GRADS[type(module)](
-            activations[0].to(weighted.dtype), module.weight.shape, weighted, module.stride,
-            module.padding, module.dilation, module.groups)}
-        if module.bias is not None:
-            out[module.bias] = weighted.sum(dim=[0, *range(2, weighted.dim())])
-        return {p: g for p, g in out.items() if p.requires_grad}
-    # other layers: Opacus's per-sample gradients (linear in the output gradient), summed
-    sampler = grad_sampler(type(module))
-    return {p: g.sum(dim=0) for p, g in sampler(module, activations, weighted).items()
-            if p.requires_grad}
-
-
-CONV_WEIGHT_GRADS = {nn.Conv1d: torch.nn.grad.conv1d_weight,
-                     nn.Conv2d: torch.nn.grad.conv2d_weight,
-                     nn.Conv3d: torch.nn.grad.conv3d_weight}
 
 
 STEP_PARTS = ("forward", "output gradients", "per-sample norms", "scaling rule",
@@ -350,7 +265,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     noisy = []
     for p, total in zip(groups.flat(), sums):
         noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=rng.noise,
-                             device=total.device)
+                             dtype=total.dtype, device=total.device)
         p.grad = noise.add_(total).div_(expected_batch)  # (sum + noise) / B, in place
         noisy.append(p.grad.detach())
     laps.lap("noise")
