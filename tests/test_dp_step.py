@@ -242,12 +242,25 @@ def test_a_layer_used_twice_and_batch_norm_are_refused():
     shared[2].weight = shared[0].weight
     with pytest.raises(DpclipError, match="share a parameter"):
         wrap_for_dp(shared)
-    in_place = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 3))
-    groups = LayerGroups.of(in_place)
-    with pytest.raises(DpclipError, match="modified in place"):
-        dp_step(wrap_for_dp(in_place), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
-                get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
-                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1)
+
+
+def test_an_in_place_op_on_a_layer_output_changes_no_gradient():
+    """The step asks for the gradient at the layer's own output slot in the graph, so a ReLU
+    that overwrites z in place gives the same clipped update as the out-of-place one (asking
+    for dL/dz by the tensor z would return the gradient of the ReLU's output instead)."""
+    x, y = torch.randn(4, 3, generator=torch.Generator().manual_seed(5)), \
+        torch.tensor([0, 1, 2, 0])
+    updates = []
+    for in_place in (False, True):
+        torch.manual_seed(2)
+        model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=in_place), nn.Linear(5, 3))
+        groups = LayerGroups.of(model)
+        dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
+                get_method("dp_sgd")(MethodContext(0.1, groups.names)), 0.0, 4.0,
+                torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1)
+        updates.append([p.grad for p in groups.flat()])
+    for out_of_place, in_place in zip(*updates):
+        torch.testing.assert_close(in_place, out_of_place, rtol=0, atol=0)
 
 
 def test_the_step_computes_no_weight_gradient_in_its_backward_pass():

@@ -42,7 +42,7 @@ class LayerTerms:
 
     module: nn.Module
     activations: list[torch.Tensor]
-    backprops: torch.Tensor
+    backprops: torch.Tensor | None
     per_sample: dict | None = None
 
     def norms(self) -> dict:
@@ -61,14 +61,17 @@ class LayerTerms:
         else:
             grads = grad_sampler(module)(module, self.activations, backprops)
         self.per_sample = {p: g for p, g in grads.items() if p.requires_grad}
+        # the weighted sum needs only the per-sample gradients now: free the layer's inputs
+        # and output gradients before the next layer's are expanded (the step's peak memory)
+        self.activations, self.backprops = [], None
         return {p: g.reshape(len(g), -1).norm(2, dim=1) for p, g in self.per_sample.items()}
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
         """{parameter: sum_i w_i g_i} for the layer's trainable parameters."""
         module = self.module
         if self.per_sample is not None:
-            w = weights.to(self.backprops.dtype)
-            return {p: torch.tensordot(w, g, dims=1) for p, g in self.per_sample.items()}
+            return {p: torch.tensordot(weights.to(g.dtype), g, dims=1)
+                    for p, g in self.per_sample.items()}
         shape = (-1,) + (1,) * (self.backprops.dim() - 1)
         weighted = self.backprops * weights.to(self.backprops.dtype).reshape(shape)
         a = self.activations[0].to(weighted.dtype)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, StepRelease
@@ -61,11 +62,14 @@ BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
 
 class BookKeeping(nn.Module):
     """The model, with forward hooks on its parameterised layers that keep, during a DP step's
-    forward pass, each layer's input activations a and its output z. The step then asks
-    autograd for dL/dz of every layer at once (``torch.autograd.grad``), which is the one
-    backward pass minus the weight gradients (no parameter is among the requested inputs, so
-    the engine skips them: the DP step would throw them away), and forms the per-sample norms
-    and the scaled sums from (a, dL/dz) (book-keeping, Bu et al. 2023)."""
+    forward pass, each layer's input activations a and where its output z enters the autograd
+    graph (a gradient edge: not z itself, whose memory the next op may then free, as in a
+    non-private step). The step then asks autograd for dL/dz of every layer at once
+    (``torch.autograd.grad``), which is the one backward pass minus the weight gradients (no
+    parameter is among the requested inputs, so the engine skips them: the DP step would throw
+    them away), and forms the per-sample norms and the scaled sums from (a, dL/dz)
+    (book-keeping, Bu et al. 2023). The edge is the layer's own output slot, so an in-place op
+    on z afterwards (``ReLU(inplace=True)``) does not change which gradient comes back."""
 
     def __init__(self, model: nn.Module, groups: LayerGroups):
         super().__init__()
@@ -83,20 +87,22 @@ class BookKeeping(nn.Module):
                                       f"per-layer norms do not give")
                 owners[id(p)] = name
         self._module = model
-        self._uses: list | None = None  # (module, activations, output) while capturing
+        self._uses: list | None = None  # (module, activations, edge, z's form) while capturing
         self._handles = [m.register_forward_hook(self._keep) for m in groups.modules]
 
     def _keep(self, module, inputs, output) -> None:
         if self._uses is not None and torch.is_grad_enabled():
             self._uses.append((module,
                                [t.detach() for t in inputs if isinstance(t, torch.Tensor)],
-                               output, output._version))
+                               get_gradient_edge(output),
+                               (output.shape, output.dtype, output.device)))
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
 
     def forward_keeping(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """The model's output on ``x`` and the layers' (module, activations, output) uses."""
+        """The model's output on ``x`` and the layers' uses (module, activations, gradient
+        edge of the output, the output's shape, dtype and device)."""
         self._uses = []
         try:
             return self._module(x), self._uses
@@ -118,14 +124,11 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
     if len(set(layers)) != len(layers):
         raise DpclipError("a parameterised layer is used more than once in one forward pass; "
                           "the DP step's per-sample norms need one use per layer")
-    if any(z._version != version for _, _, z, version in uses):
-        # an in-place op (e.g. ReLU(inplace=True)) overwrote z: the gradient autograd would
-        # return is that of the op's output, not dL/dz, and the norms would be wrong
-        raise DpclipError("a layer's output was modified in place in the forward pass (e.g. "
-                          "nn.ReLU(inplace=True)): use the out-of-place op for DP training")
-    grads = torch.autograd.grad(losses.sum(), [z for _, _, z, _ in uses], allow_unused=True)
-    return [LayerTerms(m, a, torch.zeros_like(z) if g is None else g.detach())
-            for (m, a, z, _), g in zip(uses, grads)]
+    grads = torch.autograd.grad(losses.sum(), [edge for _, _, edge, _ in uses],
+                                allow_unused=True)
+    return [LayerTerms(m, a, torch.zeros(shape, dtype=dtype, device=device) if g is None
+                       else g.detach())
+            for (m, a, _, (shape, dtype, device)), g in zip(uses, grads)]
 
 
 def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor:
@@ -255,6 +258,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         factors = method.scale(layer_norms)
         laps.lap("scaling rule")
         sums = scaled_sum(groups, kept, factors[:len(x)])
+        del kept  # activations, output gradients and per-sample gradients
         laps.lap("weighted sum")
     if canaries is not None:
         canaries.observe(method, x.device)  # every step, whoever was sampled
@@ -263,7 +267,8 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     extras = method.release_extras(layer_norms, rng)
     laps.lap("extra queries")
     noisy = []
-    for p, total in zip(groups.flat(), sums):
+    for k, p in enumerate(groups.flat()):
+        total, sums[k] = sums[k], None  # each sum is freed once its noisy gradient exists
         noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=rng.noise,
                              dtype=total.dtype, device=total.device)
         p.grad = noise.add_(total).div_(expected_batch)  # (sum + noise) / B, in place
