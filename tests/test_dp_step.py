@@ -326,3 +326,25 @@ def test_timing_parts_times_every_part_of_the_non_empty_steps_only():
     assert laps.seconds["forward"] > 0 and laps.seconds["noise"] > 0
     run.step(xt, yt, list(range(20, 30)), epoch=1)  # outside the block: not counted
     assert laps.steps == 2
+
+
+def test_the_forward_keeps_no_layer_output_alive():
+    """The step keeps where each output enters the graph, not the output: a Linear layer's
+    output feeding an out-of-place ReLU (which saves only its result) is freed after the forward
+    pass, as in a non-private step (holding every output was most of the CNN's extra memory)."""
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    outputs = []
+    model[0].register_forward_hook(lambda module, inputs, output: outputs.append(
+        weakref.ref(output)))
+    wrapped = wrap_for_dp(model)
+    logits, uses = wrapped.forward_keeping(torch.randn(5, 4))
+    gc.collect()
+    assert len(uses) == 2 and outputs[0]() is None
+    from dpclip.train.step import backward_keeping
+
+    kept = backward_keeping(wrapped, nn.functional.cross_entropy(
+        logits, torch.tensor([0, 1, 2, 0, 1]), reduction="none"), uses)
+    assert kept[0].backprops.shape == (5, 6)

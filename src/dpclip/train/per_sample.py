@@ -10,8 +10,8 @@ d = in channels / groups x kernel size per position):
   weighted sum (w * delta)^T a as one matrix product. Sequence inputs take Opacus's norm
   sampler (its Gram form).
 * Convolutions (zero padding): the mixed rule of Bu, Mao & Xu (2022) picks, by the layer's
-  dimensions, the cheaper way to the norm. The ghost norm ||g_i||^2 = <A_i^T A_i,
-  D_i^T D_i> (A_i: the unfolded input, d x T; D_i: delta_i, p x T) costs B T^2 (p + d) time and
+  dimensions, the cheaper way to the norm. The ghost norm ``||g_i||^2 = <A_i^T A_i,
+  D_i^T D_i>`` (A_i: the unfolded input, d x T; D_i: delta_i, p x T) costs B T^2 (p + d) time and
   B T^2 memory; instantiating the per-sample gradients costs B T p d time and B p d memory. The
   ghost norm is taken iff 2 T^2 < p d. Instantiated gradients are kept and give the weighted
   sum as sum_i w_i g_i (B p d, no convolution); a ghost-norm layer's weighted sum is the
@@ -140,7 +140,7 @@ def _unfold(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_ghost_norms(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor) -> dict:
-    """||g_i||^2 = <A_i^T A_i, D_i^T D_i> (weight) and ||sum_t delta_i,t||^2 (bias), without
+    """``||g_i||^2 = <A_i^T A_i, D_i^T D_i>`` (weight) and ||sum_t delta_i,t||^2 (bias), without
     forming g_i."""
     deltas = backprops.reshape(len(backprops), layer.out_channels, -1)  # (B, p, T)
     out = {}
