@@ -348,3 +348,19 @@ def test_the_forward_keeps_no_layer_output_alive():
     kept = backward_keeping(wrapped, nn.functional.cross_entropy(
         logits, torch.tensor([0, 1, 2, 0, 1]), reduction="none"), uses)
     assert kept[0].backprops.shape == (5, 6)
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 40, 64, 65, 79, 80, 97, 1000])
+def test_noise_drawn_in_chunks_is_the_one_draw_of_the_whole_tensor(monkeypatch, size):
+    """add_noise draws at most NOISE_CHUNK numbers at a time (here 32) and still adds exactly
+    what one draw of the whole tensor gives, leaving the generator where that draw leaves it:
+    chunking changes the step's memory, not its noise."""
+    from dpclip.train import step
+
+    monkeypatch.setitem(step.NOISE_CHUNK, "cpu", 32)
+    total = torch.arange(size, dtype=torch.float32).reshape(-1, 1) / 7
+    chunked_gen, whole_gen = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    whole = torch.normal(0.0, 1.5, size=total.shape, generator=whole_gen).add_(total)
+    noisy = step.add_noise(total.clone(), 1.5, chunked_gen)
+    assert torch.equal(noisy, whole)
+    assert torch.equal(chunked_gen.get_state(), whole_gen.get_state())

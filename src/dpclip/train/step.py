@@ -150,15 +150,20 @@ def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor
 def scaled_sum(groups: LayerGroups, kept: list[LayerTerms], factors: torch.Tensor
                ) -> list[torch.Tensor]:
     """sum_i s_i^(l) g_i^(l) for every parameter, in ``groups.flat()`` order, from each layer's
-    terms (after :func:`per_layer_norms`, which may have kept per-sample gradients)."""
+    terms (after :func:`per_layer_norms`, which may have kept per-sample gradients).
+
+    Consumes ``kept``: each layer's terms are dropped as soon as its sums exist, so the sums
+    grow while the activations and output gradients shrink (the step's peak memory)."""
     factors = factors.detach()
     totals: dict[int, torch.Tensor] = {}
-    for terms in kept:
+    while kept:
+        terms = kept.pop()
         k = _layer_index(groups, terms.module)
         if k is None:
             continue  # not trained by this step (frozen since the model was wrapped)
         weights = factors if factors.dim() == 1 else factors[:, k]
         totals.update({id(p): g for p, g in terms.weighted_sum(weights).items()})
+        del terms
     return [totals[id(p)] if id(p) in totals else torch.zeros_like(p) for p in groups.flat()]
 
 
@@ -219,6 +224,27 @@ def timing_parts():
         _laps = NO_LAPS
 
 
+# numbers drawn per call: a multiple of 16, the block torch's CPU Gaussian sampler fills
+NOISE_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
+
+
+def add_noise(total: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """``total + N(0, std^2 I)``, in place in ``total``, drawn a chunk at a time
+    (:data:`NOISE_CHUNK`) so that the step never holds a second tensor of the largest layer's
+    size beside the sums. On the CPU the chunks are exactly the numbers one draw of the whole
+    tensor gives: torch fills blocks of 16 and redraws a ragged last block, so every chunk but
+    the last is a multiple of 16 and a last one shorter than 16 joins the one before it."""
+    flat = total.view(-1) if total.is_contiguous() else total.contiguous().view(-1)
+    chunk = NOISE_CHUNK.get(flat.device.type, NOISE_CHUNK["cuda"])
+    starts = list(range(0, flat.numel(), chunk))
+    if len(starts) > 1 and flat.numel() - starts[-1] < 16:
+        starts.pop()
+    for start, end in zip(starts, starts[1:] + [flat.numel()]):
+        flat[start:end].add_(torch.normal(0.0, std, size=(end - start,), generator=generator,
+                                          dtype=flat.dtype, device=flat.device))
+    return flat.view(total.shape)
+
+
 def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: torch.Tensor,
             method: Method, sigma_train: float, expected_batch: float,
             optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int,
@@ -257,8 +283,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         laps.lap("per-sample norms")
         factors = method.scale(layer_norms)
         laps.lap("scaling rule")
-        sums = scaled_sum(groups, kept, factors[:len(x)])
-        del kept  # activations, output gradients and per-sample gradients
+        sums = scaled_sum(groups, kept, factors[:len(x)])  # empties kept as it goes
         laps.lap("weighted sum")
     if canaries is not None:
         canaries.observe(method, x.device)  # every step, whoever was sampled
@@ -268,10 +293,8 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     laps.lap("extra queries")
     noisy = []
     for k, p in enumerate(groups.flat()):
-        total, sums[k] = sums[k], None  # each sum is freed once its noisy gradient exists
-        noise = torch.normal(0.0, sigma_train * clip, size=total.shape, generator=rng.noise,
-                             dtype=total.dtype, device=total.device)
-        p.grad = noise.add_(total).div_(expected_batch)  # (sum + noise) / B, in place
+        total, sums[k] = sums[k], None
+        p.grad = add_noise(total, sigma_train * clip, rng.noise).div_(expected_batch)
         noisy.append(p.grad.detach())
     laps.lap("noise")
     optimizer.step()
