@@ -136,3 +136,14 @@ def test_the_mixed_rule_takes_the_ghost_norm_only_when_2T2_is_below_pd():
     assert not conv_uses_ghost_norm(nn.Conv2d(16, 32, 4, groups=2), torch.zeros(2, 32, 5, 5))
     # the boundary: 2 T^2 = p d is not below, so it instantiates
     assert not conv_uses_ghost_norm(nn.Conv1d(1, 4, 2), torch.zeros(2, 4, 2))  # 2 x 2^2 = 4 x 2
+
+
+@pytest.mark.parametrize("rows, width", [(256, 784), (5, 3), (97, 40)])
+def test_row_squares_in_chunks_are_the_numbers_of_one_reduction(monkeypatch, rows, width):
+    """The Linear ghost norm's row sums of squares, taken a few rows at a time so that no
+    temporary of the input's size exists, equal t.square().sum(1) bit for bit."""
+    from dpclip.train import per_sample
+
+    monkeypatch.setattr(per_sample, "ROW_CHUNK", 64)
+    t = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
+    assert torch.equal(per_sample.row_squares(t), t.square().sum(dim=1))

@@ -67,13 +67,16 @@ class LayerTerms:
         return {p: g.reshape(len(g), -1).norm(2, dim=1) for p, g in self.per_sample.items()}
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
-        """{parameter: sum_i w_i g_i} for the layer's trainable parameters."""
+        """{parameter: sum_i w_i g_i} for the layer's trainable parameters. Consumes the
+        output gradients (weighted in place)."""
         module = self.module
         if self.per_sample is not None:
             return {p: torch.tensordot(weights.to(g.dtype), g, dims=1)
                     for p, g in self.per_sample.items()}
         shape = (-1,) + (1,) * (self.backprops.dim() - 1)
-        weighted = self.backprops * weights.to(self.backprops.dtype).reshape(shape)
+        # in place: the output gradients are not needed after the sum (one tensor fewer)
+        weighted = self.backprops.mul_(weights.to(self.backprops.dtype).reshape(shape))
+        self.backprops = None
         a = self.activations[0].to(weighted.dtype)
         if type(module) is nn.Linear:
             # batch and any sequence dimensions are summed: (w delta)^T a, never per sample; a
@@ -99,13 +102,26 @@ class LayerTerms:
 def _linear_norms(layer: nn.Linear, a: torch.Tensor, backprops: torch.Tensor) -> dict:
     """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias), as row sums of squares
     (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead)."""
-    delta_sq = backprops.square().sum(dim=1)
+    delta_sq = row_squares(backprops)
     out = {}
     if layer.weight.requires_grad:
-        out[layer.weight] = (delta_sq * a.square().sum(dim=1)).sqrt()
+        out[layer.weight] = (delta_sq * row_squares(a)).sqrt()
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = delta_sq.sqrt()
     return out
+
+
+ROW_CHUNK = 1 << 16  # elements squared at a time
+
+
+def row_squares(t: torch.Tensor) -> torch.Tensor:
+    """sum_j t_ij^2 for each row of a 2-D tensor: the numbers of ``t.square().sum(dim=1)``
+    (each row is reduced alone, so in the same order), without a temporary of t's size: a
+    layer's input can be the largest tensor of the step."""
+    rows = max(1, ROW_CHUNK // max(1, t.shape[1]))
+    if rows >= len(t):
+        return t.square().sum(dim=1)
+    return torch.cat([t[i:i + rows].square().sum(dim=1) for i in range(0, len(t), rows)])
 
 
 def _plain_conv(module: nn.Module) -> bool:

@@ -277,6 +277,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
         laps.lap("forward")
         kept = backward_keeping(model, losses, uses)  # no weight gradients computed
+        del out, uses  # kept holds the activations now, and lets go of them layer by layer
         loss = float(losses.mean().detach())
         laps.lap("output gradients")
         layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
