@@ -30,6 +30,30 @@ class Embed(nn.Module):
         return self.head(h.mean(dim=1))
 
 
+class TwoHeads(nn.Module):
+    """a(x) + b(x): autograd hands both heads the same output-gradient tensor, so a step that
+    weighted one head's gradient in place would weight the other's twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+class SpatialSum(nn.Module):
+    """A ghost-norm convolution (T = 4, p d = 16 x 36) summed over its map: its output gradient
+    is an expanded tensor (stride 0), which cannot be written in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(4, 16, 3), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.conv(x).sum(dim=(2, 3))))
+
+
 def conv2d_model(stride, padding, dilation, groups, second_kernel):
     """conv1 on 9 x 9 maps (instantiated), conv2 on the small map after it with many channels
     (the ghost norm when 2 T^2 < p d), GroupNorm, head."""
@@ -52,6 +76,8 @@ MODELS = {
         nn.Conv2d(1, 3, 3, padding=1, padding_mode="reflect"), nn.ReLU(), nn.Flatten(),
         nn.Linear(3 * 36, 3)), (1, 6, 6)),
     "embedding, sequence linear, layer norm": lambda: (Embed(), (6,)),
+    "two layers given one output gradient": lambda: (TwoHeads(), (6,)),
+    "ghost convolution summed over its map": lambda: (SpatialSum(), (4, 4, 4)),
 }
 
 
@@ -147,3 +173,22 @@ def test_row_squares_in_chunks_are_the_numbers_of_one_reduction(monkeypatch, row
     monkeypatch.setattr(per_sample, "ROW_CHUNK", 64)
     t = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
     assert torch.equal(per_sample.row_squares(t), t.square().sum(dim=1))
+
+
+def test_the_ghost_norm_does_not_round_low_when_positions_cancel():
+    """Alike patches (inputs near 50) and output gradients of alternating sign across the
+    positions: the pairs of the ghost norm's sum cancel, and in float32 the norm came out as
+    low as 0.80 of the true one, which would let a clipped record contribute 1.25 C. In float64
+    it matches per-sample gradients computed in float64 (found by an independent audit)."""
+    from dpclip.train.per_sample import LayerTerms
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, bias=False)
+    a = 50 + 0.01 * torch.randn(8, 16, 4, 4)
+    signs = torch.tensor([1.0, -1.0, 1.0, -1.0]).reshape(1, 1, 2, 2)
+    delta = torch.randn(8, 32, 1, 1) * signs + 1e-3 * torch.randn(8, 32, 2, 2)
+    assert conv_uses_ghost_norm(conv, delta)
+    ghost = LayerTerms(conv, [a], delta).norms()[conv.weight].double()
+    true = torch.func.vmap(lambda a_i, d_i: torch.nn.grad.conv2d_weight(
+        a_i[None], conv.weight.shape, d_i[None]))(a.double(), delta.double())
+    torch.testing.assert_close(ghost, true.reshape(8, -1).norm(dim=1), rtol=1e-6, atol=0)

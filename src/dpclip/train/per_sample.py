@@ -23,6 +23,7 @@ d = in channels / groups x kernel size per position):
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,15 +68,15 @@ class LayerTerms:
         return {p: g.reshape(len(g), -1).norm(2, dim=1) for p, g in self.per_sample.items()}
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
-        """{parameter: sum_i w_i g_i} for the layer's trainable parameters. Consumes the
-        output gradients (weighted in place)."""
+        """{parameter: sum_i w_i g_i} for the layer's trainable parameters. Lets go of the
+        output gradients (they are not needed after the sum)."""
         module = self.module
         if self.per_sample is not None:
             return {p: torch.tensordot(weights.to(g.dtype), g, dims=1)
                     for p, g in self.per_sample.items()}
         shape = (-1,) + (1,) * (self.backprops.dim() - 1)
-        # in place: the output gradients are not needed after the sum (one tensor fewer)
-        weighted = self.backprops.mul_(weights.to(self.backprops.dtype).reshape(shape))
+        # not in place: autograd may hand one gradient tensor to several layers (a(x) + b(x))
+        weighted = self.backprops * weights.to(self.backprops.dtype).reshape(shape)
         self.backprops = None
         a = self.activations[0].to(weighted.dtype)
         if type(module) is nn.Linear:
@@ -136,7 +137,7 @@ def conv_uses_ghost_norm(layer: nn.Module, backprops: torch.Tensor) -> bool:
     """Bu, Mao & Xu's layerwise rule: the ghost norm iff 2 T^2 < p d (T output positions, p
     output channels, d = in channels x kernel size). Grouped convolutions instantiate."""
     positions = backprops[0, 0].numel()
-    d = layer.in_channels * int(torch.tensor(layer.kernel_size).prod())
+    d = layer.in_channels * math.prod(layer.kernel_size)
     return layer.groups == 1 and 2 * positions ** 2 < layer.out_channels * d
 
 
@@ -161,9 +162,14 @@ def _conv_ghost_norms(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor
     deltas = backprops.reshape(len(backprops), layer.out_channels, -1)  # (B, p, T)
     out = {}
     if layer.weight.requires_grad:
-        patches = _unfold(layer, a)  # (B, d, T)
-        grams = (patches.transpose(1, 2) @ patches) * (deltas.transpose(1, 2) @ deltas)
-        out[layer.weight] = grams.sum(dim=(1, 2)).clamp_min(0).sqrt()
+        # in float64: the sum over position pairs can cancel (alike patches, output gradients
+        # of alternating sign), and a norm rounded low would clip a record above C
+        # (B, T, d) and (B, T, p), rows contiguous: the faster layout for the batched products
+        patches = _unfold(layer, a).transpose(1, 2).to(torch.float64,
+                                                       memory_format=torch.contiguous_format)
+        outputs = deltas.transpose(1, 2).to(torch.float64, memory_format=torch.contiguous_format)
+        grams = (patches @ patches.transpose(1, 2)) * (outputs @ outputs.transpose(1, 2))
+        out[layer.weight] = grams.sum(dim=(1, 2)).clamp_min(0).sqrt().to(backprops.dtype)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = deltas.sum(dim=2).norm(2, dim=1)
     return out
