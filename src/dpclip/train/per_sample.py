@@ -13,7 +13,8 @@ d = in channels / groups x kernel size per position):
   dimensions, the cheaper way to the norm. The ghost norm ``||g_i||^2 = <A_i^T A_i,
   D_i^T D_i>`` (A_i: the unfolded input, d x T; D_i: delta_i, p x T) costs B T^2 (p + d) time and
   B T^2 memory; instantiating the per-sample gradients costs B T p d time and B p d memory. The
-  ghost norm is taken iff 2 T^2 < p d. Instantiated gradients are kept and give the weighted
+  ghost norm is taken iff 2 T^2 < p d, and computed in float64: its sum over pairs of positions
+  can cancel, and a norm rounded low would let a record past the clip. Instantiated gradients are kept and give the weighted
   sum as sum_i w_i g_i (B p d, no convolution); a ghost-norm layer's weighted sum is the
   ordinary weight gradient of w * delta (one backward convolution).
 * Other layers: Opacus's per-sample gradients (its registered grad samplers, else functorch),
