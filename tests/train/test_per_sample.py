@@ -77,6 +77,8 @@ MODELS = {
         nn.Linear(3 * 36, 3)), (1, 6, 6)),
     "embedding, sequence linear, layer norm": lambda: (Embed(), (6,)),
     "two layers given one output gradient": lambda: (TwoHeads(), (6,)),
+    "linear on 4-D inputs": lambda: (nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Flatten(),
+                                                   nn.Linear(16, 3)), (2, 2, 3)),
     "ghost convolution summed over its map": lambda: (SpatialSum(), (4, 4, 4)),
 }
 

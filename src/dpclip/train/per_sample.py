@@ -8,7 +8,7 @@ d = in channels / groups x kernel size per position):
 
 * ``Linear``: the "ghost" norm ||g_i|| = ||delta_i|| ||a_i|| (g_i = delta_i a_i^T), and the
   weighted sum (w * delta)^T a as one matrix product. Sequence inputs take Opacus's norm
-  sampler (its Gram form).
+  sampler (its Gram form); inputs of more dimensions, Opacus's per-sample gradients.
 * Convolutions (zero padding): the mixed rule of Bu, Mao & Xu (2022) picks, by the layer's
   dimensions, the cheaper way to the norm. The ghost norm ``||g_i||^2 = <A_i^T A_i,
   D_i^T D_i>`` (A_i: the unfolded input, d x T; D_i: delta_i, p x T) costs B T^2 (p + d) time and
@@ -52,7 +52,7 @@ class LayerTerms:
         module, backprops = self.module, self.backprops
         if type(module) is nn.Linear and backprops.dim() == 2:
             return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
-        if type(module) is nn.Linear:
+        if type(module) is nn.Linear and backprops.dim() == 3:
             return opacus_samplers()[0][nn.Linear](module, self.activations, backprops)
         if _plain_conv(module) and conv_uses_ghost_norm(module, backprops):
             return _conv_ghost_norms(module, self.activations[0].to(backprops.dtype),

@@ -160,7 +160,7 @@ def scaled_sum(groups: LayerGroups, kept: list[LayerTerms], factors: torch.Tenso
         terms = kept.pop()
         k = _layer_index(groups, terms.module)
         if k is None:
-            continue  # not trained by this step (frozen since the model was wrapped)
+            continue  # a layer the forward hooks saw that is not in groups
         weights = factors if factors.dim() == 1 else factors[:, k]
         totals.update({id(p): g for p, g in terms.weighted_sum(weights).items()})
         del terms
