@@ -168,13 +168,13 @@ def test_the_mixed_rule_takes_the_ghost_norm_only_when_2T2_is_below_pd():
 
 @pytest.mark.parametrize("rows, width", [(256, 784), (5, 3), (97, 40)])
 def test_row_squares_in_chunks_are_the_numbers_of_one_reduction(monkeypatch, rows, width):
-    """The Linear ghost norm's row sums of squares, taken a few rows at a time so that no
-    temporary of the input's size exists, equal t.square().sum(1) bit for bit."""
+    """The Linear ghost norm's row sums of squares, taken a few rows at a time in float64 so
+    that no temporary of the input's size exists, equal one float64 reduction bit for bit."""
     from dpclip.train import per_sample
 
     monkeypatch.setattr(per_sample, "ROW_CHUNK", 64)
     t = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
-    assert torch.equal(per_sample.row_squares(t), t.square().sum(dim=1))
+    assert torch.equal(per_sample.row_squares(t), t.double().square().sum(dim=1))
 
 
 def test_the_ghost_norm_does_not_round_low_when_positions_cancel():

@@ -3,22 +3,39 @@ single backward pass leaves: the layer's input activations a_i and its output gr
 delta_i = dL/dz_i (book-keeping, Bu et al. 2023). Each record's gradient of a layer is linear
 in delta_i, so no second backward pass is needed.
 
-Per layer type (B records; a convolution has T output positions, p = out channels and
-d = in channels / groups x kernel size per position):
+The contract every path keeps (``tests/train/test_contribution_bound.py``): for each record i,
+the vector the weighted sum adds for it, ``weighted_sum(e_i)``, has a norm of at most the norm
+``norms()`` returned for it (up to float32 rounding of that vector, a relative 1e-7). A clip
+factor s_i <= C / n_i therefore bounds what the record contributes by C, whatever the input.
+Each norm is one of:
 
-* ``Linear``: the "ghost" norm ||g_i|| = ||delta_i|| ||a_i|| (g_i = delta_i a_i^T), and the
-  weighted sum (w * delta)^T a as one matrix product. Sequence inputs take Opacus's norm
-  sampler (its Gram form); inputs of more dimensions, Opacus's per-sample gradients.
-* Convolutions (zero padding): the mixed rule of Bu, Mao & Xu (2022) picks, by the layer's
-  dimensions, the cheaper way to the norm. The ghost norm ``||g_i||^2 = <A_i^T A_i,
-  D_i^T D_i>`` (A_i: the unfolded input, d x T; D_i: delta_i, p x T) costs B T^2 (p + d) time and
-  B T^2 memory; instantiating the per-sample gradients costs B T p d time and B p d memory. The
-  ghost norm is taken iff 2 T^2 < p d, and computed in float64: its sum over pairs of positions
-  can cancel, and a norm rounded low would let a record past the clip. Instantiated gradients are kept and give the weighted
-  sum as sum_i w_i g_i (B p d, no convolution); a ghost-norm layer's weighted sum is the
-  ordinary weight gradient of w * delta (one backward convolution).
+* exact: the float32 rounding, upwards, of a float64 computation with no cancellation
+  (``Linear`` on vectors: ||g_i|| = ||delta_i|| ||a_i||, sums of squares);
+* the exact norm of the very per-sample gradient that the weighted sum adds (instantiated
+  gradients, accumulated in float64 and rounded upwards);
+* a proven upper bound (the ghost norm over positions, below): its float64 value plus the
+  worst-case rounding error of that computation and of the float64 weighted sum.
+
+Per layer type (B records; a layer applied at T positions, a sequence Linear's tokens or a
+convolution's output positions; p = output features or channels, d = input features, or in
+channels / groups x kernel size):
+
+* ``Linear`` on vectors (B, d): the ghost norm above; the weighted sum (w * delta)^T a is one
+  float32 matrix product, in which each record's term is a single product per entry.
+* ``Linear`` on (B, ..., d) and zero-padded convolutions: the mixed rule of Bu, Mao & Xu
+  (2022) picks by the layer's dimensions. The ghost norm ``||g_i||^2 = <A_i^T A_i, D_i^T D_i>``
+  (A_i: T x d inputs or unfolded patches, D_i: T x p output gradients) costs B T^2 (p + d) and
+  is taken iff 2 T^2 < p d; otherwise the per-sample gradients D_i^T A_i (B p d) are
+  instantiated and kept for the weighted sum sum_i w_i g_i. The ghost norm's sum over pairs of
+  positions cancels when inputs are alike and output gradients alternate in sign (in float32 a
+  true norm of 0.01 came out as 0.000), so it is computed in float64 with the error bound of
+  :func:`ghost_norm_upper_bound`, and the ghost path's weighted sum is taken in float64 too.
 * Other layers: Opacus's per-sample gradients (its registered grad samplers, else functorch),
-  kept for the weighted sum in the same way.
+  kept for the weighted sum in the same way (``Embedding(padding_idx=k)``: row k's gradient is
+  zero, as in autograd).
+
+Layers whose gradient these paths would get wrong are refused before training by
+:func:`refusal`, which names the layer and the reason.
 """
 
 from __future__ import annotations
@@ -31,42 +48,64 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpclip.errors import DpclipError
+
 CONV_WEIGHT_GRADS = {nn.Conv1d: torch.nn.grad.conv1d_weight,
                      nn.Conv2d: torch.nn.grad.conv2d_weight,
                      nn.Conv3d: torch.nn.grad.conv3d_weight}
+EPS64 = torch.finfo(torch.float64).eps  # 2^-52, twice float64's unit roundoff
 
 
 @dataclass
 class LayerTerms:
     """One layer's use in a DP step's forward pass: the module, its input activations, its
     output gradients dL/dz, and (once :meth:`norms` instantiated them) its per-sample
-    gradients {parameter: (B, *parameter.shape)}."""
+    gradients {parameter: (B, *parameter.shape)}. ``in_float64``: the ghost path's weighted sum
+    is taken in float64 (its norm bounds that sum's rounding too)."""
 
     module: nn.Module
     activations: list[torch.Tensor]
     backprops: torch.Tensor | None
     per_sample: dict | None = None
+    in_float64: bool = False
+
+    def __post_init__(self):
+        self.dtype = self.backprops.dtype  # the norms' and sums' dtype
 
     def norms(self) -> dict:
-        """{parameter: ||g_i||, shape (B,)} for the layer's trainable parameters."""
+        """{parameter: n_i, shape (B,)} for the layer's trainable parameters, each n_i at least
+        the norm of what :meth:`weighted_sum` adds for record i per unit weight (module
+        docstring)."""
         module, backprops = self.module, self.backprops
         if type(module) is nn.Linear and backprops.dim() == 2:
             return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
-        if type(module) is nn.Linear and backprops.dim() == 3:
-            return opacus_samplers()[0][nn.Linear](module, self.activations, backprops)
-        if _plain_conv(module) and conv_uses_ghost_norm(module, backprops):
-            return _conv_ghost_norms(module, self.activations[0].to(backprops.dtype),
-                                     backprops)
-        if _plain_conv(module):
-            grads = _conv_per_sample(module, self.activations[0].to(backprops.dtype),
-                                     backprops)
+        if type(module) is nn.Linear:  # on (B, ..., d): applied at every position
+            patches, outputs = positions(module, self.activations[0].to(backprops.dtype),
+                                         backprops)
+            if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2]):
+                self.in_float64 = True
+                return _ghost_norms(module, patches, outputs, backprops.dtype)
+            grads = _linear_per_sample(module, patches, outputs)
+        elif _plain_conv(module):
+            a = self.activations[0].to(backprops.dtype)
+            if conv_uses_ghost_norm(module, backprops):
+                self.in_float64 = True
+                return _ghost_norms(module, *positions(module, a, backprops), backprops.dtype)
+            grads = _conv_per_sample(module, a, backprops)
         else:
+            if len(self.activations) != 1:
+                raise DpclipError(f"{type(module).__name__} layer called with "
+                                  f"{len(self.activations)} tensor inputs: its per-sample "
+                                  f"gradients (Opacus's samplers, functorch) take one")
             grads = grad_sampler(module)(module, self.activations, backprops)
-        self.per_sample = {p: g for p, g in grads.items() if p.requires_grad}
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                grads[module.weight][:, module.padding_idx] = 0  # as autograd: no gradient
+        own = {id(p) for p in module.parameters(recurse=False)}
+        self.per_sample = {p: g for p, g in grads.items() if p.requires_grad and id(p) in own}
         # the weighted sum needs only the per-sample gradients now: free the layer's inputs
         # and output gradients before the next layer's are expanded (the step's peak memory)
         self.activations, self.backprops = [], None
-        return {p: g.reshape(len(g), -1).norm(2, dim=1) for p, g in self.per_sample.items()}
+        return {p: exact_norm_upward(g) for p, g in self.per_sample.items()}
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
         """{parameter: sum_i w_i g_i} for the layer's trainable parameters. Lets go of the
@@ -75,11 +114,13 @@ class LayerTerms:
         if self.per_sample is not None:
             return {p: torch.tensordot(weights.to(g.dtype), g, dims=1)
                     for p, g in self.per_sample.items()}
+        dtype = self.backprops.dtype
+        compute = torch.float64 if self.in_float64 else dtype
         shape = (-1,) + (1,) * (self.backprops.dim() - 1)
         # not in place: autograd may hand one gradient tensor to several layers (a(x) + b(x))
-        weighted = self.backprops * weights.to(self.backprops.dtype).reshape(shape)
+        weighted = self.backprops.to(compute) * weights.to(compute).reshape(shape)
         self.backprops = None
-        a = self.activations[0].to(weighted.dtype)
+        a = self.activations[0].to(compute)
         if type(module) is nn.Linear:
             # batch and any sequence dimensions are summed: (w delta)^T a, never per sample; a
             # plain matrix product (einsum runs it as a batched one of batch size 1, slower)
@@ -98,18 +139,37 @@ class LayerTerms:
         else:
             raise RuntimeError(f"{type(module).__name__}: no per-sample gradients kept for "
                                f"its weighted sum (norms() was not called)")
-        return {p: g for p, g in out.items() if p.requires_grad}
+        return {p: g.to(dtype) for p, g in out.items() if p.requires_grad}
+
+
+def round_upward(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The smallest ``dtype`` number >= x (x in float64): a float32 norm never below the float64
+    one it stands for."""
+    y = x.to(dtype)
+    return torch.where(y.to(x.dtype) < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+
+
+def exact_norm_upward(g: torch.Tensor) -> torch.Tensor:
+    """||g_i|| of per-sample gradients (B, ...): squares summed in float64 (each square of a
+    float32 is exact there), the sum's worst-case rounding (k EPS64 for k terms) added, then
+    rounded upwards to g's dtype."""
+    flat = g.reshape(len(g), -1)
+    norms = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64)
+    return round_upward(norms * (1 + (flat.shape[1] + 2) * EPS64), g.dtype)
 
 
 def _linear_norms(layer: nn.Linear, a: torch.Tensor, backprops: torch.Tensor) -> dict:
     """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias), as row sums of squares
-    (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead)."""
+    (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead);
+    in float64, with the sums' rounding bound added, rounded upwards."""
     delta_sq = row_squares(backprops)
+    slack = 1 + (backprops.shape[1] + a.shape[1] + 4) * EPS64
     out = {}
     if layer.weight.requires_grad:
-        out[layer.weight] = (delta_sq * row_squares(a)).sqrt()
+        out[layer.weight] = round_upward((delta_sq * row_squares(a)).sqrt() * slack,
+                                         backprops.dtype)
     if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = delta_sq.sqrt()
+        out[layer.bias] = round_upward(delta_sq.sqrt() * slack, backprops.dtype)
     return out
 
 
@@ -117,13 +177,11 @@ ROW_CHUNK = 1 << 16  # elements squared at a time
 
 
 def row_squares(t: torch.Tensor) -> torch.Tensor:
-    """sum_j t_ij^2 for each row of a 2-D tensor: the numbers of ``t.square().sum(dim=1)``
-    (each row is reduced alone, so in the same order), without a temporary of t's size: a
-    layer's input can be the largest tensor of the step."""
+    """sum_j t_ij^2 for each row of a 2-D tensor, in float64, without a temporary of t's size:
+    a layer's input can be the largest tensor of the step."""
     rows = max(1, ROW_CHUNK // max(1, t.shape[1]))
-    if rows >= len(t):
-        return t.square().sum(dim=1)
-    return torch.cat([t[i:i + rows].square().sum(dim=1) for i in range(0, len(t), rows)])
+    return torch.cat([t[i:i + rows].to(torch.float64).square().sum(dim=1)
+                      for i in range(0, len(t), rows)])
 
 
 def _plain_conv(module: nn.Module) -> bool:
@@ -134,12 +192,27 @@ def _plain_conv(module: nn.Module) -> bool:
         module.padding_mode == "zeros"
 
 
+def uses_ghost_norm(layer: nn.Module, positions: int, p: int, d: int) -> bool:
+    """Bu, Mao & Xu's layerwise rule: the ghost norm iff 2 T^2 < p d (T positions, p output
+    channels or features, d = inputs per position). Grouped convolutions instantiate."""
+    return getattr(layer, "groups", 1) == 1 and 2 * positions ** 2 < p * d
+
+
 def conv_uses_ghost_norm(layer: nn.Module, backprops: torch.Tensor) -> bool:
-    """Bu, Mao & Xu's layerwise rule: the ghost norm iff 2 T^2 < p d (T output positions, p
-    output channels, d = in channels x kernel size). Grouped convolutions instantiate."""
-    positions = backprops[0, 0].numel()
-    d = layer.in_channels * math.prod(layer.kernel_size)
-    return layer.groups == 1 and 2 * positions ** 2 < layer.out_channels * d
+    """:func:`uses_ghost_norm` for a convolution and its output gradients."""
+    d = layer.in_channels // layer.groups * math.prod(layer.kernel_size)
+    return uses_ghost_norm(layer, backprops[0, 0].numel(), layer.out_channels, d)
+
+
+def positions(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's inputs (B, T, d) and output gradients (B, T, p) per position: a Linear's
+    leading dimensions after the batch, a convolution's unfolded patches."""
+    if type(layer) is nn.Linear:
+        return a.reshape(len(a), -1, a.shape[-1]), \
+            backprops.reshape(len(backprops), -1, backprops.shape[-1])
+    return _unfold(layer, a).transpose(1, 2), \
+        backprops.reshape(len(backprops), layer.out_channels, -1).transpose(1, 2)
 
 
 def _unfold(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
@@ -157,22 +230,49 @@ def _unfold(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
                     stride=layer.stride, dilation=layer.dilation)
 
 
-def _conv_ghost_norms(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor) -> dict:
-    """``||g_i||^2 = <A_i^T A_i, D_i^T D_i>`` (weight) and ||sum_t delta_i,t||^2 (bias), without
-    forming g_i."""
-    deltas = backprops.reshape(len(backprops), layer.out_channels, -1)  # (B, p, T)
+def ghost_norm_upper_bound(patches: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+    """An upper bound on ||g_i|| = ||D_i^T A_i||_F (float64, shape (B,)) from A_i (T x d) and
+    D_i (T x p) without forming g_i:
+
+        ||g_i||^2 = sum_{t,s} <a_t, a_s> <delta_t, delta_s>
+
+    computed in float64, where the terms can cancel almost completely. With M_i = sum_t
+    ||a_t|| ||delta_t||, each Gram entry is off by at most d u ||a_t|| ||a_s|| (p u ||delta_t||
+    ||delta_s||) and the products and the T^2-term sum add (T^2 + 2) u, so the computed sum is
+    within (d + p + T^2 + 2) u M_i^2 of the true one (u = 2^-53; EPS64 = 2u covers the
+    higher-order terms). That is added under the root; (T + 2) EPS64 M_i outside it bounds the
+    rounding of the float64 weighted sum, whose record-i part sums the same T products."""
+    a = patches.to(torch.float64, memory_format=torch.contiguous_format)
+    d = outputs.to(torch.float64, memory_format=torch.contiguous_format)
+    positions, width, features = a.shape[1], a.shape[2], d.shape[2]
+    squared = ((a @ a.transpose(1, 2)) * (d @ d.transpose(1, 2))).sum(dim=(1, 2))
+    spread = (a.norm(dim=2) * d.norm(dim=2)).sum(dim=1)  # M_i
+    error = (width + features + positions ** 2 + 2) * EPS64 * spread.square()
+    return (squared.clamp_min(0) + error).sqrt() + (positions + 2) * EPS64 * spread
+
+
+def _ghost_norms(layer: nn.Module, patches: torch.Tensor, outputs: torch.Tensor,
+                 dtype: torch.dtype) -> dict:
+    """Weight: :func:`ghost_norm_upper_bound`. Bias: ||sum_t delta_t|| in float64 plus the
+    sum's rounding bound (T + 2) EPS64 sum_t ||delta_t||. Both rounded upwards to ``dtype``."""
     out = {}
     if layer.weight.requires_grad:
-        # in float64: the sum over position pairs can cancel (alike patches, output gradients
-        # of alternating sign), and a norm rounded low would clip a record above C
-        # (B, T, d) and (B, T, p), rows contiguous: the faster layout for the batched products
-        patches = _unfold(layer, a).transpose(1, 2).to(torch.float64,
-                                                       memory_format=torch.contiguous_format)
-        outputs = deltas.transpose(1, 2).to(torch.float64, memory_format=torch.contiguous_format)
-        grams = (patches @ patches.transpose(1, 2)) * (outputs @ outputs.transpose(1, 2))
-        out[layer.weight] = grams.sum(dim=(1, 2)).clamp_min(0).sqrt().to(backprops.dtype)
+        out[layer.weight] = round_upward(ghost_norm_upper_bound(patches, outputs), dtype)
     if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = deltas.sum(dim=2).norm(2, dim=1)
+        deltas = outputs.to(torch.float64)
+        bound = deltas.sum(dim=1).norm(dim=1) + \
+            (deltas.shape[1] + 2) * EPS64 * deltas.norm(dim=2).sum(dim=1)
+        out[layer.bias] = round_upward(bound, dtype)
+    return out
+
+
+def _linear_per_sample(layer: nn.Linear, patches: torch.Tensor, outputs: torch.Tensor
+                       ) -> dict:
+    """Per-sample gradients of a Linear applied at T positions: D_i^T A_i, one batched matrix
+    product (B, p, d), and the bias's sum_t delta_t."""
+    out = {layer.weight: outputs.transpose(1, 2) @ patches}
+    if layer.bias is not None:
+        out[layer.bias] = outputs.sum(dim=1)
     return out
 
 
@@ -209,3 +309,29 @@ def grad_sampler(layer: nn.Module):
     if type(layer) in CONV_WEIGHT_GRADS and layer.padding_mode != "zeros":
         return ft_compute_per_sample_gradient
     return opacus_samplers()[1].get(type(layer), ft_compute_per_sample_gradient)
+
+
+def refusal(module: nn.Module) -> str | None:
+    """Why the DP step cannot give this module's per-sample gradients exactly (None: it can).
+    Refused: a parametrized weight (``torch.nn.utils.parametrize``: the trained parameters sit
+    in a child module that the layer calls with no input, so no path sees them), the old
+    ``torch.nn.utils.weight_norm`` (its weight_g and weight_v are not the weight the fast paths
+    differentiate), and any other module of a type with a fast path whose trainable parameters
+    are not its own ``weight`` and ``bias``."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    if parametrize.is_parametrized(module):
+        return ("its weight is parametrized (torch.nn.utils.parametrize, e.g. "
+                "parametrizations.weight_norm), which the per-sample gradient paths do not "
+                "differentiate through")
+    if any(isinstance(hook, WeightNorm) for hook in module._forward_pre_hooks.values()):
+        return ("it has torch.nn.utils.weight_norm: its trained parameters weight_g and "
+                "weight_v are not the weight the per-sample gradient paths differentiate")
+    own = {name for name, p in module.named_parameters(recurse=False) if p.requires_grad}
+    fast = type(module) is nn.Linear or type(module) in CONV_WEIGHT_GRADS or \
+        type(module) in opacus_samplers()[1]
+    if fast and not own <= {"weight", "bias"}:
+        return (f"its trainable parameters {sorted(own)} are not the {type(module).__name__}'s "
+                f"own weight and bias, which its per-sample gradient path assumes")
+    return None

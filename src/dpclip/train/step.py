@@ -30,7 +30,7 @@ from torch.autograd.graph import get_gradient_edge
 from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, StepRelease
 from dpclip.randomness import NoiseSources
-from dpclip.train.per_sample import LayerTerms
+from dpclip.train.per_sample import LayerTerms, refusal, round_upward
 
 
 @dataclass
@@ -78,6 +78,10 @@ class BookKeeping(nn.Module):
             raise DpclipError(f"the model has batch-normalisation layers {mixing}: a record's "
                               f"output would depend on the other records of its batch, so "
                               f"per-sample gradients are undefined (use GroupNorm)")
+        for name, module in model.named_modules():
+            reason = refusal(module)
+            if reason:
+                raise DpclipError(f"the DP step cannot clip layer {name!r} exactly: {reason}")
         owners: dict[int, str] = {}
         for name, module in zip(groups.names, groups.modules):
             for p in module.parameters(recurse=False):
@@ -87,22 +91,29 @@ class BookKeeping(nn.Module):
                                       f"per-layer norms do not give")
                 owners[id(p)] = name
         self._module = model
-        self._uses: list | None = None  # (module, activations, edge, z's form) while capturing
-        self._handles = [m.register_forward_hook(self._keep) for m in groups.modules]
+        self._names = {id(m): name for name, m in zip(groups.names, groups.modules)}
+        self._uses: list | None = None  # LayerUse while capturing
+        self._handles = [m.register_forward_hook(self._keep, with_kwargs=True)
+                         for m in groups.modules]
 
-    def _keep(self, module, inputs, output) -> None:
-        if self._uses is not None and torch.is_grad_enabled():
-            self._uses.append((module,
-                               [t.detach() for t in inputs if isinstance(t, torch.Tensor)],
-                               get_gradient_edge(output),
-                               (output.shape, output.dtype, output.device)))
+    def _keep(self, module, args, kwargs, output) -> None:
+        if self._uses is None or not torch.is_grad_enabled():
+            return
+        if not isinstance(output, torch.Tensor):
+            raise DpclipError(f"layer {self._names[id(module)]!r} returns "
+                              f"{type(output).__name__}, not a tensor: the DP step needs its "
+                              f"output's gradient")
+        inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        self._uses.append(LayerUse(module, self._names[id(module)],
+                                   [t.detach() for t in inputs],
+                                   [t._version for t in inputs], get_gradient_edge(output),
+                                   (output.shape, output.dtype, output.device)))
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
 
-    def forward_keeping(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """The model's output on ``x`` and the layers' uses (module, activations, gradient
-        edge of the output, the output's shape, dtype and device)."""
+    def forward_keeping(self, x: torch.Tensor) -> tuple[torch.Tensor, list["LayerUse"]]:
+        """The model's output on ``x`` and the layers' uses (:class:`LayerUse`)."""
         self._uses = []
         try:
             return self._module(x), self._uses
@@ -115,31 +126,55 @@ def wrap_for_dp(model: nn.Module) -> BookKeeping:
     return BookKeeping(model, LayerGroups.of(model))
 
 
-def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list
+@dataclass
+class LayerUse:
+    """One call of a parameterised layer in the forward pass: its inputs (detached; their
+    version counters then, to tell an in-place change later), where its output enters the
+    autograd graph, and the output's shape, dtype and device."""
+
+    module: nn.Module
+    name: str
+    activations: list[torch.Tensor]
+    versions: list[int]
+    edge: object
+    output: tuple
+
+
+def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list[LayerUse]
                      ) -> list[LayerTerms]:
     """(module, activations, dL/dz) per use, from one backward pass of sum(losses) that
-    computes no weight gradient. A layer used twice in one forward is refused: its per-sample
-    gradient is the sum over uses, which the per-use norms below do not give."""
-    layers = [id(m) for m, _, _, _ in uses]
+    computes no weight gradient. Refused: a layer used twice in one forward (its per-sample
+    gradient is the sum over uses, which the per-use norms below do not give), and a layer
+    input changed in place after the layer ran (the kept input is no longer the one the
+    gradient belongs to; autograd itself would refuse the weight gradient)."""
+    layers = [id(use.module) for use in uses]
     if len(set(layers)) != len(layers):
         raise DpclipError("a parameterised layer is used more than once in one forward pass; "
                           "the DP step's per-sample norms need one use per layer")
-    grads = torch.autograd.grad(losses.sum(), [edge for _, _, edge, _ in uses],
-                                allow_unused=True)
-    return [LayerTerms(m, a, torch.zeros(shape, dtype=dtype, device=device) if g is None
-                       else g.detach())
-            for (m, a, _, (shape, dtype, device)), g in zip(uses, grads)]
+    for use in uses:
+        if [t._version for t in use.activations] != use.versions:
+            raise DpclipError(f"the input of layer {use.name!r} was changed in place after "
+                              f"the layer ran: its weight gradient would be computed from the "
+                              f"changed values (make the op that changes it out of place)")
+    grads = torch.autograd.grad(losses.sum(), [use.edge for use in uses], allow_unused=True)
+    return [LayerTerms(use.module, use.activations,
+                       torch.zeros(use.output[0], dtype=use.output[1], device=use.output[2])
+                       if g is None else g.detach())
+            for use, g in zip(uses, grads)]
 
 
 def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor:
     """n_i^(l) = ||g_i^(l)||, shape (B, L): each layer's parameters' per-sample norms
-    combined (weight and bias together). A trainable layer without one (not seen by the
+    combined (weight and bias together), never below the norm of what the layer's weighted sum
+    adds for the record (:mod:`dpclip.train.per_sample`). A trainable layer without one (not seen by the
     forward hooks) is an error: its gradient would go unclipped."""
     columns: list = [None] * len(groups.modules)
     for terms in kept:
         k = _layer_index(groups, terms.module)
         if k is not None:
-            columns[k] = sum(n.square() for n in terms.norms().values()).sqrt()
+            # in float64, rounded upwards: a float32 square of a norm below 1e-19 is 0
+            columns[k] = round_upward(sum(n.double().square() for n in
+                                          terms.norms().values()).sqrt(), terms.dtype)
     if any(c is None for c in columns):
         missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
         raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the "

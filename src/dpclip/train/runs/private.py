@@ -12,9 +12,10 @@ import torch
 
 from dpclip.privacy import (BudgetGuard, early_stop_privacy, epsilon_of, noise_for_epsilon,
                             split_sigma, stopped_epsilon)
+from dpclip.train.model_check import check_model
 from dpclip.train.runs.base import Run, register_run_kind
 from dpclip.train.setup import RunSetup
-from dpclip.train.step import dp_step, wrap_for_dp
+from dpclip.train.step import BookKeeping, dp_step, wrap_for_dp
 
 # PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
 PRV_TRACE_POINTS = 50
@@ -44,6 +45,15 @@ class PrivateRun(Run):
     def attach(self) -> None:
         """Prepare the model for per-sample gradients (Opacus's GradSampleModule)."""
         self.model = wrap_for_dp(self.model)
+
+    def fit(self, x, y, **kwargs):
+        """Check the model's per-sample gradients against float64 autograd
+        (:func:`dpclip.train.model_check.check_model`: a model the DP step would get wrong is
+        refused before any step), then train. Opacus's own optimizer (a run kind on this one
+        with Opacus's hooks) is not checked: the check is of dpclip's step."""
+        if isinstance(self.model, BookKeeping):
+            check_model(self.network, self.loss_fn, x, y)
+        super().fit(x, y, **kwargs)
 
     def apply_step(self, x, y, step: int) -> float:
         """One DP update on the batch ``x, y``; returns the batch's mean loss (local only)."""
