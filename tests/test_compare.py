@@ -68,3 +68,17 @@ def test_an_unknown_experiment_is_named_in_the_error():
         select(experiments_from_json(_shown()), ["nope"])
     assert [e.name for e in select(experiments_from_json(_shown()), ["epochs3", "aaaa"])] == \
         ["epochs3", "main"]
+
+
+def test_an_epsilon_without_a_guarantee_or_of_another_notion_is_marked():
+    """The audit saw the sanitize `paper` run printed "eps 1.00" like dp_sgd's."""
+    marked = {"no": {"dp_guarantee": False, "adjacency_add_remove": False},
+              "other": {"dp_guarantee": True, "adjacency_add_remove": False},
+              "sound": {"dp_guarantee": True, "adjacency_add_remove": True}}
+    row = {"rev": "a" * 40, "name": "main", "data": {"metrics": {
+        f"summary/{run}.json": {"data": {**_summary(0.9), **flags}}
+        for run, flags in marked.items()}, "params": {}}}
+    lines = compare_text(experiments_from_json([row])).splitlines()
+    shown = {line.split()[0]: line.split()[2] for line in lines
+             if line.split() and line.split()[0] in marked}
+    assert shown == {"no": "8.00!", "other": "8.00*", "sound": "8.00"}

@@ -371,3 +371,29 @@ def test_an_undecided_claim_with_the_powered_seeds_says_more_would_decide_it():
     assert finding.verdict == INCONCLUSIVE and finding.seeds_needed == 6
     assert finding.reason.endswith("the observed spread gives 80% power at 6 paired seeds and "
                                    "6 ran: these did not decide it, more seeds would")
+
+
+def test_a_claim_on_runs_without_a_dp_guarantee_is_not_testable():
+    """The audit's case: eight seeds of the table2 ``paper`` variant (its epsilon is no bound)
+    with +0.18 accuracy were judged "held". A run's ``dp_guarantee`` now decides first."""
+    rows = [{**r, "dp_guarantee": r["method"] != "sanitize", "adjacency": "add_remove"}
+            for r in _rows({"sanitize": [0.98 + 0.001 * k for k in range(8)],
+                            "dp_sgd": [0.80] * 8}, "accuracy")]
+    claim = {**_claim("better", "accuracy", effect=0.18), "method": "sanitize"}
+    finding = judge(claim, _table(rows))
+    assert finding.verdict == UNTESTABLE
+    assert "sanitize make no DP guarantee" in finding.reason
+    guaranteed = [{**r, "dp_guarantee": True} for r in rows]
+    assert judge(claim, _table(guaranteed)).verdict == HELD
+
+
+def test_epsilons_of_two_neighbouring_notions_are_compared_only_through_a_precondition():
+    rows = [{**r, "dp_guarantee": True,
+             "adjacency": "replace_one_features" if r["method"] == "sanitize" else "add_remove"}
+            for r in _rows({"sanitize": [0.98] * 8, "dp_sgd": [0.80] * 8}, "accuracy")]
+    claim = {**_claim("better", "accuracy", effect=0.18), "method": "sanitize"}
+    finding = judge(claim, _table(rows))
+    assert finding.verdict == UNTESTABLE and "different neighbouring notions" in finding.reason
+    stated = {**claim, "preconditions": [{"kind": "adjacency", "method": "sanitize",
+                                          "paper": "add_remove"}]}
+    assert judge(stated, _table(rows)).verdict == NOT_AT_SCALE

@@ -239,7 +239,8 @@ def test_the_audit_figure_says_which_runs_have_no_bound_and_why(reported):
     texts = "\n".join(drawn["claimed_vs_audited_epsilon.png"].texts)
     for run in ("sanitize-eps8-iid-seed0", "non_private-eps8-iid-seed1"):
         assert run in texts  # every run has its row
-    assert "no audit bound (claims epsilon 7.9): not applicable (replace_one_features" in texts
+    assert "no audit bound (claims epsilon 7.9, replace_one_features adjacency): not" in \
+        texts.replace("\n", " ")  # the mark: another neighbouring notion
     assert "no audit bound (no DP claim): not applicable (no DP claim)" in texts
 
 

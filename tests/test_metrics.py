@@ -269,3 +269,13 @@ def test_low_fpr_is_reported_only_where_the_non_members_allow_ten_false_positive
     assert result["tpr_at_zero_fp"] == pytest.approx(np.mean(members > nonmembers.max()))
     assert result["tpr_at_fpr_0.1pct"] == result["tpr_at_zero_fp"]  # the same thing here
     assert result["tpr_at_fpr_0.1pct_meaningful"] is False
+
+
+def test_the_strongest_attack_is_picked_at_the_honest_low_fpr_not_at_zero_false_positives():
+    """With 354 non-members the TPR at 0.1% FPR is a TPR at no false positive: the audit saw
+    the "strongest attack" picked by it. The TPR at the honest low FPR decides."""
+    from dpclip.metrics import strongest_attack
+
+    mia = {"loss": {"auc": 0.55, "tpr_at_fpr_0.1pct": 0.02, "low_fpr": {"tpr": 0.03}},
+           "lira": {"auc": 0.58, "tpr_at_fpr_0.1pct": 0.00, "low_fpr": {"tpr": 0.06}}}
+    assert strongest_attack(mia)[0] == "lira"

@@ -16,7 +16,8 @@ from dpclip.stages.overlays import FILES, thin, thin_log, write_overlays
 
 
 def _metrics(epsilon, mia: dict, audit: dict | None = None) -> dict:
-    m = {"privacy": {"epsilon": epsilon}, "utility": {"accuracy": 0.9, "ece": 0.05},
+    m = {"privacy": {"epsilon": epsilon, "dp_guarantee": epsilon is not None},
+         "utility": {"accuracy": 0.9, "ece": 0.05},
          "mia": mia}
     if audit is not None:
         m["audit"] = audit
@@ -30,7 +31,8 @@ def test_the_summary_takes_the_attack_strongest_at_low_fpr():
            "ir": {"peak_accuracy": 0.6}, "matching": {"n_members": 10}}
     summary = run_summary(_metrics(7.5, mia, {"blackbox": {"epsilon_lower_bound": 0.4},
                                               "whitebox": {"epsilon_lower_bound": 1.2}}))
-    assert summary == {"epsilon": 7.5, "accuracy": 0.9, "ece": 0.05, "mia_auc": 0.55,
+    assert summary == {"epsilon": 7.5, "dp_guarantee": True, "adjacency_add_remove": True,
+                       "accuracy": 0.9, "ece": 0.05, "mia_auc": 0.55,
                        "mia_tpr_at_fpr_0.1pct": 0.010, "mia_tpr_at_fpr_1pct": 0.03,
                        "audit_epsilon_lower_bound": 1.2}
     # equal TPR at 0.1% FPR: the higher AUC wins; no audit, no key

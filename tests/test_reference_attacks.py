@@ -165,3 +165,38 @@ def test_on_an_overfit_model_lira_and_rmia_beat_the_loss_attack_at_low_fpr():
            for name, s in scores.items()}
     assert tpr["lira"] >= tpr["loss"] + 0.01
     assert tpr["rmia"] >= tpr["loss"] + 0.01
+
+
+UNSEEN_FIT_SCRIPT = """
+import numpy as np
+from dpclip.attacks.common.signals import unseen_fit
+rng = np.random.default_rng(0)
+logits = rng.normal(size=(8, 700, 10)) * 3
+print(repr(unseen_fit(logits, rng.integers(0, 10, 700), rng.random((8, 700)) < 0.05)))
+"""
+
+
+def test_the_reference_fit_is_the_same_bits_under_every_blas_kernel():
+    """The committed results differed between machines in the 15th digit of the references'
+    phi correlation (np.corrcoef's products come from BLAS, whose kernel OpenBLAS picks by
+    CPU). Under two kernels (Prescott: SSE3, runs on any x86-64; Haswell: AVX2) the fit is now
+    the same bytes; np.corrcoef there gave ...014441 and ...014446."""
+    import os
+    import subprocess
+    import sys
+
+    outputs = {core: subprocess.run([sys.executable, "-c", UNSEEN_FIT_SCRIPT], check=True,
+                                    capture_output=True, text=True,
+                                    env={**os.environ, "OPENBLAS_CORETYPE": core}).stdout
+               for core in ("Prescott", "Haswell")}
+    assert outputs["Prescott"] == outputs["Haswell"] and "phi_correlation" in outputs["Haswell"]
+
+
+def test_the_mean_pairwise_correlation_is_numpys():
+    import numpy as np
+
+    from dpclip.attacks.common.signals import mean_pairwise_correlation
+
+    rows = np.random.default_rng(1).normal(size=(5, 40))
+    expected = np.corrcoef(rows)[np.triu_indices(5, 1)].mean()
+    assert mean_pairwise_correlation(rows) == pytest.approx(expected, rel=1e-12)

@@ -240,3 +240,38 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
         "comparison.json"}
     assert "summary.json" not in {a.path for a in client.list_artifacts(
         result["parent_run_id"])}
+
+
+def test_an_epsilon_without_a_guarantee_stays_out_of_the_epsilon_columns(tmp_path, tiny_raw,
+                                                                         write_params,
+                                                                         monkeypatch):
+    """The audit saw a `dp_guarantee: false` run's epsilon in the headline view's epsilon
+    column and its epsilon-vs-accuracy chart, marked only by a tag. Such a run logs
+    ``epsilon_without_guarantee`` (and ``epsilon_spent_without_guarantee`` per step), and the
+    headline view shows the guarantee as a column."""
+    import mlflow
+
+    from dpclip.tracking import headline_view
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    raw = tiny_raw(train={"methods": ["adaclip_opacus"], "epochs": 1},
+                   evaluate={"ir_attack": False})
+    base = prepared_project(tmp_path, raw, write_params)
+    spec = ["--method", "adaclip_opacus", "--epsilon", "8", "--alpha", "iid", "--seed", "0"]
+    for stage in ("train", "evaluate"):
+        assert main([*base, stage, *spec]) == 0
+    assert main([*base, "report"]) == 0
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dpclip-digits")
+    (child,) = [r for r in client.search_runs([experiment.experiment_id])
+                if r.data.tags.get("dpclip.kind") == "configuration"]
+    assert child.data.tags["dp_guarantee"] == "false"
+    assert "epsilon" not in child.data.metrics and "epsilon_without_guarantee" in child.data.metrics
+    assert not client.get_metric_history(child.info.run_id, "epsilon_spent")
+    assert client.get_metric_history(child.info.run_id, "epsilon_spent_without_guarantee")
+    summary = json.loads((tmp_path / "summary" / "adaclip_opacus-eps8-iid-seed0.json").read_text())
+    assert summary["dp_guarantee"] is False and summary["adjacency_add_remove"] is True
+    assert "tags.`dp_guarantee`" in json.loads(json.loads(headline_view())["state"])[
+        "selectedColumns"]

@@ -113,6 +113,10 @@ def summary_metrics() -> dict[str, tuple]:
 # wall-clock measurements of training, from timings/<run>.json (not in the metrics file)
 TIMING_METRICS = ("train_s", "step_s_median", "probe_s", "public_pretrain_s")
 STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
+# a run without a DP guarantee logs its epsilons under these names: never in the epsilon
+# columns and charts of runs whose epsilon is a bound (its tag dp_guarantee says false too)
+NO_GUARANTEE_NAMES = {"epsilon": "epsilon_without_guarantee",
+                      "epsilon_spent": "epsilon_spent_without_guarantee"}
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
 # written by the run itself for every method that early-stops (the method adds its own:
 # Method.step_metrics)
@@ -125,7 +129,7 @@ HEADLINE_METRICS = ("accuracy", "ece", "epsilon", "attack_auc", "attack_tpr_at_l
 HEADLINE_PARAMS = ("method", "target_epsilon")
 VIEW_ID = "dpclip-headline"  # the saved view (experiment tag) describe() links to
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
-VIEW_VERSION = 1  # a view this module wrote carries it; one a user saved over it is kept
+VIEW_VERSION = 2  # a view this module wrote carries it; one a user saved over it is kept
 NOTE_TAG = "mlflow.note.content"
 # parent-level tables: reports/<name>.csv -> <name>.json (an MLflow table)
 PARENT_TABLES = ("summary", "comparison")
@@ -237,7 +241,9 @@ def headline_view(now_ms: int | None = None) -> str:
     """The saved view ``dpclip-headline`` as the experiment tag's value: the envelope MLflow's
     "Views" menu reads (name, times, the page state as a JSON string). The state: the
     configurations only, flat, most accurate first, all visible in charts; columns: method,
-    target epsilon, alpha, seed, the headline metrics, the audit's lower bound, the model;
+    target epsilon, alpha, seed, whether the epsilon is a guarantee and under which adjacency
+    (a run without one logs ``epsilon_without_guarantee`` instead of ``epsilon``, so it is in
+    no epsilon chart), the headline metrics, the audit's lower bound, the model;
     charts: the headline metrics in parallel coordinates, accuracy against epsilon, one bar
     chart each. The UI adds its own charts for the other metrics below them."""
     now_ms = now_ms if now_ms is not None else int(dt.datetime.now().timestamp() * 1000)
@@ -253,6 +259,7 @@ def headline_view(now_ms: int | None = None) -> str:
         *({**card, "uuid": f"dpclip-bar-{m}", "type": "BAR", "metricKey": m, "displayName": m}
           for m in HEADLINE_METRICS)]
     columns = ([f"params.`{p}`" for p in (*HEADLINE_PARAMS, "alpha", "seed")]
+               + ["tags.`dp_guarantee`", "tags.`adjacency`"]
                + [f"metrics.`{m}`" for m in (*HEADLINE_METRICS,
                                             "audit_whitebox_epsilon_lower_bound")]
                + ["attributes.`Models`"])
@@ -552,6 +559,11 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
         mlflow.log_params(run_params(layout, key, metrics))
         summary = {name: float(_get(metrics, path)) for name, path in summary_metrics().items()
                    if _get(metrics, path) is not None}
+        trace = pd.read_csv(layout.trace(run))
+        if not privacy["dp_guarantee"]:
+            # an epsilon that is no bound stays out of the epsilon columns and charts
+            summary = {NO_GUARANTEE_NAMES.get(k, k): v for k, v in summary.items()}
+            trace = trace.rename(columns=NO_GUARANTEE_NAMES)
         # the headline first (the compare page's default metric is a run's first), then the
         # rest, the timings last
         mlflow.log_metrics({**{m: summary[m] for m in HEADLINE_METRICS if m in summary},
@@ -566,7 +578,6 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
         # summary, shown in the UI's model list), and thousands of step values took a second
         _log_model(mlflow, layout, run, splits.example(), model_format,
                    model_name(child_name))
-        trace = pd.read_csv(layout.trace(run))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
         _log_trace(mlflow, trace, metrics["method"], timing.step_ms)
@@ -638,7 +649,8 @@ def _log_trace(mlflow, trace: pd.DataFrame, method: str, step_ms: list[int] | No
     now = int(dt.datetime.now().timestamp() * 1000)
     stamps = step_ms if step_ms is not None and len(step_ms) == len(trace) else \
         [now] * len(trace)
-    names = [n for n in STEP_METRICS + RUN_STEP_METRICS if n in trace] + \
+    names = [n for n in STEP_METRICS + RUN_STEP_METRICS +
+             tuple(NO_GUARANTEE_NAMES.values()) if n in trace] + \
         get_method(method).step_metrics(list(trace.columns))
     entries = [Metric(name, float(row[name]), stamp, int(row["step"]))
                for stamp, (_, row) in zip(stamps, trace.iterrows())

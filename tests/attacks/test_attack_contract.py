@@ -150,3 +150,18 @@ def test_an_attack_cannot_change_what_the_next_one_sees(tiny_raw):
         assert all(torch.equal(a, b) for a, b in zip(before, given.model.parameters()))
     finally:
         REGISTRY.pop("writer", None)
+
+
+def test_loss_scores_are_float64_log_probabilities_that_do_not_tie():
+    """A confident model: float32 softmax rounds p_y to 1.0 for both records (a tie, and the
+    loss attack's AUC moved by 0.003 on a default run); the float64 log-softmax tells them
+    apart, and matches log p_y worked out by hand."""
+    import numpy as np
+
+    from dpclip.attacks.loss import log_true_class_probability
+
+    logits = np.array([[20.0, 0.0], [25.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    scores = log_true_class_probability(logits, np.array([0, 0, 1]))
+    assert scores.dtype == np.float64 and scores[0] != scores[1]
+    np.testing.assert_allclose(scores, [-np.log1p(np.exp(-20.0)), -np.log1p(np.exp(-25.0)),
+                                        -np.log1p(np.exp(-1.0))], rtol=1e-12)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpclip.errors import DpclipError
+from dpclip.reporting.marks import LEGEND, epsilon_mark, summary_adjacency
 
 MAX_WIDTH = 120
 SUMMARY_DIR = "summary"
@@ -147,6 +148,8 @@ def comparison_rows(experiments: list[Experiment], only_changed: bool = False) -
             accuracy = summary.get("accuracy")
             rows.append({"run": run, "experiment": experiment.name,
                          **{k: summary.get(k) for k in METRICS},
+                         "dp_guarantee": summary.get("dp_guarantee"),
+                         "adjacency": summary_adjacency(summary),
                          "d_accuracy": None if i == 0 or None in (accuracy, first)
                          else accuracy - first})
     return rows
@@ -164,6 +167,8 @@ def text_table(rows: list[dict], width: int = MAX_WIDTH) -> str:
                  "experiment": _cut(r["experiment"], EXPERIMENT_WIDTH),
                  "d_accuracy": "" if r["d_accuracy"] is None else f"{r['d_accuracy']:+.4f}",
                  **{k: _number(r[k], d) for k, (_, d) in METRICS.items()}}
+        if cells["epsilon"] != "—":
+            cells["epsilon"] += epsilon_mark(r["dp_guarantee"], r["adjacency"])
         shown.append(cells)
         previous = r["run"]
     keys = list(headers)
@@ -193,7 +198,7 @@ def compare_text(experiments: list[Experiment], only_changed: bool = False,
     if not rows:
         return "\n".join(lines + ["No run differs between these experiments."])
     note = (f"Δ acc: accuracy minus that of the first experiment holding the run "
-            f"({experiments[0].name} where it does). eps: the epsilon spent; attack AUC, TPR: "
+            f"({experiments[0].name} where it does). eps: the epsilon spent ({LEGEND}); attack AUC, TPR: "
             f"the attack chosen in advance (attack.headline); audit>=: the audited lower bound "
             f"on epsilon.")
     return "\n".join(lines + ["", text_table(rows, width), "", textwrap.fill(note, width)])

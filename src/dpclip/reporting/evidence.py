@@ -359,6 +359,37 @@ def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str
                                                            ": the epsilons do not compare"))
 
 
+def _without_guarantee(table: pd.DataFrame, methods: list[str]) -> str | None:
+    """Which compared methods have runs with ``dp_guarantee`` false (None: none has)."""
+    if "dp_guarantee" not in table:
+        return None
+    flags = table["dp_guarantee"].astype(str).str.lower().isin(["false", "0", "0.0"])
+    bad = [m for m in methods if flags[table["method"] == m].any()]
+    if not bad:
+        return None
+    variants = sorted(set(table.loc[flags, "variant"].astype(str))) if "variant" in table else []
+    return (f"runs of {', '.join(bad)} make no DP guarantee"
+            + (f" (variant {', '.join(variants)})" if variants else ""))
+
+
+def _adjacency_mismatch(table: pd.DataFrame, method: str, baselines: list[str],
+                        claim: dict) -> str | None:
+    """A comparison across neighbouring notions without the claim's ``adjacency``
+    precondition is refused: an epsilon for replacing one record's features and one for
+    adding or removing a record are not the same quantity (None: same notion, or the claim
+    states its precondition, which then decides)."""
+    if "adjacency" not in table or any(c.get("kind") == "adjacency"
+                                       for c in claim.get("preconditions") or []):
+        return None
+    notions = {m: sorted(set(table.loc[table["method"] == m, "adjacency"].dropna().astype(str)))
+               for m in [method, *baselines]}
+    if len({tuple(v) for v in notions.values() if v}) <= 1:
+        return None
+    listed = "; ".join(f"{m}: {', '.join(v) or 'unstated'}" for m, v in notions.items())
+    return (f"the compared epsilons are of different neighbouring notions ({listed}) and the "
+            f"claim has no adjacency precondition: they do not compare")
+
+
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     """The verdict of one claim on its preset's runs (``table``: None when not run)."""
     if "untestable" in claim:
@@ -380,6 +411,14 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     # the compared methods only: a run of another (a non-private model some precondition
     # reads, with no target epsilon) must not open a configuration of its own
     compared = table[table["method"].isin([method, *baselines])]
+    unsound = _without_guarantee(compared, [method, *baselines])
+    if unsound:
+        return Finding(claim, UNTESTABLE, f"{unsound}: their epsilon is no bound, so a "
+                                          f"comparison at matched epsilon is not one of DP "
+                                          f"methods (judge the claim on variants with a guarantee)")
+    notions = _adjacency_mismatch(compared, method, baselines, claim)
+    if notions:
+        return Finding(claim, UNTESTABLE, notions)
     if rule == "smaller_spread":
         rows = _spread_rows(compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dpclip.io import write_figure
+from dpclip.reporting.marks import NO_GUARANTEE, OTHER_ADJACENCY, epsilon_mark
 
 
 def _subplots(*args, **kwargs):
@@ -175,7 +176,9 @@ def audit_figure(path: Path, table: pd.DataFrame) -> Path | None:
         why = run.get("audit_status")
         why = why if isinstance(why, str) else "not audited"
         claim = "no DP claim" if pd.isna(run["epsilon"]) else \
-            f"claims epsilon {float(run['epsilon']):.3g}"
+            f"claims epsilon {float(run['epsilon']):.3g}" + \
+            {NO_GUARANTEE: ", no DP guarantee", OTHER_ADJACENCY: f", {run.get('adjacency')} "
+             "adjacency"}.get(epsilon_mark(run.get("dp_guarantee"), run.get("adjacency")), "")
         ax.text(0.01, row, "\n".join(textwrap.wrap(f"no audit bound ({claim}): {why}", 75)),
                 transform=ax.get_yaxis_transform(), va="center", ha="left", fontsize=7,
                 color="dimgrey", style="italic")

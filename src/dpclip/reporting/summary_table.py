@@ -18,6 +18,7 @@ import textwrap
 
 import pandas as pd
 
+from dpclip.reporting.marks import epsilon_mark
 from dpclip.reporting.seed_stats import BASELINE, CONFIGURATION, minimum_exact_seeds
 
 MAX_WIDTH = 120
@@ -124,9 +125,7 @@ def _epsilon(row) -> str:
     the same quantity) and "!" where the run makes no DP guarantee (a literal-paper rule)."""
     if _missing(row["epsilon"]):
         return "—"
-    mark = "!" if not row["dp_guarantee"] else \
-        "*" if row["adjacency"] not in (None, "add_remove") else ""
-    return f"{row['epsilon']:.2f}{mark}"
+    return f"{row['epsilon']:.2f}{epsilon_mark(bool(row['dp_guarantee']), row['adjacency'])}"
 
 
 def _target(v) -> str:

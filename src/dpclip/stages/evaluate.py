@@ -270,16 +270,26 @@ def reference_match(privacy: dict, n_members: int, signals: dict, target_holdout
 
 def run_summary(metrics: dict) -> dict:
     """The scalars git tracks for a run (``summary/<run>.json``, DVC's ``metrics:``): epsilon
-    (null without a DP claim), accuracy, ECE, the strongest attack's AUC and TPR at 0.1% and
-    1% FPR, and the largest audited lower bound on epsilon when an audit ran. Flat keys, so
-    that ``dvc exp show`` columns read ``accuracy``, ``mia_auc``."""
-    summary = {"epsilon": metrics["privacy"]["epsilon"],
+    (null without a DP claim) with what it guarantees (``dp_guarantee``: false means the epsilon
+    is no bound; ``adjacency_add_remove``: false means another neighbouring notion, named in the
+    metrics file; booleans, as DVC compares numbers), accuracy, ECE, the strongest attack's
+    AUC and TPR at 0.1% and 1% FPR (each with ``..._meaningful``: whether the non-members
+    allow 10 false positives at that level), and the largest audited lower bound on epsilon
+    when an audit ran. Flat keys, so that ``dvc exp show`` columns read ``accuracy``."""
+    privacy = metrics["privacy"]
+    summary = {"epsilon": privacy["epsilon"], "dp_guarantee": bool(privacy["dp_guarantee"]),
+               "adjacency_add_remove": privacy.get("adjacency", "add_remove") == "add_remove",
                "accuracy": metrics["utility"]["accuracy"], "ece": metrics["utility"]["ece"]}
     strongest = strongest_attack(metrics["mia"])
     if strongest is not None:
         summary.update({"mia_auc": strongest[1]["auc"],
                         "mia_tpr_at_fpr_0.1pct": strongest[1]["tpr_at_fpr_0.1pct"],
                         "mia_tpr_at_fpr_1pct": strongest[1].get("tpr_at_fpr_1pct")})
+        # a fixed-level TPR the non-members cannot support (fewer than 10 false positives
+        # allowed) says so beside it
+        summary.update({f"mia_tpr_at_fpr_{level}_meaningful": strongest[1][key]
+                        for level in ("0.1pct", "1pct")
+                        if (key := f"tpr_at_fpr_{level}_meaningful") in strongest[1]})
     headline = metrics["mia"].get("headline")
     if headline:  # the attack chosen in advance (attack.headline), at its honest low FPR
         summary.update({"attack_auc": headline["auc"],

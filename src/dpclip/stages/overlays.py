@@ -34,6 +34,7 @@ from dpclip.audit.status import audit_status
 from dpclip.io import read_json, write_csv_frame
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, alpha_tag
+from dpclip.reporting.marks import series_label, summary_adjacency
 from dpclip.reporting.seed_stats import mean_interval
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
@@ -105,7 +106,7 @@ def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
 
 
 PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed", "epsilon",
-                   "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct",
+                   "dp_guarantee", "adjacency", "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct",
                    "audit_epsilon_lower_bound", "attack_auc", "attack_tpr_at_low_fpr",
                    "audit_status"]
 
@@ -120,12 +121,17 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
         if summary["epsilon"] is None:  # no DP claim: no point on an epsilon axis
             continue
         # series: the runs one line joins (same method, alpha and seed; epsilon varies)
-        series = f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}"
         metrics = layout.metrics(key.name)
-        audit = (read_json(metrics).get("audit") or {}) if metrics.exists() else {}
+        full = read_json(metrics) if metrics.exists() else {}
+        audit = full.get("audit") or {}
+        adjacency = (full.get("privacy") or {}).get("adjacency") or summary_adjacency(summary)
+        # (marked where the epsilon is no guarantee or under another adjacency)
+        series = series_label(f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}",
+                              summary.get("dp_guarantee"), adjacency)
         rows.append({"run": key.name, "method": key.method, "series": series,
                      "target_epsilon": key.epsilon,
                      "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary,
+                     "adjacency": adjacency,
                      "audit_status": audit_status(audit) or "not audited"})
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY)
 
@@ -148,7 +154,10 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
             groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(summary)
     rows = []
     for (method, alpha, target), summaries in groups.items():
-        row = {"series": f"{method} {alpha}", "method": method, "alpha": alpha,
+        row = {"series": series_label(f"{method} {alpha}",
+                                      all(s.get("dp_guarantee", True) for s in summaries),
+                                      summary_adjacency(summaries[0])),
+               "method": method, "alpha": alpha,
                "target_epsilon": target, "seeds": len(summaries),
                "epsilon": float(np.mean([s["epsilon"] for s in summaries]))}
         for metric in BANDED:

@@ -11,6 +11,8 @@ With p_y(x) the softmax probability of the true label y of record x:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -36,6 +38,19 @@ def true_class_probability(logits: np.ndarray, labels: np.ndarray) -> np.ndarray
     return np.exp(logits[..., rows, labels] - logsumexp(logits, axis=-1))
 
 
+def mean_pairwise_correlation(rows: np.ndarray) -> float:
+    """The mean Pearson correlation over all pairs of ``rows`` (K, n), every sum exactly
+    rounded (``math.fsum``): the same bits on every machine. ``np.corrcoef`` takes its products
+    from BLAS, whose kernels (chosen by CPU: OpenBLAS's Haswell, SkylakeX, Zen, ...) add in
+    different orders, so the committed results differed in the 15th digit between machines."""
+    n = rows.shape[1]
+    centred = [row - math.fsum(row) / n for row in np.asarray(rows, dtype=np.float64)]
+    spreads = [math.sqrt(math.fsum(c * c)) for c in centred]
+    pairs = [math.fsum(centred[i] * centred[j]) / (spreads[i] * spreads[j])
+             for i in range(len(centred)) for j in range(i + 1, len(centred))]
+    return math.fsum(pairs) / len(pairs)
+
+
 def unseen_fit(logits: np.ndarray, labels: np.ndarray, seen: np.ndarray | None = None
                ) -> dict:
     """How confident models are on records they did not train on: per model (``logits``
@@ -54,7 +69,6 @@ def unseen_fit(logits: np.ndarray, labels: np.ndarray, seen: np.ndarray | None =
     common = ~seen.any(axis=0)
     correlation = None
     if len(logits) > 1 and common.sum() > 2:
-        matrix = np.corrcoef(phi[:, common])
-        correlation = float(matrix[np.triu_indices(len(logits), 1)].mean())
+        correlation = mean_pairwise_correlation(phi[:, common])
     return {"accuracy": float(np.mean(accuracy)), "mean_phi": float(np.mean(confidence)),
             "phi_correlation": correlation}
