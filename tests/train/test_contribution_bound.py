@@ -281,17 +281,24 @@ def test_a_ghost_convolution_sums_what_it_clipped():
     assert check_bound(model, x, torch.randint(0, 3, (6,))) <= SLACK
 
 
+def tied(model):
+    """Tied weights: the last layer uses the first one's weight."""
+    model[2].weight = model[0].weight
+    return model
+
+
 @pytest.mark.parametrize("build_model, words", [
     (lambda: nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), "batch-normalisation"),
     (lambda: nn.Sequential(torch.nn.utils.weight_norm(nn.Linear(4, 3))), "weight_norm"),
     (lambda: nn.Sequential(torch.nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))),
      "parametrized"),
+    (lambda: tied(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))), "share"),
 ])
 def test_models_the_step_cannot_clip_exactly_are_refused_naming_the_layer(build_model, words):
     model = build_model()
     with pytest.raises(DpclipError, match=words) as error:
         BookKeeping(model, LayerGroups.of(model))
-    assert "'0'" in str(error.value) or "[" in str(error.value)
+    assert "'0'" in str(error.value) or "[" in str(error.value)  # the layer is named
 
 
 class WeightUsedTwice(nn.Module):
