@@ -9,6 +9,7 @@ float64 arithmetic of each path is part of what is checked."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -20,6 +21,7 @@ from torch import nn
 from dpclip.errors import DpclipError
 from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
+from dpclip.train import per_sample
 from dpclip.train.step import (BookKeeping, LayerGroups, backward_keeping, per_layer_norms,
                                scaled_sum)
 from conftest import shadow_risk_for
@@ -28,6 +30,18 @@ SLACK = 1 + 1e-6
 PER_SAMPLE_METHODS = [m for m in available_methods()
                       if get_method(m).run_kind in ("private", "opacus_optimizer")]
 LOSS = nn.CrossEntropyLoss(reduction="none")
+
+
+@contextlib.contextmanager
+def instantiation_budget(numbers):
+    """Per-sample gradients instantiated up to ``numbers`` numbers (0: the ghost norm wherever
+    the layer's shape favours it; None: the default budget)."""
+    default = per_sample.INSTANTIATION_BUDGET
+    per_sample.INSTANTIATION_BUDGET = default if numbers is None else numbers
+    try:
+        yield
+    finally:
+        per_sample.INSTANTIATION_BUDGET = default
 
 
 class Readout(nn.Module):
@@ -221,20 +235,24 @@ def check_bound(model, x, y, clip=1.0):
        alternate=st.booleans(), head_scale=st.sampled_from([1.0, 1e3]),
        offset=st.sampled_from([0.0, 1.0, 100.0, 1000.0]),
        variation=st.sampled_from([1.0, 1e-2, 1e-4]), batch=st.integers(2, 5),
-       seed=st.integers(0, 10_000))
+       seed=st.integers(0, 10_000), budget=st.sampled_from([0, None]))
 def test_no_record_contributes_more_than_its_clipped_norm(kind, data, alternate, head_scale,
-                                                          offset, variation, batch, seed):
+                                                          offset, variation, batch, seed,
+                                                          budget):
     draw_int = lambda low, high: data.draw(st.integers(low, high))  # noqa: E731
     model, x, y = build(kind, draw_int, alternate, head_scale, offset, variation, batch, seed)
-    check_bound(model, x, y)
+    with instantiation_budget(budget):  # both ways to a norm, where the layer has both
+        check_bound(model, x, y)
 
 
+@pytest.mark.parametrize("budget", [0, None])
 @pytest.mark.parametrize("kind", LAYER_KINDS)
-def test_every_layer_kind_clips_with_its_float64_gradient_norm_on_ordinary_inputs(kind):
+def test_every_layer_kind_clips_with_its_float64_gradient_norm_on_ordinary_inputs(kind, budget):
     """Fidelity, not only the bound: on ordinary inputs each layer's norm is its float64
     autograd norm to float32 accuracy, whatever the path."""
     model, x, y = build(kind, lambda low, high: high, True, 1.0, 0.0, 1.0, 4, seed=7)
-    norms, alone, truth, _ = clipped_terms(model, x, y)
+    with instantiation_budget(budget):
+        norms, alone, truth, _ = clipped_terms(model, x, y)
     torch.testing.assert_close(norms, truth, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(alone, truth, rtol=1e-4, atol=1e-7)
 
@@ -249,21 +267,27 @@ def sequence_repro(offset=100.0):
     return model, x, torch.randint(0, 3, (8,))
 
 
+@pytest.mark.parametrize("budget", [0, None])
 @pytest.mark.parametrize("offset", [100.0, 1000.0])
-def test_a_sequence_linear_never_lets_a_record_past_C(offset):
+def test_a_sequence_linear_never_lets_a_record_past_C(offset, budget):
     """Before: its norm (Opacus's Gram form in float32) was 0.000 against a true 0.009-0.014,
     and a record contributed up to 13.4 C (dp_sgd), 14.5 C at offset 1000."""
     model, x, y = sequence_repro(offset)
-    norms, _, truth, _ = clipped_terms(model, x, y)
-    assert torch.all(norms[:, 0] >= truth[:, 0] * (1 - 1e-6))
-    assert check_bound(model, x, y) <= SLACK
+    with instantiation_budget(budget):
+        norms, _, truth, analytic = clipped_terms(model, x, y)
+        assert analytic[0] is (budget == 0)  # the ghost norm, or instantiated
+        assert check_bound(model, x, y) <= SLACK
+    if budget == 0:
+        assert torch.all(norms[:, 0] >= truth[:, 0] * (1 - 1e-6))
 
 
-def test_lm_dp_sgd_never_scales_a_block_past_its_bound():
+@pytest.mark.parametrize("budget", [0, None])
+def test_lm_dp_sgd_never_scales_a_block_past_its_bound(budget):
     """Before: an underestimated block norm (0 on a nonzero block) times C w / max(n, 1e-30)
     gave contributions of 5.4e27 - 8.7e27 C. Each block is now within C_i w^(l)."""
     model, x, y = sequence_repro()
-    norms, alone, _, _ = clipped_terms(model, x, y)
+    with instantiation_budget(budget):
+        norms, alone, _, _ = clipped_terms(model, x, y)
     names = LayerGroups.of(model).names
     factors = method_factors("lm_dp_sgd", norms, 1.0, names)
     blocks = factors * alone  # C_i w^(l) / n_i^(l) times the block's contribution
@@ -278,7 +302,8 @@ def test_a_ghost_convolution_sums_what_it_clipped():
     torch.manual_seed(0)
     model = Readout(nn.Conv2d(16, 32, 3), 32, alternate=True, head_scale=1e3)
     x = 1000 * torch.ones(1, 16, 1, 1) + 1e-4 * torch.randn(6, 16, 6, 6)
-    assert check_bound(model, x, torch.randint(0, 3, (6,))) <= SLACK
+    with instantiation_budget(0):
+        assert check_bound(model, x, torch.randint(0, 3, (6,))) <= SLACK
 
 
 def tied(model):

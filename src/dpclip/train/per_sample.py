@@ -9,8 +9,8 @@ the vector the weighted sum adds for it, ``weighted_sum(e_i)``, has a norm of at
 factor s_i <= C / n_i therefore bounds what the record contributes by C, whatever the input.
 Each norm is one of:
 
-* exact: the float32 rounding, upwards, of a float64 computation with no cancellation
-  (``Linear`` on vectors: ||g_i|| = ||delta_i|| ||a_i||, sums of squares);
+* an upper bound within a relative (d + 2) eps of exact where nothing cancels (``Linear`` on
+  vectors: ||g_i|| = ||delta_i|| ||a_i||, sums of squares, :func:`squares_upward`);
 * the exact norm of the very per-sample gradient that the weighted sum adds (instantiated
   gradients, accumulated in float64 and rounded upwards);
 * a proven upper bound (the ghost norm over positions, below): its float64 value plus the
@@ -25,8 +25,10 @@ channels / groups x kernel size):
 * ``Linear`` on (B, ..., d) and zero-padded convolutions: the mixed rule of Bu, Mao & Xu
   (2022) picks by the layer's dimensions. The ghost norm ``||g_i||^2 = <A_i^T A_i, D_i^T D_i>``
   (A_i: T x d inputs or unfolded patches, D_i: T x p output gradients) costs B T^2 (p + d) and
-  is taken iff 2 T^2 < p d; otherwise the per-sample gradients D_i^T A_i (B p d) are
-  instantiated and kept for the weighted sum sum_i w_i g_i. The ghost norm's sum over pairs of
+  is taken iff 2 T^2 < p d and the per-sample gradients would exceed
+  :data:`INSTANTIATION_BUDGET` numbers (measured: below it instantiating is the faster way on
+  the CPU); otherwise the per-sample gradients D_i^T A_i (B p d) are instantiated and kept for
+  the weighted sum sum_i w_i g_i. The ghost norm's sum over pairs of
   positions cancels when inputs are alike and output gradients alternate in sign (in float32 a
   true norm of 0.01 came out as 0.000), so it is computed in float64 with the error bound of
   :func:`ghost_norm_upper_bound`, and the ghost path's weighted sum is taken in float64 too.
@@ -82,7 +84,8 @@ class LayerTerms:
         if type(module) is nn.Linear:  # on (B, ..., d): applied at every position
             patches, outputs = positions(module, self.activations[0].to(backprops.dtype),
                                          backprops)
-            if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2]):
+            if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2],
+                               len(patches)):
                 self.in_float64 = True
                 return _ghost_norms(module, patches, outputs, backprops.dtype)
             grads = _linear_per_sample(module, patches, outputs)
@@ -143,10 +146,32 @@ class LayerTerms:
 
 
 def round_upward(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The smallest ``dtype`` number >= x (x in float64): a float32 norm never below the float64
-    one it stands for."""
-    y = x.to(dtype)
-    return torch.where(y.to(x.dtype) < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+    """A ``dtype`` number >= x for each x >= 0 (x in float64, or already in ``dtype``, then
+    returned as it is): x (1 + 2 eps) + the smallest subnormal, rounded to nearest, cannot fall
+    below x (half a unit in the last place is at most x eps / 2 for normal numbers, half the
+    smallest subnormal below them). So a float32 norm never stands below the float64 one it
+    stands for, and is 0 only where that is 0."""
+    if dtype == x.dtype:
+        return x
+    info = torch.finfo(dtype)
+    return (x * (1 + 2 * info.eps) + info.smallest_normal * info.eps).to(dtype) * (x > 0)
+
+
+def combined_norm(norms: list[torch.Tensor]) -> torch.Tensor:
+    """sqrt(sum_k n_k^2) of a layer's parameters' norms, never below the true value: in their
+    dtype times (1 + (k + 4) eps) where no square can underflow or overflow (see
+    :data:`UNDERFLOW_RISK`), else in float64 and rounded upwards (a float32 square of a norm
+    below 1e-19 is 0: a nonzero block would be clipped as a zero one)."""
+    if len(norms) == 1:
+        return norms[0]
+    stacked = torch.stack(norms, dim=1)
+    low, high = torch.aminmax(stacked)
+    if stacked.dtype != torch.float64 and \
+            UNDERFLOW_RISK <= float(low) and float(high) <= 1 / UNDERFLOW_RISK:
+        eps = torch.finfo(stacked.dtype).eps
+        return stacked.square().sum(dim=1).sqrt() * (1 + (len(norms) + 4) * eps)
+    return round_upward(stacked.to(torch.float64).square().sum(dim=1).sqrt() *
+                        (1 + (len(norms) + 4) * EPS64), stacked.dtype)
 
 
 def exact_norm_upward(g: torch.Tensor) -> torch.Tensor:
@@ -159,29 +184,50 @@ def exact_norm_upward(g: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_norms(layer: nn.Linear, a: torch.Tensor, backprops: torch.Tensor) -> dict:
-    """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias), as row sums of squares
-    (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead);
-    in float64, with the sums' rounding bound added, rounded upwards."""
-    delta_sq = row_squares(backprops)
-    slack = 1 + (backprops.shape[1] + a.shape[1] + 4) * EPS64
+    """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias) from row sums of squares
+    (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead).
+    A sum of k squares, all positive, is within k + 1 roundings of its true value whatever the
+    order the kernel adds in, and the product, root and scaling add three more: the result
+    times (1 + (p + d + 10) eps) bounds the true norm (eps: the dtype's machine epsilon, twice
+    its unit roundoff), as long as nothing underflowed. A float32 square of 1e-20 (the output
+    gradient of a confident head) is 0: where a row's sum is below :data:`UNDERFLOW_RISK`, or
+    above its inverse, the norms are taken in float64 and rounded upwards instead."""
+    delta_sq, a_sq = row_squares(backprops), row_squares(a)
+    low, high = torch.aminmax(torch.cat([delta_sq, a_sq]))
+    if backprops.dtype != torch.float64 and \
+            UNDERFLOW_RISK <= float(low) and float(high) <= 1 / UNDERFLOW_RISK:
+        weight = (delta_sq * a_sq).sqrt()
+        bias = delta_sq.sqrt()
+        bound = 1 + (backprops.shape[1] + a.shape[1] + 10) * torch.finfo(backprops.dtype).eps
+    else:
+        delta_sq = backprops.to(torch.float64).square().sum(dim=1)
+        a_sq = a.to(torch.float64).square().sum(dim=1)
+        weight, bias = (delta_sq * a_sq).sqrt(), delta_sq.sqrt()
+        bound = 1 + (backprops.shape[1] + a.shape[1] + 10) * EPS64
     out = {}
     if layer.weight.requires_grad:
-        out[layer.weight] = round_upward((delta_sq * row_squares(a)).sqrt() * slack,
-                                         backprops.dtype)
+        out[layer.weight] = round_upward(weight * bound, backprops.dtype)
     if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = round_upward(delta_sq.sqrt() * slack, backprops.dtype)
+        out[layer.bias] = round_upward(bias * bound, backprops.dtype)
     return out
+
+
+# below this (or above its inverse) a float32 sum of squares may have lost squares to underflow
+# (numbers under 2^-63 square to 0 or a subnormal) or overflowed: float64 is used instead
+UNDERFLOW_RISK = 2.0 ** -60
 
 
 ROW_CHUNK = 1 << 16  # elements squared at a time
 
 
 def row_squares(t: torch.Tensor) -> torch.Tensor:
-    """sum_j t_ij^2 for each row of a 2-D tensor, in float64, without a temporary of t's size:
-    a layer's input can be the largest tensor of the step."""
+    """sum_j t_ij^2 for each row of a 2-D tensor: the numbers of ``t.square().sum(dim=1)``
+    (each row is reduced alone, so in the same order), without a temporary of t's size: a
+    layer's input can be the largest tensor of the step."""
     rows = max(1, ROW_CHUNK // max(1, t.shape[1]))
-    return torch.cat([t[i:i + rows].to(torch.float64).square().sum(dim=1)
-                      for i in range(0, len(t), rows)])
+    if rows >= len(t):
+        return t.square().sum(dim=1)
+    return torch.cat([t[i:i + rows].square().sum(dim=1) for i in range(0, len(t), rows)])
 
 
 def _plain_conv(module: nn.Module) -> bool:
@@ -192,16 +238,27 @@ def _plain_conv(module: nn.Module) -> bool:
         module.padding_mode == "zeros"
 
 
-def uses_ghost_norm(layer: nn.Module, positions: int, p: int, d: int) -> bool:
-    """Bu, Mao & Xu's layerwise rule: the ghost norm iff 2 T^2 < p d (T positions, p output
-    channels or features, d = inputs per position). Grouped convolutions instantiate."""
-    return getattr(layer, "groups", 1) == 1 and 2 * positions ** 2 < p * d
+# per-sample gradients of at most this many numbers (B p d) are instantiated even where the
+# ghost norm takes fewer operations: measured on the paper CNN's conv2 (B = 256, T = 25,
+# p d = 8,192: 2 M numbers), instantiating (a grouped convolution, 3.0-6.0 ms for norm and sum)
+# beat the float64 ghost norm and float64 weighted sum (12.5-13.9 ms) on two cores, and it
+# holds less memory than the float64 patches the ghost norm needs (B T d)
+INSTANTIATION_BUDGET = 1 << 24
+
+
+def uses_ghost_norm(layer: nn.Module, positions: int, p: int, d: int, batch: int) -> bool:
+    """The ghost norm iff Bu, Mao & Xu's layerwise rule prefers it (2 T^2 < p d: T positions,
+    p output channels or features, d = inputs per position) and the per-sample gradients
+    would exceed :data:`INSTANTIATION_BUDGET` numbers. Grouped convolutions instantiate."""
+    return getattr(layer, "groups", 1) == 1 and 2 * positions ** 2 < p * d and \
+        batch * p * d > INSTANTIATION_BUDGET
 
 
 def conv_uses_ghost_norm(layer: nn.Module, backprops: torch.Tensor) -> bool:
     """:func:`uses_ghost_norm` for a convolution and its output gradients."""
     d = layer.in_channels // layer.groups * math.prod(layer.kernel_size)
-    return uses_ghost_norm(layer, backprops[0, 0].numel(), layer.out_channels, d)
+    return uses_ghost_norm(layer, backprops[0, 0].numel(), layer.out_channels, d,
+                           len(backprops))
 
 
 def positions(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor

@@ -30,7 +30,7 @@ from torch.autograd.graph import get_gradient_edge
 from dpclip.errors import DpclipError
 from dpclip.methods.base import Method, StepRelease
 from dpclip.randomness import NoiseSources
-from dpclip.train.per_sample import LayerTerms, refusal, round_upward
+from dpclip.train.per_sample import LayerTerms, combined_norm, refusal
 
 
 @dataclass
@@ -172,9 +172,7 @@ def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor
     for terms in kept:
         k = _layer_index(groups, terms.module)
         if k is not None:
-            # in float64, rounded upwards: a float32 square of a norm below 1e-19 is 0
-            columns[k] = round_upward(sum(n.double().square() for n in
-                                          terms.norms().values()).sqrt(), terms.dtype)
+            columns[k] = combined_norm(list(terms.norms().values()))
     if any(c is None for c in columns):
         missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
         raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the "
