@@ -124,7 +124,7 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
         metrics = layout.metrics(key.name)
         full = read_json(metrics) if metrics.exists() else {}
         audit = full.get("audit") or {}
-        adjacency = (full.get("privacy") or {}).get("adjacency") or summary_adjacency(summary)
+        adjacency = _adjacency(full, summary)
         # (marked where the epsilon is no guarantee or under another adjacency)
         series = series_label(f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}",
                               summary.get("dp_guarantee"), adjacency)
@@ -151,12 +151,15 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
     for key in runs:
         summary = read_json(layout.summary(key.name))
         if summary["epsilon"] is not None:
+            metrics = layout.metrics(key.name)
+            summary["adjacency"] = _adjacency(read_json(metrics) if metrics.exists() else {},
+                                              summary)
             groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(summary)
     rows = []
     for (method, alpha, target), summaries in groups.items():
         row = {"series": series_label(f"{method} {alpha}",
                                       all(s.get("dp_guarantee", True) for s in summaries),
-                                      summary_adjacency(summaries[0])),
+                                      summaries[0]["adjacency"]),
                "method": method, "alpha": alpha,
                "target_epsilon": target, "seeds": len(summaries),
                "epsilon": float(np.mean([s["epsilon"] for s in summaries]))}
@@ -165,6 +168,11 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
                 [s.get(metric) for s in summaries])
         rows.append(row)
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY_SEEDS)
+
+
+def _adjacency(metrics: dict, summary: dict) -> str | None:
+    """The run's neighbouring notion by name (its metrics file), else as its summary has it."""
+    return (metrics.get("privacy") or {}).get("adjacency") or summary_adjacency(summary)
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
