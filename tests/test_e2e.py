@@ -318,6 +318,19 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
     assert project_home(tmp_path / "proj") == (tmp_path / "proj").resolve()
 
 
+def test_the_evaluate_stage_writes_the_same_bytes_under_another_blas_kernel(dvc_project):
+    """The committed results differed between machines in the 15th digit of the references'
+    phi correlation (np.corrcoef's BLAS products; OpenBLAS picks its kernel by CPU). The
+    evaluate stage again under OpenBLAS's Prescott kernel (SSE3: any x86-64 runs it) writes
+    every metrics file byte for byte as the first repro did under the machine's own."""
+    _, project, env, _ = dvc_project
+    before = {p.name: p.read_bytes() for p in (project / "metrics").glob("*.json")}
+    _sh([str(BIN / "dpclip"), "--quiet", "evaluate", "--force"], project,
+        {**env, "OPENBLAS_CORETYPE": "Prescott"})
+    after = {p.name: p.read_bytes() for p in (project / "metrics").glob("*.json")}
+    assert before and after == before
+
+
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     """The train and evaluate stages run every configuration in one process, but a run whose
     inputs did not change is not run again (dpclip.provenance). Last in this module: it
