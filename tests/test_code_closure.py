@@ -80,5 +80,18 @@ def test_dvc_yaml_lists_exactly_the_code_each_stage_imports():
     for name in DVC_STAGE_ROOTS:
         listed = sorted(str(d) for d in stages[name]["deps"] if str(d).startswith("src/"))
         assert listed == stage_code(name), f"dvc.yaml stage {name}: code deps differ from " \
-                                           f"its imports; python -m dpclip.code_closure"
+                                           f"its imports; python -m dpclip.code_closure --write"
     assert set(DVC_STAGE_ROOTS) == set(stages)  # every stage is checked
+
+
+def test_write_puts_back_each_stages_code_and_keeps_every_other_line(tmp_path):
+    from dpclip.code_closure import write_stage_code
+
+    original = (PROJECT / "dvc.yaml").read_text()
+    target = tmp_path / "dvc.yaml"
+    target.write_text(original)
+    assert not write_stage_code(target)  # the committed file is current
+    damaged = original.replace("      - src/dpclip/cli.py\n", "", 1).replace(
+        "      - src/dpclip/stages/report.py\n", "      - src/dpclip/stages/gone.py\n", 1)
+    target.write_text(damaged)
+    assert write_stage_code(target) and target.read_text() == original

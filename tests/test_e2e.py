@@ -318,6 +318,51 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
     assert project_home(tmp_path / "proj") == (tmp_path / "proj").resolve()
 
 
+IMPORTED = """
+import sys
+from dpclip.cli import main
+code = main(sys.argv[1:])
+print("\\n".join(sorted(m.__file__ for name, m in sys.modules.items()
+                        if name.split(".")[0] == "dpclip" and getattr(m, "__file__", None))))
+sys.exit(code)
+"""
+
+
+def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project):
+    """A docstring edit in any module a stage's command runs must make that stage stale: each
+    stage's command (the one dvc.yaml gives it, the runs forced), every dpclip module it
+    imported, the CLI included, is among the stage's dependencies in dvc.yaml (a file or a
+    folder above it). Before, no stage listed cli.py, which every command runs."""
+    import dpclip  # noqa: F401  (its folder, below)
+    from dpclip.code_closure import (DISCOVERED, DVC_STAGE_ROOTS, closure_files,
+                                     package_modules)
+
+    _, project, env, _ = dvc_project
+    stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        args = stage["cmd"].replace("${item.alpha}", "iid").split()[1:]
+        if args[-1] in ("train", "audit", "reference", "evaluate"):
+            args.append("--force")
+        out = _sh([sys.executable, "-c", IMPORTED, *args], project, env)
+        # the package's files as dvc.yaml names them (the installed package is this one's)
+        package = Path(sys.modules["dpclip"].__file__).resolve().parent.parent
+        executed = {Path(line).resolve().relative_to(package).as_posix()
+                    for line in out.splitlines() if line.endswith(".py")
+                    and Path(line).resolve().is_relative_to(package)}
+        deps = [d for d in stage["deps"] if d.startswith("src/")]
+        # the plugin families a stage does not run are loaded only to validate params.yaml
+        # (the registries' discovery), with what they import: not the stage's code, and
+        # listed by the stages that run them
+        plugins = [module for module in package_modules() for family in DISCOVERED
+                   if family not in DVC_STAGE_ROOTS[name]
+                   and module.startswith(f"dpclip.{family}.")]
+        validated_only = {f"dpclip/{f}" for f in closure_files(plugins)}
+        missing = sorted(f for f in executed - validated_only
+                         if not any(f == d.removeprefix("src/")
+                                    or f.startswith(d.removeprefix("src/") + "/") for d in deps))
+        assert "dpclip/cli.py" in executed and not missing, (name, missing)
+
+
 def test_the_evaluate_stage_writes_the_same_bytes_under_another_blas_kernel(dvc_project):
     """The committed results differed between machines in the 15th digit of the references'
     phi correlation (np.corrcoef's BLAS products; OpenBLAS picks its kernel by CPU). The

@@ -123,6 +123,19 @@ def _stage(function: str):
     return getattr(module, function)
 
 
+def _load(module: str, name: str):
+    """``name`` from ``module``, imported by name when a command needs it: what a stage's
+    command executes is what dvc.yaml lists as its code (dpclip.code_closure follows imports,
+    not names), so the code of the other commands (bench, verify, preset, ...) makes no stage
+    stale."""
+    return getattr(importlib.import_module(module), name)
+
+
+def _tool(command: str):
+    """The function of a command that is no pipeline stage (:mod:`dpclip.commands`)."""
+    return _load("dpclip.commands", command)
+
+
 def _check_choice(key: str, value, allowed: list) -> None:
     if value not in allowed:
         raise DpclipError(f"{key}: {value!r} is not in params.yaml ({allowed})")
@@ -135,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
     if args.command == "preset":  # reads params.yaml under its own overlays
-        return _preset(args)
+        return _tool("preset")(args)
     if args.command == "evidence":  # reads the preset runs, not params.yaml
-        return _evidence(args)
+        return _tool("evidence")(args)
     if args.command == "compare":  # reads DVC's experiments, not params.yaml
-        return _compare(args)
+        return _tool("compare")(args)
     try:
         params = load_params(args.params)
         layout = Layout(Path(args.root))
@@ -157,76 +170,6 @@ def _schema(out: str | None) -> int:
         print(f"JSON schema of params.yaml written to {out}")
     else:
         print(json.dumps(json_schema(), indent=2))
-    return 0
-
-
-def _preset(args) -> int:
-    from dpclip.presets import (available_presets, load_preset, run_preset, seeds_by_power,
-                                write_variants)
-
-    root = Path(args.root)
-    try:
-        if not args.name:
-            for name in available_presets(root / "presets"):
-                print(f"{name}: {load_preset(name, root / 'presets')['source']}")
-            return 0
-        options = dict(variants=args.variant, project=root, track=args.track,
-                       datasets=Path(args.datasets) if args.datasets else None,
-                       progress=not args.quiet)
-        if args.seeds is not None and args.seeds < 1:
-            raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
-        if args.params_only:
-            for folder in write_variants(args.name, project=root, seeds=args.seeds,
-                                         variants=args.variant,
-                                         datasets=Path(args.datasets) if args.datasets else None):
-                print(f"python -m flows.pipeline --params {folder}/params.yaml --root {folder} "
-                      f"--workers N   # or --dask-address tcp://HOST:8786")
-            return 0
-        if args.power_budget is not None:
-            if args.power_budget <= 0:
-                raise DpclipError(f"--power-budget: {args.power_budget:g} must be above 0 "
-                                  f"minutes")
-            record = seeds_by_power(args.name, args.power_budget * 60, first=args.seeds,
-                                    **options)
-        else:
-            record = run_preset(args.name, seeds=args.seeds, **options)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
-    for variant, facts in record["variants"].items():
-        print(f"{args.name} {variant}: {facts['wall_s']:.0f} s -> results/presets/{args.name}/"
-              f"{variant}/reports/comparison.md")
-    return 0
-
-
-def _compare(args) -> int:
-    from dpclip.reporting.compare import compare_text, dvc_experiments, select
-
-    try:
-        experiments = select(dvc_experiments(Path(args.root), args.rev, args.num),
-                             args.experiments)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
-    print(compare_text(experiments, args.only_changed))
-    return 0
-
-
-def _evidence(args) -> int:
-    from dpclip.reporting.evidence import write_evidence
-
-    root = Path(args.root)
-    command = "dpclip evidence" + ("" if args.out == "reports/evidence.md" else
-                                   f" --out {args.out}")
-    try:
-        findings = write_evidence(root / "presets" / "claims.yaml", root / args.results,
-                                  root / args.out, command)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
-    for f in findings:
-        print(f"{f.claim['id']}: {f.verdict} ({f.reason})")
-    print(f"written to {args.out} and {Path(args.out).with_suffix('.html')}")
     return 0
 
 
@@ -252,33 +195,15 @@ def _dispatch(args, params, layout) -> int:
         rec = _stage("tune")(params, layout, progress=not args.quiet)
         print(_tuning_summary(rec))
         return 0
-    if args.command == "bench":
-        from dpclip.bench import bench
-
-        table = bench(params, layout, args.params, args.methods, args.steps, args.rounds,
-                      args.models, args.hidden, args.batch_size, memory=not args.no_memory,
-                      profile=args.profile, epoch=args.epoch)
-        print(table.to_string(index=False))
-        text = (layout.reports / "bench.md").read_text()
-        if "\n## " in text:  # the epochs' and the parts' tables, as bench.md has them
-            print(text[text.index("\n## "):])
-        print(f"written to {layout.reports / 'bench.md'}")
-        return 0
+    if args.command in ("bench", "verify"):
+        return _tool(args.command)(args, params, layout)
     if args.command == "report":
         result = _stage("report")(params, layout, track=not args.no_track)
         print((layout.reports / "summary.txt").read_text(), end="")
         print(f"Every column of every run: {layout.reports / 'comparison.md'}")
         if result.mlflow:
-            from dpclip.tracking import describe
-
-            print(describe(result.mlflow))
+            print(_load("dpclip.tracking", "describe")(result.mlflow))
         return 0
-    if args.command == "verify":
-        from dpclip.reporting.verify import verify, verify_text
-
-        checks = verify([k.name for k in configured_runs(params)], layout, args.against)
-        print(verify_text(checks, args.against, layout))
-        return 0 if all(c.status in ("identical", "within tolerance") for c in checks) else 1
     if args.command == "partition":
         alpha = parse_scalar(args.alpha)
         _check_choice("partition.alphas", alpha, params.partition.alphas)
@@ -292,9 +217,8 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "train":
         done = _stage("train_all")(params, layout, progress=not args.quiet, force=args.force)
     else:
-        every = {"audit": _stage("audit_all"), "reference": _stage("reference_all"),
-                 "evaluate": _stage("evaluate_all")}[args.command]
-        done = every(params, layout, force=args.force)
+        # only this command's stage is imported: its command executes no other stage's code
+        done = _stage(f"{args.command}_all")(params, layout, force=args.force)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else _summary(args.command, result)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
@@ -316,9 +240,7 @@ def _one_run(args, params, layout, given: list[str]) -> int:
         result = _stage("train")(params, args.method, epsilon, alpha, args.seed, layout,
                               progress=not args.quiet)
     else:
-        one = {"audit": _stage("audit"), "reference": _stage("reference"),
-               "evaluate": _stage("evaluate")}[args.command]
-        result = one(params, args.method, epsilon, alpha, args.seed, layout)
+        result = _stage(args.command)(params, args.method, epsilon, alpha, args.seed, layout)
     name = run_name(args.method, epsilon, alpha, args.seed)
     print(f"{name}: {_summary(args.command, result)}")
     return 0

@@ -126,17 +126,20 @@ def compact(files, package: Path = PACKAGE) -> list[str]:
     return sorted(prefix + p for p in [*chosen, *(wanted - covered)])
 
 
-# each DVC stage's code: its stage module, and for the stages that run every configured
-# method (every chosen attack, the chosen dataset), every registered method's (attack's,
-# dataset source's) module: "methods" ("attacks", "data.sources"), the modules the package's
-# discovery imports
+# each DVC stage's code: the command that runs it (``dpclip.cli``: every stage's command
+# executes it), its stage module, and for the stages that run every configured method (every
+# chosen attack, the chosen dataset), every registered method's (attack's, dataset source's)
+# module: "methods" ("attacks", "data.sources"), the modules the package's discovery imports
 DVC_STAGE_ROOTS = {
-    "prepare": ("dpclip.stages.prepare", "data.sources"), "partition": ("dpclip.stages.partition",),
-    "shadow": ("dpclip.stages.shadow", "methods"), "tune": ("dpclip.stages.tune", "methods"),
-    "train": ("dpclip.stages.train", "methods"), "audit": ("dpclip.stages.audit", "methods"),
-    "reference": ("dpclip.stages.reference", "methods"),
-    "evaluate": ("dpclip.stages.evaluate", "methods", "attacks"),
-    "report": ("dpclip.stages.report", "attacks"),
+    "prepare": ("dpclip.cli", "dpclip.stages.prepare", "data.sources"),
+    "partition": ("dpclip.cli", "dpclip.stages.partition"),
+    "shadow": ("dpclip.cli", "dpclip.stages.shadow", "methods"),
+    "tune": ("dpclip.cli", "dpclip.stages.tune", "methods"),
+    "train": ("dpclip.cli", "dpclip.stages.train", "methods"),
+    "audit": ("dpclip.cli", "dpclip.stages.audit", "methods"),
+    "reference": ("dpclip.cli", "dpclip.stages.reference", "methods"),
+    "evaluate": ("dpclip.cli", "dpclip.stages.evaluate", "methods", "attacks"),
+    "report": ("dpclip.cli", "dpclip.stages.report", "attacks"),
 }
 DISCOVERED = {"methods", "attacks", "data.sources"}  # modules found at run time
 
@@ -153,6 +156,38 @@ def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
     return compact(closure_files(roots, package), package)
 
 
-if __name__ == "__main__":  # what dvc.yaml's stages must list: python -m dpclip.code_closure
-    for name in DVC_STAGE_ROOTS:
-        print(f"{name}:", *(f"  - {path}" for path in stage_code(name)), sep="\n")
+def write_stage_code(dvc_yaml: Path) -> bool:
+    """Rewrite every stage's code dependencies in ``dvc_yaml`` (the ``- src/dpclip...`` lines
+    under its ``deps:``) as :func:`stage_code` gives them, keeping every other line; True when
+    the file changed. DVC's own YAML round trip would drop the file's comments."""
+    lines, out, stage, i = dvc_yaml.read_text().split("\n"), [], None, 0
+    prefix = f"- src/{ROOT_NAME}"
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
+            stage = line.strip()[:-1]
+        if line.strip().startswith(prefix) and stage in DVC_STAGE_ROOTS:
+            indent = line[:line.index("-")]
+            while i < len(lines) and lines[i].strip().startswith(prefix):
+                i += 1
+            out += [f"{indent}- {path}" for path in stage_code(stage)]
+            continue
+        out.append(line)
+        i += 1
+    text = "\n".join(out)
+    changed = text != dvc_yaml.read_text()
+    if changed:
+        dvc_yaml.write_text(text)
+    return changed
+
+
+if __name__ == "__main__":
+    # what dvc.yaml's stages must list: python -m dpclip.code_closure; --write rewrites them
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        target = PACKAGE.parent.parent / "dvc.yaml"
+        print(f"{target}: {'rewritten' if write_stage_code(target) else 'already current'}")
+    else:
+        for name in DVC_STAGE_ROOTS:
+            print(f"{name}:", *(f"  - {path}" for path in stage_code(name)), sep="\n")

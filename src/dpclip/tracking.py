@@ -61,7 +61,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey
 from dpclip.provenance import TRAIN
-from dpclip.train.setup import PRIVATE_DIAGNOSTICS
+from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ record. Every random draw comes from the run's :class:`~dpclip.randomness.NoiseS
 checkpointed with the rest of the state.
 
 The trace's ``train_loss`` and ``batch_size`` columns are computed from the private batch
-without noise (:data:`~dpclip.train.setup.PRIVATE_DIAGNOSTICS`): they stay in the local trace
+without noise (:data:`~dpclip.trace_columns.PRIVATE_DIAGNOSTICS`): they stay in the local trace
 and reach MLflow only when ``tracking.private_diagnostics`` asks for it.
 """
 

@@ -144,6 +144,3 @@ def plan_steps(n_records: int, batch_size: int, epochs: int,
     steps_per_epoch = max(1, int(1 / q))  # Opacus's sampler default: one pass in expectation
     return q, steps_per_epoch, epochs * steps_per_epoch
 
-
-# Trace columns computed from the private batch without noise: local diagnostics only.
-PRIVATE_DIAGNOSTICS = ("train_loss", "batch_size")
