@@ -71,9 +71,6 @@ class LayerTerms:
     per_sample: dict | None = None
     in_float64: bool = False
 
-    def __post_init__(self):
-        self.dtype = self.backprops.dtype  # the norms' and sums' dtype
-
     def norms(self) -> dict:
         """{parameter: n_i, shape (B,)} for the layer's trainable parameters, each n_i at least
         the norm of what :meth:`weighted_sum` adds for record i per unit weight (module
