@@ -116,7 +116,8 @@ STEP_METRICS = ("clip_threshold", "train_loss", "epsilon_spent")
 # a run without a DP guarantee logs its epsilons under these names: never in the epsilon
 # columns and charts of runs whose epsilon is a bound (its tag dp_guarantee says false too)
 NO_GUARANTEE_NAMES = {"epsilon": "epsilon_without_guarantee",
-                      "epsilon_spent": "epsilon_spent_without_guarantee"}
+                      "epsilon_spent": "epsilon_spent_without_guarantee",
+                      "epsilon_saved": "epsilon_saved_without_guarantee"}
 # method signals logged per step when a trace has them (WW-DP-SGD's controller)
 # written by the run itself for every method that early-stops (the method adds its own:
 # Method.step_metrics)

@@ -389,3 +389,100 @@ def test_a_private_run_refuses_a_model_the_step_gets_wrong(monkeypatch):
         run.fit(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y), progress=False,
                 desc="")
     assert not run.trace  # refused before any step
+
+
+class SequenceFirst(nn.Module):
+    """Layers that see (T, B, d): the batch is not on dimension 0 (an independent audit: the
+    step clipped per position, and one record reached 2.1 C under dp_sgd)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.inp(x.transpose(0, 1))).mean(dim=0))
+
+
+class CentresTheBatch(nn.Module):
+    """x - x.mean(0): each record's output depends on the others (the audit: 6.4 C)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head(torch.tanh(h - h.mean(dim=0)))
+
+
+def test_a_layer_without_the_batch_on_dimension_0_is_refused():
+    from dpclip.train.model_check import check_model
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4, 6), torch.randint(0, 3, (8,))
+    with pytest.raises(DpclipError, match="layer 'inp' sees .* rows for a batch of 1"):
+        check_model(SequenceFirst(), LOSS, x, y)
+    model = SequenceFirst()
+    with pytest.raises(DpclipError, match="batch on dimension 0"):
+        fresh_terms(BookKeeping(model, LayerGroups.of(model)), x, y)
+
+
+def test_records_that_change_each_others_gradients_are_refused_before_training():
+    from dpclip.train.model_check import check_model
+
+    torch.manual_seed(0)
+    with pytest.raises(DpclipError, match="change each other's gradients"):
+        check_model(CentresTheBatch(), LOSS, torch.randn(6, 6), torch.randint(0, 3, (6,)))
+
+
+@pytest.mark.parametrize("budget", [0, None])
+@pytest.mark.parametrize("kind", ["linear 3-D instantiated", "conv2d instantiated",
+                                  "conv2d ghost", "linear 2-D"])
+def test_a_record_whose_gradient_overflows_contributes_nothing(kind, budget):
+    """The audit: features of 1e37 (a finite forward) made one record's float32 per-sample
+    gradient inf, its factor 0 and 0 x inf = NaN: the whole released sum was NaN."""
+    model, x, y = build(kind, lambda low, high: low, False, 1e3, 0.0, 1.0, 3, seed=1)
+    with torch.no_grad():
+        for p in model.body.parameters():
+            p.mul_(1e-37)
+    x[0] = x[0].sign() * 1e37
+    with instantiation_budget(budget):
+        groups = LayerGroups.of(model)
+        wrapped = BookKeeping(model, groups)
+        kept = fresh_terms(wrapped, x, y)
+        norms = per_layer_norms(groups, kept)
+        sums = scaled_sum(groups, kept, torch.ones(3))
+    assert all(torch.isfinite(s).all() for s in sums)
+    assert torch.isfinite(norms[1:]).all()  # the other records are clipped as usual
+    assert torch.isinf(norms[0]).any() or torch.isfinite(norms[0]).all()
+
+
+@pytest.mark.parametrize("build_model, words", [
+    (lambda: nn.Sequential(nn.Linear(4, 3).half()), "float16"),
+    (lambda: nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True)), "scale_grad_by_freq"),
+])
+def test_layers_whose_bounds_or_gradients_do_not_hold_are_refused(build_model, words):
+    model = build_model()
+    with pytest.raises(DpclipError, match=words):
+        BookKeeping(model, LayerGroups.of(model))
+
+
+def test_a_failing_per_sample_path_and_a_layer_run_without_gradient_are_clear_errors():
+    from dpclip.train.model_check import check_model
+
+    class NoGrad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.frozen, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            with torch.no_grad():
+                h = self.frozen(x)
+            return self.head(h)
+
+    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    with pytest.raises(DpclipError, match="LayerNorm layer: its per-sample gradients failed"):
+        check_model(nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6, bias=False),
+                                  nn.Linear(6, 3)), LOSS, x, y)
+    with pytest.raises(DpclipError, match=r"no per-sample norm for layer\(s\) \['frozen'\]"):
+        check_model(NoGrad(), LOSS, x, y)

@@ -75,6 +75,28 @@ class LayerTerms:
         """{parameter: n_i, shape (B,)} for the layer's trainable parameters, each n_i at least
         the norm of what :meth:`weighted_sum` adds for record i per unit weight (module
         docstring)."""
+        norms = self._norms()
+        return self._drop_nonfinite(norms)
+
+    def _drop_nonfinite(self, norms: dict) -> dict:
+        """A record whose gradient overflowed (a norm of inf or NaN) contributes nothing: its
+        rows of the inputs and output gradients (or its per-sample gradients) are set to 0 and
+        its norms to inf, which every rule scales by 0 (0 * inf would make the sum NaN)."""
+        bad = None
+        for n in norms.values():
+            bad = ~torch.isfinite(n) if bad is None else bad | ~torch.isfinite(n)
+        if bad is None or not bool(bad.any()):
+            return norms
+        if self.per_sample is not None:
+            self.per_sample = {p: torch.where(_rows(bad, g), 0, g)
+                               for p, g in self.per_sample.items()}
+        else:
+            self.activations = [torch.where(_rows(bad, a), 0, a) if len(a) == len(bad) else a
+                                for a in self.activations]
+            self.backprops = torch.where(_rows(bad, self.backprops), 0, self.backprops)
+        return {p: torch.where(bad, math.inf, n) for p, n in norms.items()}
+
+    def _norms(self) -> dict:
         module, backprops = self.module, self.backprops
         if type(module) is nn.Linear and backprops.dim() == 2:
             return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
@@ -97,7 +119,12 @@ class LayerTerms:
                 raise DpclipError(f"{type(module).__name__} layer called with "
                                   f"{len(self.activations)} tensor inputs: its per-sample "
                                   f"gradients (Opacus's samplers, functorch) take one")
-            grads = grad_sampler(module)(module, self.activations, backprops)
+            try:
+                grads = grad_sampler(module)(module, self.activations, backprops)
+            except (AttributeError, RuntimeError, ValueError, NotImplementedError) as exc:
+                raise DpclipError(f"{type(module).__name__} layer: its per-sample gradients "
+                                  f"failed ({type(exc).__name__}: {exc}); the model is "
+                                  f"refused") from exc
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
                 grads[module.weight][:, module.padding_idx] = 0  # as autograd: no gradient
         own = {id(p) for p in module.parameters(recurse=False)}
@@ -140,6 +167,11 @@ class LayerTerms:
             raise RuntimeError(f"{type(module).__name__}: no per-sample gradients kept for "
                                f"its weighted sum (norms() was not called)")
         return {p: g.to(dtype) for p, g in out.items() if p.requires_grad}
+
+
+def _rows(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """A per-record mask (B,) shaped to broadcast over ``t`` (B, ...)."""
+    return mask.reshape((-1,) + (1,) * (t.dim() - 1))
 
 
 def round_upward(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -382,6 +414,14 @@ def refusal(module: nn.Module) -> str | None:
     if any(isinstance(hook, WeightNorm) for hook in module._forward_pre_hooks.values()):
         return ("it has torch.nn.utils.weight_norm: its trained parameters weight_g and "
                 "weight_v are not the weight the per-sample gradient paths differentiate")
+    if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
+        return ("it has scale_grad_by_freq=True: Opacus's per-sample gradient ignores the "
+                "frequency scaling")
+    odd = sorted({str(p.dtype) for p in module.parameters(recurse=False)} -
+                 {"torch.float32", "torch.float64", "torch.bfloat16"})
+    if odd:
+        return (f"its parameters are {', '.join(odd)}: the norm bounds are for float32, "
+                f"float64 and bfloat16 (float16's range underflows them)")
     own = {name for name, p in module.named_parameters(recurse=False) if p.requires_grad}
     fast = type(module) is nn.Linear or type(module) in CONV_WEIGHT_GRADS or \
         type(module) in opacus_samplers()[1]

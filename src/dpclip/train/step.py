@@ -147,6 +147,15 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list[LayerU
     gradient is the sum over uses, which the per-use norms below do not give), and a layer
     input changed in place after the layer ran (the kept input is no longer the one the
     gradient belongs to; autograd itself would refuse the weight gradient)."""
+    for use in uses:
+        sizes = {use.output[0][0] if len(use.output[0]) else None,
+                 *(len(a) for a in use.activations if a.dim())}
+        if sizes != {len(losses)}:
+            raise DpclipError(f"layer {use.name!r} sees {sorted(map(str, sizes))} rows for a "
+                              f"batch of {len(losses)} records: the DP step needs every "
+                              f"layer's inputs and output to hold the batch on dimension 0 "
+                              f"(a sequence-first layout, (T, B, d), would be clipped per "
+                              f"position, not per record)")
     layers = [id(use.module) for use in uses]
     if len(set(layers)) != len(layers):
         raise DpclipError("a parameterised layer is used more than once in one forward pass; "
@@ -175,8 +184,9 @@ def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor
             columns[k] = combined_norm(list(terms.norms().values()))
     if any(c is None for c in columns):
         missing = [groups.names[k] for k, c in enumerate(columns) if c is None]
-        raise RuntimeError(f"no per-sample norm for layer(s) {missing}: not used in the "
-                           f"forward, or not hooked (wrap the model after freezing layers)")
+        raise DpclipError(f"no per-sample norm for layer(s) {missing}: not used in the "
+                          f"forward (or only under torch.no_grad), or not hooked (wrap the "
+                          f"model after freezing layers)")
     return torch.stack(columns, dim=1)
 
 
@@ -315,7 +325,8 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         laps.lap("output gradients")
         layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
         laps.lap("per-sample norms")
-        factors = method.scale(layer_norms)
+        # a record whose factor is not finite contributes nothing (its gradient is zeroed too)
+        factors = torch.nan_to_num(method.scale(layer_norms), nan=0.0, posinf=0.0, neginf=0.0)
         laps.lap("scaling rule")
         sums = scaled_sum(groups, kept, factors[:len(x)])  # empties kept as it goes
         laps.lap("weighted sum")
