@@ -50,44 +50,47 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
     try:
         for i in range(len(x)):
             record, label = x[i:i + 1], y[i:i + 1]
-            out, uses = wrapped.forward_keeping(record)
-            kept = backward_keeping(wrapped, loss_fn(out, label), uses)
-            per_layer_norms(groups, kept)
-            steps = scaled_sum(groups, kept, torch.ones(1, dtype=torch.float64))
-            params = groups.flat()
-            truth = torch.autograd.grad(loss_fn(twin(record), label).sum(), params,
+            steps = step_gradients(wrapped, groups, loss_fn, record, label,
+                                   torch.ones(1, dtype=torch.float64))
+            truth = torch.autograd.grad(loss_fn(twin(record), label).sum(), groups.flat(),
                                         allow_unused=True)
             alone.append(steps)
-            for p, step, true in zip(params, steps, truth):
-                true = torch.zeros_like(p) if true is None else true
-                error = float((step - true).norm())
-                if error > RELATIVE_TOLERANCE * float(true.norm()) + 1e-12:
-                    raise DpclipError(
-                        f"the DP step's per-sample gradient of parameter {names[id(p)]!r} "
-                        f"differs from autograd's (norm {float(step.norm()):.4g} against "
-                        f"{float(true.norm()):.4g}): the parameter is used outside its layer's "
-                        f"call (e.g. F.linear(x, layer.weight)), or the layer's forward is one "
-                        f"its per-sample path does not reproduce; the model is refused")
-        _check_batch_independence(wrapped, groups, loss_fn, x, y, alone, names)
+            _refuse_if_apart(groups, names, steps, truth, lambda name: (
+                f"the DP step's per-sample gradient of parameter {name!r} differs from "
+                f"autograd's", "the parameter is used outside its layer's call (e.g. "
+                f"F.linear(x, layer.weight)), or the layer's forward is one its per-sample "
+                f"path does not reproduce"))
+        # what the step adds for record i in a batch of all of them (factor 1 for i, 0 for
+        # the others) must equal what it added for i alone
+        for i in range(len(x) if len(x) > 1 else 0):
+            together = step_gradients(wrapped, groups, loss_fn, x, y,
+                                      torch.eye(len(x), dtype=torch.float64)[i])
+            _refuse_if_apart(groups, names, together, alone[i], lambda name: (
+                f"records of one batch change each other's gradients (parameter {name!r}, in "
+                f"a batch against alone)", "an operation across the batch, such as "
+                f"x - x.mean(0) or a functional batch norm, makes the clipped sum's "
+                f"sensitivity exceed C"))
     finally:
         for handle in wrapped._handles:
             handle.remove()
 
 
-def _check_batch_independence(wrapped, groups, loss_fn, x, y, alone, names) -> None:
-    """What the step adds for record i in a batch of all the checked records (factor 1 for i,
-    0 for the others) must equal what it added for i alone."""
-    for i in range(len(x) if len(x) > 1 else 0):
-        out, uses = wrapped.forward_keeping(x)
-        kept = backward_keeping(wrapped, loss_fn(out, y), uses)
-        per_layer_norms(groups, kept)
-        together = scaled_sum(groups, kept, torch.eye(len(x), dtype=torch.float64)[i])
-        for p, with_others, by_itself in zip(groups.flat(), together, alone[i]):
-            error = float((with_others - by_itself).norm())
-            if error > RELATIVE_TOLERANCE * float(by_itself.norm()) + 1e-12:
-                raise DpclipError(
-                    f"records of one batch change each other's gradients (parameter "
-                    f"{names[id(p)]!r}: norm {float(with_others.norm()):.4g} in a batch "
-                    f"against {float(by_itself.norm()):.4g} alone): an operation across the "
-                    f"batch, such as x - x.mean(0) or a functional batch norm, makes the "
-                    f"clipped sum's sensitivity exceed C; the model is refused")
+def step_gradients(wrapped, groups, loss_fn, x, y, factors) -> list[torch.Tensor]:
+    """The DP step's weighted sum sum_i factors_i g_i on the records (x, y), per parameter in
+    ``groups.flat()`` order, without noise."""
+    out, uses = wrapped.forward_keeping(x)
+    kept = backward_keeping(wrapped, loss_fn(out, y), uses)
+    per_layer_norms(groups, kept)
+    return scaled_sum(groups, kept, factors)
+
+
+def _refuse_if_apart(groups, names, got, expected, say) -> None:
+    """Raise :class:`DpclipError` for the first parameter whose ``got`` and ``expected``
+    gradients differ by more than 1e-6 of the expected norm (+ 1e-12); ``say(name)`` gives
+    what differs and why."""
+    for p, mine, theirs in zip(groups.flat(), got, expected):
+        theirs = torch.zeros_like(p) if theirs is None else theirs
+        if float((mine - theirs).norm()) > RELATIVE_TOLERANCE * float(theirs.norm()) + 1e-12:
+            what, why = say(names[id(p)])
+            raise DpclipError(f"{what}: norm {float(mine.norm()):.4g} against "
+                              f"{float(theirs.norm()):.4g}; {why}; the model is refused")
