@@ -18,7 +18,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 
-.PHONY: install run test clean mlflow-ui prefect-ui
+.PHONY: install run test clean mlflow-ui prefect-ui dvc.yaml
 
 install: $(STAMP)
 
@@ -34,7 +34,11 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m dpclip.reporting.offline_plots || echo "warning: dvc plots show will load Vega from its CDN"
 	touch $(STAMP)
 
-run: install
+# dvc.yaml is generated from the stage declarations (src/dpclip/pipeline/spec.py)
+dvc.yaml: install
+	$(BIN)/python -m dpclip.pipeline.dvc_yaml --write
+
+run: install dvc.yaml
 	@start=$$(date +%s); \
 	dvc repro 2>&1 | $(BIN)/python -m dpclip.reporting.stage_times && end=$$(date +%s) && \
 	echo && cat reports/summary.txt && echo && \

@@ -23,6 +23,7 @@ table and report are the flow run's artifacts.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import sys
@@ -36,20 +37,12 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from dpclip.attacks import baseline_attack
-from dpclip.stages.audit import audit, set_aside_unconfigured_audits
-from dpclip.stages.evaluate import evaluate, remove_unconfigured_evaluations
-from dpclip.stages.partition import partition
-from dpclip.stages.prepare import prepare
-from dpclip.stages.reference import reference, set_aside_unconfigured_references
-from dpclip.stages.report import report
-from dpclip.stages.shadow import shadow
-from dpclip.stages.train import set_aside_unconfigured_runs, train
-from dpclip.stages.tune import tune
 from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs
-from dpclip.provenance import AUDIT, EVALUATE, REFERENCE, TRAIN, RunStage
+from dpclip.pipeline.local import stage_options
+from dpclip.pipeline.spec import ONCE, PER_ALPHA, PER_RUN, STAGES, Stage, upstream
 from dpclip.reporting.summary_table import HEADERS, LEGEND, cells
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
@@ -72,47 +65,51 @@ TASK = dict(cache_policy=NO_CACHE)
 RETRIED = dict(TASK, retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=10),
                retry_condition_fn=retry_unless_bad_input)
 
-prepare_task = task(name="prepare", **TASK)(prepare)
-partition_task = task(name="partition", task_run_name="partition-{alpha}", **TASK)(
-    partition)
-shadow_task = task(name="shadow", **TASK)(shadow)
-tune_task = task(name="tune", **TASK)(tune)
-report_task = task(name="report", **TASK)(report)
+def _once_task(stage: Stage):
+    """A stage run once (or once per alpha) as a task: its stage function itself."""
+    function = getattr(importlib.import_module(stage.module), stage.name)
+    name = f"{stage.name}-{{alpha}}" if stage.scope == PER_ALPHA else stage.name
+    return task(name=stage.name, task_run_name=name, **TASK)(function)
 
 
-def unless_current(stage: RunStage, params, key: RunKey, layout: Layout, run):
-    """The run's recorded result, completed as "up to date", when its inputs did not change
-    (the provenance `dvc repro` uses too); else ``run()``."""
-    result = stage.reuse(params, key, layout)
-    if result is not None:
-        return Completed(message=UP_TO_DATE, data=result)
-    return run()
+def _per_run_task(stage: Stage):
+    """A per-run stage as a task on one run: completed as "up to date" when the run's inputs
+    did not change (the provenance `dvc repro` uses too), or when the stage says why it has
+    nothing to do (``skipped``); else the stage function on that run."""
+
+    def run(params, key: RunKey, layout: Layout, progress: bool = False):
+        module = importlib.import_module(stage.module)
+        why = getattr(module, stage.skipped)(params) if stage.skipped else None
+        if why:
+            return Completed(message=why)
+        provenance = getattr(importlib.import_module("dpclip.provenance"), stage.provenance)
+        result = provenance.reuse(params, key, layout)
+        if result is not None:
+            return Completed(message=UP_TO_DATE, data=result)
+        return getattr(module, stage.name)(params, key.method, key.epsilon, key.alpha,
+                                           key.seed, layout, **stage_options(stage, progress))
+
+    run.__name__ = run.__qualname__ = f"{stage.name}_run"
+    return task(name=stage.name, task_run_name=f"{stage.name}-{{key.name}}", **RETRIED)(run)
 
 
-@task(name="train", task_run_name="train-{key.name}", **RETRIED)
-def train_task(params, key: RunKey, layout: Layout, progress: bool = False):
-    return unless_current(TRAIN, params, key, layout, lambda: train(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout, progress))
+TASKS = {stage.name: (_per_run_task if stage.scope == PER_RUN else _once_task)(stage)
+         for stage in STAGES}
 
 
-@task(name="audit", task_run_name="audit-{key.name}", **RETRIED)
-def audit_task(params, key: RunKey, layout: Layout):
-    return unless_current(AUDIT, params, key, layout, lambda: audit(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout))
-
-
-@task(name="reference", task_run_name="reference-{key.name}", **RETRIED)
-def reference_task(params, key: RunKey, layout: Layout):
-    if params.attack.references == 0:
-        return Completed(message="no reference models (attack.references: 0)")
-    return unless_current(REFERENCE, params, key, layout, lambda: reference(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout))
-
-
-@task(name="evaluate", task_run_name="evaluate-{key.name}", **RETRIED)
-def evaluate_task(params, key: RunKey, layout: Layout):
-    return unless_current(EVALUATE, params, key, layout, lambda: evaluate(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout))
+def waits_for(stage: Stage, states: dict, key: RunKey | None = None) -> list:
+    """The states ``stage`` waits for (on ``key``'s run, or on every run when None): those of
+    the stages whose outputs it reads, per alpha and per run where they run so."""
+    out = []
+    for before in upstream(stage):
+        done = states[before.name]
+        if before.scope == ONCE:
+            out.append(done)
+        elif key is None:
+            out += list(done.values())
+        else:
+            out.append(done[key.alpha if before.scope == PER_ALPHA else key])
+    return out
 
 
 def overrides(dataset: str | None = None, methods: list[str] | None = None,
@@ -165,55 +162,31 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
     layout = Layout(Path(root).resolve())  # a Dask worker elsewhere has another cwd
     # wait_for states the real edges (on Dask each run's tasks wait for their own inputs only;
     # called in order in this process, Prefect also records the tasks that ran before)
-    p, out = params, layout
-    prepared = prepare_task(p, out, return_state=True)
-    prepared.result()
-    partitioned = {alpha: partition_task(p, alpha, out, wait_for=[prepared],
-                                         return_state=True)
-                   for alpha in params.partition.alphas}
-    shadowed = shadow_task(p, out, progress, wait_for=[prepared], return_state=True)
-    for state in [*partitioned.values(), shadowed]:
-        state.result()
-    # the same search the tune stage runs (tune.trials 0: none); every run trains with its result
-    tuned = tune_task(p, out, progress, wait_for=[shadowed], return_state=True)
-    tuned.result()
     keys = configured_runs(params)
-    # as the DVC stages do: outputs of runs no longer configured leave the compared folders
-    set_aside_unconfigured_runs(params, layout)
-    set_aside_unconfigured_audits(params, layout)
-    set_aside_unconfigured_references(params, layout)
-    remove_unconfigured_evaluations(params, layout)
-    if runs_in_processes():  # every configuration at once; each waits for its own inputs
-        pending = {}
-        for key in keys:
-            inputs = [partitioned[key.alpha], shadowed, tuned]
-            trained = train_task.submit(p, key, out, progress, wait_for=inputs)
-            audited = audit_task.submit(p, key, out, wait_for=inputs)
-            referenced = reference_task.submit(p, key, out, wait_for=inputs)
-            pending[key] = (trained, evaluate_task.submit(
-                p, key, out, wait_for=[trained, audited, referenced]))
-        done = []
-        for trained, evaluation in pending.values():
-            trained.wait(), evaluation.wait()
-            done.append((trained.state, evaluation.state))
-    else:
-        done = []
-        for key in keys:
-            inputs = [partitioned[key.alpha], shadowed, tuned]
-            trained = train_task(p, key, out, progress, wait_for=inputs, return_state=True)
-            trained.result()
-            audited = audit_task(p, key, out, wait_for=inputs, return_state=True)
-            audited.result()
-            referenced = reference_task(p, key, out, wait_for=inputs, return_state=True)
-            referenced.result()
-            done.append((trained, evaluate_task(p, key, out,
-                                                wait_for=[trained, audited, referenced],
-                                                return_state=True)))
-    summary, evaluated = [], []
-    for trained, state in done:
-        trained.result()  # a failed run fails the flow here, after the others finished
+    per_run = [stage for stage in STAGES if stage.scope == PER_RUN]
+    states: dict = {}
+    for stage in STAGES:
+        if stage.scope == PER_RUN:  # run together, before the first stage that reads them
+            continue
+        if any(before.scope == PER_RUN for before in upstream(stage)):
+            _per_run_stages(params, layout, keys, per_run, states, progress)
+        options = stage_options(stage, progress, track=track)
+        run = TASKS[stage.name]
+        if stage.scope == PER_ALPHA:
+            states[stage.name] = {alpha: run(params, alpha, layout, return_state=True,
+                                             wait_for=waits_for(stage, states))
+                                  for alpha in params.partition.alphas}
+        else:
+            states[stage.name] = run(params, layout, **options, return_state=True,
+                                     wait_for=waits_for(stage, states))
+        for state in (states[stage.name].values() if stage.scope == PER_ALPHA
+                      else [states[stage.name]]):
+            state.result()
+    _per_run_stages(params, layout, keys, per_run, states, progress)  # if no stage reads them
+    summary = []
+    for key in keys:
+        trained, state = states["train"][key], states["evaluate"][key]
         m = state.result()
-        evaluated.append(state)
         summary.append({"run": m["run"], "epsilon": m["privacy"]["epsilon"],
                         "accuracy": m["utility"]["accuracy"], "ece": m["utility"]["ece"],
                         "mia_auc": m["mia"][baseline_attack().name]["auc"],
@@ -221,7 +194,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
                         "trained": trained.message != UP_TO_DATE,
                         "evaluated": state.message != UP_TO_DATE})
         print(summary[-1])
-    result = report_task(p, out, track, wait_for=evaluated)
+    result = states["report"].result()
     # the UI lists the newest artifact first: every column of every run, the report (which
     # opens with the short table), then the short table itself (what the terminal prints)
     create_table_artifact(table=_table_rows(result.table), key="dpclip-comparison",
@@ -238,6 +211,38 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
 
         print(describe(result.mlflow))
     return summary
+
+
+def _per_run_stages(params, layout: Layout, keys: list[RunKey], stages: list[Stage],
+                    states: dict, progress: bool) -> None:
+    """Every configuration's per-run stages, each waiting for its own inputs. On Dask they are
+    all submitted at once; in this process they run run by run. A failed run fails the flow
+    after the others finished. Outputs of runs no longer configured leave the compared
+    folders first, as in the DVC stages."""
+    if states.get(stages[0].name) is not None:
+        return
+    for stage in stages:
+        getattr(importlib.import_module(stage.module), stage.tidy)(params, layout)
+        states[stage.name] = {}
+    parallel = runs_in_processes()
+    for key in keys:
+        for stage in stages:
+            call = TASKS[stage.name]
+            args = (params, key, layout, *([progress] if stage.progress else []))
+            wait = waits_for(stage, states, key)
+            if parallel:
+                states[stage.name][key] = call.submit(*args, wait_for=wait)
+            else:
+                states[stage.name][key] = call(*args, wait_for=wait, return_state=True)
+                states[stage.name][key].result()
+    if parallel:
+        for stage in stages:
+            for key, future in states[stage.name].items():
+                future.wait()
+                states[stage.name][key] = future.state
+    for stage in stages:
+        for state in states[stage.name].values():
+            state.result()
 
 
 def local_workers(threads: int | None) -> int:

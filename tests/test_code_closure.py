@@ -1,12 +1,9 @@
 """Code dependencies from the imports (dpclip.code_closure): the closure worked out by hand on
-a small package, and dvc.yaml's code dependencies equal to each stage's closure."""
+a small package (dvc.yaml's use of it: tests/pipeline/test_dvc_yaml.py)."""
 
 from __future__ import annotations
 
-import yaml
-
-from conftest import PROJECT
-from dpclip.code_closure import DVC_STAGE_ROOTS, closure_files, compact, stage_code
+from dpclip.code_closure import closure_files
 
 
 def _package(tmp_path):
@@ -37,10 +34,6 @@ def test_the_closure_follows_imports_anywhere_and_the_packages_above(tmp_path):
     # importing sub.e runs sub/__init__.py first, which imports a
     assert closure_files(["dpclip.sub.e"], package) == [
         "__init__.py", "a.py", "b.py", "c.py", "d.py", "sub/__init__.py", "sub/e.py"]
-    # a folder stands for its modules only when all of them are needed
-    assert compact(closure_files(["dpclip.sub.e"], package), package) == [
-        "src/dpclip/__init__.py", "src/dpclip/a.py", "src/dpclip/b.py", "src/dpclip/c.py",
-        "src/dpclip/d.py", "src/dpclip/sub"]
 
 
 def test_a_package_that_imports_all_its_modules_brings_them_all(tmp_path):
@@ -70,28 +63,3 @@ def test_a_run_depends_on_every_run_kind_and_on_its_own_method_only():
     files = TRAIN.code_files("dp_sgd")
     assert "src/dpclip/train/runs/private.py" in files  # the DP step's run, loaded by name
     assert "src/dpclip/methods/dp_sgd.py" in files and "src/dpclip/methods/auto_s.py" not in files
-
-
-def test_dvc_yaml_lists_exactly_the_code_each_stage_imports():
-    """A module a stage imports and dvc.yaml misses would leave its outputs stale after an
-    edit; one it lists but does not import would re-run it for nothing. The expected lists:
-    `python -m dpclip.code_closure`."""
-    stages = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]
-    for name in DVC_STAGE_ROOTS:
-        listed = sorted(str(d) for d in stages[name]["deps"] if str(d).startswith("src/"))
-        assert listed == stage_code(name), f"dvc.yaml stage {name}: code deps differ from " \
-                                           f"its imports; python -m dpclip.code_closure --write"
-    assert set(DVC_STAGE_ROOTS) == set(stages)  # every stage is checked
-
-
-def test_write_puts_back_each_stages_code_and_keeps_every_other_line(tmp_path):
-    from dpclip.code_closure import write_stage_code
-
-    original = (PROJECT / "dvc.yaml").read_text()
-    target = tmp_path / "dvc.yaml"
-    target.write_text(original)
-    assert not write_stage_code(target)  # the committed file is current
-    damaged = original.replace("      - src/dpclip/cli.py\n", "", 1).replace(
-        "      - src/dpclip/stages/report.py\n", "      - src/dpclip/stages/gone.py\n", 1)
-    target.write_text(damaged)
-    assert write_stage_code(target) and target.read_text() == original

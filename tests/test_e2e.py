@@ -64,6 +64,7 @@ def dvc_project(tmp_path_factory):
     project.mkdir()
     shutil.copy(PROJECT / "dvc.yaml", project)
     shutil.copy(PROJECT / ".gitignore", project)
+    shutil.copy(PROJECT / "requirements.lock", project)  # every stage depends on it
     shutil.copytree(PROJECT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
@@ -328,39 +329,87 @@ sys.exit(code)
 """
 
 
-def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project):
-    """A docstring edit in any module a stage's command runs must make that stage stale: each
-    stage's command (the one dvc.yaml gives it, the runs forced), every dpclip module it
-    imported, the CLI included, is among the stage's dependencies in dvc.yaml (a file or a
-    folder above it). Before, no stage listed cli.py, which every command runs."""
+@pytest.fixture(scope="module")
+def executed(dvc_project) -> dict[str, set[str]]:
+    """Per stage of dvc.yaml, the package's modules its command imports (``dpclip/cli.py``,
+    ...): each stage's command as dvc.yaml gives it, the runs forced, traced in a subprocess."""
     import dpclip  # noqa: F401  (its folder, below)
-    from dpclip.code_closure import (DISCOVERED, DVC_STAGE_ROOTS, closure_files,
-                                     package_modules)
 
     _, project, env, _ = dvc_project
-    stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
-    for name, stage in stages.items():
+    package = Path(sys.modules["dpclip"].__file__).resolve().parent.parent
+    out = {}
+    for name, stage in yaml.safe_load((project / "dvc.yaml").read_text())["stages"].items():
         args = stage["cmd"].replace("${item.alpha}", "iid").split()[1:]
         if args[-1] in ("train", "audit", "reference", "evaluate"):
             args.append("--force")
-        out = _sh([sys.executable, "-c", IMPORTED, *args], project, env)
+        lines = _sh([sys.executable, "-c", IMPORTED, *args], project, env).splitlines()
         # the package's files as dvc.yaml names them (the installed package is this one's)
-        package = Path(sys.modules["dpclip"].__file__).resolve().parent.parent
-        executed = {Path(line).resolve().relative_to(package).as_posix()
-                    for line in out.splitlines() if line.endswith(".py")
-                    and Path(line).resolve().is_relative_to(package)}
-        deps = [d for d in stage["deps"] if d.startswith("src/")]
-        # the plugin families a stage does not run are loaded only to validate params.yaml
-        # (the registries' discovery), with what they import: not the stage's code, and
-        # listed by the stages that run them
-        plugins = [module for module in package_modules() for family in DISCOVERED
-                   if family not in DVC_STAGE_ROOTS[name]
-                   and module.startswith(f"dpclip.{family}.")]
-        validated_only = {f"dpclip/{f}" for f in closure_files(plugins)}
-        missing = sorted(f for f in executed - validated_only
-                         if not any(f == d.removeprefix("src/")
-                                    or f.startswith(d.removeprefix("src/") + "/") for d in deps))
-        assert "dpclip/cli.py" in executed and not missing, (name, missing)
+        out[name] = {Path(line).resolve().relative_to(package).as_posix() for line in lines
+                     if line.endswith(".py") and Path(line).resolve().is_relative_to(package)}
+    return out
+
+
+def _validated_only(stage: str) -> set[str]:
+    """The modules of the plugin families a stage does not run, with what they import: loaded
+    only to validate params.yaml (the registries' discovery), so not the stage's code; the
+    stages that run them list them."""
+    from dpclip.code_closure import closure_files, package_modules
+    from dpclip.pipeline.spec import BY_NAME, PLUGIN_FAMILIES
+
+    plugins = [module for module in package_modules() for family in PLUGIN_FAMILIES
+               if family not in BY_NAME[stage].runs and module.startswith(f"dpclip.{family}.")]
+    return {f"dpclip/{f}" for f in closure_files(plugins)}
+
+
+def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project, executed):
+    """A docstring edit in any module a stage's command runs must make that stage stale: each
+    stage's command, every dpclip module it imported, the CLI included, is among the stage's
+    dependencies in dvc.yaml. Before, no stage listed cli.py, which every command runs."""
+    _, project, _, _ = dvc_project
+    stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        deps = {d.removeprefix("src/") for d in stage["deps"] if d.startswith("src/")}
+        missing = sorted(executed[name] - _validated_only(name) - deps)
+        assert "dpclip/cli.py" in executed[name] and not missing, (name, missing)
+
+
+def test_a_docstring_edit_makes_exactly_the_stages_that_run_the_module_stale(dvc_project,
+                                                                            executed):
+    """Every module of the package edited at once (a comment appended), then `dvc status`: a
+    stage is stale on a module exactly when its command imports that module, or the module
+    belongs to a plugin family the stage runs (every method for train, ...), or the stage's
+    code imports it inside a function not called on the tiny settings. Nothing else: no
+    stage goes stale on a module it never runs (dvc.yaml once listed every method for
+    prepare)."""
+    from dpclip.code_closure import closure_files
+    from dpclip.pipeline.dvc_yaml import code_roots
+    from dpclip.pipeline.spec import BY_NAME
+
+    _, project, env, _ = dvc_project
+    sources = sorted((project / "src" / "dpclip").rglob("*.py"))
+    before = {path: path.read_bytes() for path in sources}
+    try:
+        for path in sources:
+            path.write_bytes(before[path] + b"\n# an edit that changes nothing\n")
+        status = json.loads(_sh([str(BIN / "dvc"), "status", "--json"], project, env))
+    finally:
+        for path, text in before.items():
+            path.write_bytes(text)
+    stale = {name.split("@")[0]: {path.removeprefix("src/")
+                                  for change in changes if isinstance(change, dict)
+                                  for path in change.get("changed deps", {})
+                                  if path.startswith("src/")}
+             for name, changes in status.items()}
+    every = {path.relative_to(project / "src").as_posix() for path in sources}
+    table = {}
+    for name in executed:
+        closure = {f"dpclip/{f}" for f in closure_files(code_roots(BY_NAME[name]))}
+        assert executed[name] - _validated_only(name) <= stale[name], name
+        assert stale[name] == closure, name  # what the command can import, nothing else
+        table[name] = (len(executed[name] & stale[name]), len(stale[name]), len(every))
+    print("stage: stale modules it imports on the tiny settings / stale modules / modules",
+          table)
+    assert set(table) == set(BY_NAME)
 
 
 def test_the_evaluate_stage_writes_the_same_bytes_under_another_blas_kernel(dvc_project):

@@ -350,7 +350,7 @@ def overlays_of(tmp_path_factory, tiny_raw):
     def make(seeds: list[int]) -> tuple[Path, dict]:
         root = tmp_path_factory.mktemp(f"seeds{len(seeds)}")
         params, layout = evaluated_project(root, tiny_raw, seeds)
-        from dpclip.stages.overlays import write_overlays
+        from dpclip.reporting.overlays import write_overlays
 
         write_overlays(layout, configured_runs(params))
         return root, dvc_plots(root)

@@ -12,7 +12,7 @@ from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
 from dpclip.stages.evaluate import remove_unconfigured_evaluations, run_summary
-from dpclip.stages.overlays import FILES, thin, thin_log, write_overlays
+from dpclip.reporting.overlays import FILES, thin, thin_log, write_overlays
 
 
 def _metrics(epsilon, mia: dict, audit: dict | None = None) -> dict:
@@ -130,7 +130,7 @@ def test_the_seed_bands_hold_the_mean_and_interval_per_method_and_epsilon(tmp_pa
         write_json(layout.summary(key.name), {
             "epsilon": epsilon, "accuracy": 0.9 + 0.01 * key.seed, "ece": 0.05,
             "attack_tpr_at_low_fpr": 0.02 * key.seed})
-    from dpclip.stages.overlays import privacy_utility_seeds_table
+    from dpclip.reporting.overlays import privacy_utility_seeds_table
 
     table = privacy_utility_seeds_table(layout, runs)
     assert len(table) == 1  # dp_sgd at eps 8 (non_private has no epsilon to sit on)

@@ -1,4 +1,7 @@
-"""The ``dpclip`` command: one subcommand per stage (what dvc.yaml calls).
+"""The ``dpclip`` command: one subcommand per pipeline stage, and the tools around them.
+
+The stages' subcommands (what dvc.yaml calls) are built from their declarations
+(:mod:`dpclip.pipeline.spec`); the tools that are no stage live in :mod:`dpclip.commands`.
 
 Every subcommand validates ``params.yaml`` first; a bad value stops it before any work with one
 message naming the key and the value, and exit status 2.
@@ -16,10 +19,23 @@ from dpclip.config import json_schema, load_params
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
-from dpclip.naming import configured_runs, parse_scalar, run_name
+from dpclip.naming import RunKey, configured_runs, parse_scalar
+from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
+
+
+def _stage_parser(sub, stage: Stage) -> None:
+    """The subcommand of a declared stage: its scope's options and its own flags."""
+    parser = sub.add_parser(stage.name, help=stage.help)
+    if stage.scope == PER_ALPHA:
+        parser.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
+    elif stage.scope == PER_RUN:
+        _run_args(parser)
+    for flag in stage.flags:
+        parser.add_argument(flag.option, dest=flag.keyword, action="store_const",
+                            const=flag.value, default=None, help=flag.help)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -42,20 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("validate", help="check params.yaml and exit")
     schema = sub.add_parser("schema", help="the JSON schema of params.yaml (for editors)")
     schema.add_argument("--out", help="write it to this file (default: standard output)")
-    sub.add_parser("prepare", help="build the target and shadow splits")
-    partition = sub.add_parser("partition", help="Dirichlet label skew for one alpha")
-    partition.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
-    sub.add_parser("shadow", help="per-layer MIA risk from a shadow model on public data")
-    sub.add_parser("tune", help="the same number of hyperparameter trials for every method "
-                                "and target epsilon, on public data (tune.trials)")
-    _run_args(sub.add_parser("train", help="train one run, or every run that is not up to "
-                                           "date"))
-    _run_args(sub.add_parser("audit", help="one-run privacy audit (lower bound on epsilon) of "
-                                           "one run, or of every run that is not up to date"))
-    _run_args(sub.add_parser("reference", help="the reference models of LiRA and RMIA for one "
-                                               "run, or for every run that is not up to date"))
-    _run_args(sub.add_parser("evaluate", help="evaluate one trained run, or every run that is "
-                                              "not up to date"))
+    for stage in STAGES:  # one subcommand per declared stage
+        _stage_parser(sub, stage)
     bench = sub.add_parser("bench", help="median step time and peak memory of each method, "
                                          "as ratios to the non-private step, Opacus's ghost "
                                          "clipping and dp_sgd (needs `dpclip prepare`)")
@@ -107,20 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="compare this run's summaries with a commit's, per "
                                         "metric within stated tolerances (exit 1 if any differs)")
     ver.add_argument("--against", default="HEAD", help="the revision (default HEAD)")
-    rep = sub.add_parser("report", help="comparison table, figures, MLflow record")
-    rep.add_argument("--no-track", action="store_true", help="skip MLflow logging")
     return parser
-
-
-# each stage function's module, imported when its command runs (a command loads one stage)
-STAGE_MODULES = {"train_all": "train", "audit_all": "audit", "reference_all": "reference",
-                 "evaluate_all": "evaluate"}
-
-
-def _stage(function: str):
-    """The stage function ``function`` (``prepare``, ``train_all``, ...) from its module."""
-    module = importlib.import_module(f"dpclip.stages.{STAGE_MODULES.get(function, function)}")
-    return getattr(module, function)
 
 
 def _load(module: str, name: str):
@@ -177,55 +168,45 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "validate":
         print("params.yaml is valid")
         return 0
-    if args.command == "prepare":
-        meta = _stage("prepare")(params, layout)
-        print(f"prepared {meta['dataset']}: {meta['sizes']}")
-        return 0
-    if args.command == "shadow":
-        rec = _stage("shadow")(params, layout, progress=not args.quiet)
-        if not rec.get("needed", True):
-            print(f"no shadow model: {rec['reason']}")
-            return 0
-        risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in rec["layers"].items())
-        kept = "up to date, kept: " if rec.get("kept") else ""
-        print(f"shadow model ({kept}holdout accuracy {rec['shadow_accuracy']:.4f}): per-layer "
-              f"MIA error rate ({rec['risk_eval']}): {risks}")
-        return 0
-    if args.command == "tune":
-        rec = _stage("tune")(params, layout, progress=not args.quiet)
-        print(_tuning_summary(rec))
-        return 0
     if args.command in ("bench", "verify"):
         return _tool(args.command)(args, params, layout)
-    if args.command == "report":
-        result = _stage("report")(params, layout, track=not args.no_track)
-        print((layout.reports / "summary.txt").read_text(), end="")
-        print(f"Every column of every run: {layout.reports / 'comparison.md'}")
-        if result.mlflow:
-            print(_load("dpclip.tracking", "describe")(result.mlflow))
+    return run_stage(BY_NAME[args.command], args, params, layout)
+
+
+def run_stage(stage: Stage, args, params, layout) -> int:
+    """Run one declared stage as its subcommand asks; print what its ``describe`` says. Only
+    this stage's module is imported: its command executes no other stage's code."""
+    module = importlib.import_module(stage.module)
+    describe = module.describe
+    options = {flag.keyword: getattr(args, flag.keyword) for flag in stage.flags
+               if getattr(args, flag.keyword) is not None}
+    if stage.progress:
+        options["progress"] = not args.quiet
+    if stage.scope == ONCE:
+        print(describe(getattr(module, stage.name)(params, layout, **options), layout))
         return 0
-    if args.command == "partition":
+    if stage.scope == PER_ALPHA:
         alpha = parse_scalar(args.alpha)
         _check_choice("partition.alphas", alpha, params.partition.alphas)
-        rec = _stage("partition")(params, alpha, layout)
-        print(f"partition {rec['tag']}: {rec['size']} records, histogram {rec['histogram']}")
+        print(describe(getattr(module, stage.name)(params, alpha, layout), layout))
         return 0
     given = [name for name in RUN_OPTIONS if getattr(args, name) is not None]
     if given:
-        return _one_run(args, params, layout, given)
+        key = _one_run(args, params, given)
+        result = getattr(module, stage.name)(params, key.method, key.epsilon, key.alpha,
+                                             key.seed, layout, **options)
+        print(f"{key.name}: {describe(result, layout)}")
+        return 0
     runs = configured_runs(params)
-    if args.command == "train":
-        done = _stage("train_all")(params, layout, progress=not args.quiet, force=args.force)
-    else:
-        # only this command's stage is imported: its command executes no other stage's code
-        done = _stage(f"{args.command}_all")(params, layout, force=args.force)
+    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force, **options)
     for i, (key, result) in enumerate(done, 1):
-        line = "up to date" if result is None else _summary(args.command, result)
+        line = "up to date" if result is None else describe(result, layout)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
     return 0
 
 
-def _one_run(args, params, layout, given: list[str]) -> int:
+def _one_run(args, params, given: list[str]) -> RunKey:
+    """The run the four run options name, each checked against params.yaml."""
     missing = [f"--{name}" for name in RUN_OPTIONS if name not in given]
     if missing:
         raise DpclipError(f"{args.command}: one run needs --method, --epsilon, --alpha and "
@@ -236,55 +217,7 @@ def _one_run(args, params, layout, given: list[str]) -> int:
     _check_choice("train.methods", args.method, params.train.methods)
     _check_choice("privacy.target_epsilons", epsilon, params.privacy.target_epsilons)
     _check_choice("train.seeds", args.seed, params.train.seeds)
-    if args.command == "train":
-        result = _stage("train")(params, args.method, epsilon, alpha, args.seed, layout,
-                              progress=not args.quiet)
-    else:
-        result = _stage(args.command)(params, args.method, epsilon, alpha, args.seed, layout)
-    name = run_name(args.method, epsilon, alpha, args.seed)
-    print(f"{name}: {_summary(args.command, result)}")
-    return 0
-
-
-def _tuning_summary(record: dict) -> str:
-    """One line per tuned (method, epsilon): the default's and the tuned accuracy, the values."""
-    if not record["trials"]:
-        return "tune.trials is 0: no search; training uses the values in params.yaml"
-    lines = [f"{record['trials']} trials each ({record['sampler']}, seed {record['seed']}), "
-             f"objective: {record['objective']}"]
-    for method, by_eps in record["runs"].items():
-        for tag, e in by_eps.items():
-            values = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in e["values"].items())
-            default = "refused" if e["default_accuracy"] is None else \
-                f"{e['default_accuracy']:.4f}"
-            lines.append(f"{method} {tag}: accuracy {e['accuracy']:.4f} (params.yaml's "
-                         f"values: {default}) with {values}")
-    return "\n".join(lines)
-
-
-def _summary(command: str, result: dict) -> str:
-    """One line on a trained run's record or an evaluated run's metrics."""
-    if command == "audit":
-        return "; ".join(
-            f"{kind} " + (f"eps >= {r['epsilon_lower_bound']:.3f} (claimed "
-                          f"{r['claimed_epsilon']:.3f}{', REFUTED' if r['violated'] else ''})"
-                          if r["applicable"] else f"not applicable ({r['reason']})")
-            for kind, r in result.items())
-    if command == "reference":
-        first = result["models"][0] if result["models"] else {}
-        return (f"{result['references']} {result['mode']} reference models of "
-                f"{first.get('n_train')} records each (the target: "
-                f"{result['target_plan']['n_train']}), q={result['target_plan']['sample_rate']:.4g},"
-                f" {result['target_plan']['steps']} steps, from {result['pool_size']} records "
-                f"({result['pool']})")
-    if command == "train":
-        eps = result["privacy"]["epsilon"]
-        eps_text = "inf" if eps is None else f"{eps:.3f}"
-        return f"epsilon={eps_text}, {result['time']['train_s']:.1f} s"
-    ir = result["mia"].get("ir")
-    peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
-    return (f"accuracy={result['utility']['accuracy']:.4f} ece={result['utility']['ece']:.4f} "
-            f"mia_auc={result['mia']['loss']['auc']:.4f}{peak}")
+    return RunKey(args.method, epsilon, alpha, args.seed)
 
 
 if __name__ == "__main__":

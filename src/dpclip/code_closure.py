@@ -5,11 +5,11 @@ A module depends on every module it imports, at the top or inside a function, an
 those import in turn; importing ``dpclip.a.b`` also runs the packages above it
 (``dpclip/__init__.py``, ``dpclip/a/__init__.py``). The closure of a set of roots is the
 smallest set of modules that holds them and is closed under both rules. A run's code inputs
-(:mod:`dpclip.provenance`) and the code dependencies of each DVC stage are these
-closures, so they cannot drift from the imports. Modules loaded by name at run time
+(:mod:`dpclip.provenance`) and the code dependencies of each DVC stage
+(:mod:`dpclip.pipeline.dvc_yaml`) are these closures, so they cannot drift from the imports. Modules loaded by name at run time
 by a function (``importlib``: the method and attack discovery) are not edges: a run depends
 on its own method's module and the attacks it runs, which its stage adds as roots, not on
-every method's. A package that imports
+every method's (a stage that runs every method lists them all). A package that imports
 all its modules when it is imported (``pkgutil.iter_modules`` at module level: the run kinds
 of ``dpclip.train.runs``) has them all as dependencies.
 """
@@ -105,89 +105,3 @@ def closure_files(roots, package: Path = PACKAGE) -> list[str]:
     modules = package_modules(package)
     return sorted(modules[name].relative_to(package).as_posix()
                   for name in closure(roots, package))
-
-
-def compact(files, package: Path = PACKAGE) -> list[str]:
-    """``files`` (relative to the package) as the fewest paths under ``src/dpclip``: a folder
-    whose every module is in ``files`` stands for them (how dvc.yaml lists code)."""
-    wanted = set(files)
-    every = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
-    folders = sorted({str(Path(f).parent) for f in every if str(Path(f).parent) != "."},
-                     key=lambda d: d.count("/"))
-    chosen: list[str] = []
-    for folder in folders:
-        if any(folder.startswith(c + "/") for c in chosen):
-            continue
-        inside = {f for f in every if f.startswith(folder + "/")}
-        if inside <= wanted:
-            chosen.append(folder)
-    covered = {f for f in wanted for c in chosen if f.startswith(c + "/")}
-    prefix = f"src/{ROOT_NAME}/"
-    return sorted(prefix + p for p in [*chosen, *(wanted - covered)])
-
-
-# each DVC stage's code: the command that runs it (``dpclip.cli``: every stage's command
-# executes it), its stage module, and for the stages that run every configured method (every
-# chosen attack, the chosen dataset), every registered method's (attack's, dataset source's)
-# module: "methods" ("attacks", "data.sources"), the modules the package's discovery imports
-DVC_STAGE_ROOTS = {
-    "prepare": ("dpclip.cli", "dpclip.stages.prepare", "data.sources"),
-    "partition": ("dpclip.cli", "dpclip.stages.partition"),
-    "shadow": ("dpclip.cli", "dpclip.stages.shadow", "methods"),
-    "tune": ("dpclip.cli", "dpclip.stages.tune", "methods"),
-    "train": ("dpclip.cli", "dpclip.stages.train", "methods"),
-    "audit": ("dpclip.cli", "dpclip.stages.audit", "methods"),
-    "reference": ("dpclip.cli", "dpclip.stages.reference", "methods"),
-    "evaluate": ("dpclip.cli", "dpclip.stages.evaluate", "methods", "attacks"),
-    "report": ("dpclip.cli", "dpclip.stages.report", "attacks"),
-}
-DISCOVERED = {"methods", "attacks", "data.sources"}  # modules found at run time
-
-
-def stage_code(stage: str, package: Path = PACKAGE) -> list[str]:
-    """The code dependencies dvc.yaml lists for ``stage`` (:func:`compact` of its closure)."""
-    roots = []
-    for root in DVC_STAGE_ROOTS[stage]:
-        if root in DISCOVERED:  # the whole folder, so that dvc.yaml covers a module added to it
-            roots += [name for name in package_modules(package)
-                      if name.startswith(f"{ROOT_NAME}.{root}.")]
-        else:
-            roots.append(root)
-    return compact(closure_files(roots, package), package)
-
-
-def write_stage_code(dvc_yaml: Path) -> bool:
-    """Rewrite every stage's code dependencies in ``dvc_yaml`` (the ``- src/dpclip...`` lines
-    under its ``deps:``) as :func:`stage_code` gives them, keeping every other line; True when
-    the file changed. DVC's own YAML round trip would drop the file's comments."""
-    lines, out, stage, i = dvc_yaml.read_text().split("\n"), [], None, 0
-    prefix = f"- src/{ROOT_NAME}"
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
-            stage = line.strip()[:-1]
-        if line.strip().startswith(prefix) and stage in DVC_STAGE_ROOTS:
-            indent = line[:line.index("-")]
-            while i < len(lines) and lines[i].strip().startswith(prefix):
-                i += 1
-            out += [f"{indent}- {path}" for path in stage_code(stage)]
-            continue
-        out.append(line)
-        i += 1
-    text = "\n".join(out)
-    changed = text != dvc_yaml.read_text()
-    if changed:
-        dvc_yaml.write_text(text)
-    return changed
-
-
-if __name__ == "__main__":
-    # what dvc.yaml's stages must list: python -m dpclip.code_closure; --write rewrites them
-    import sys
-
-    if sys.argv[1:] == ["--write"]:
-        target = PACKAGE.parent.parent / "dvc.yaml"
-        print(f"{target}: {'rewritten' if write_stage_code(target) else 'already current'}")
-    else:
-        for name in DVC_STAGE_ROOTS:
-            print(f"{name}:", *(f"  - {path}" for path in stage_code(name)), sep="\n")

@@ -27,18 +27,10 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
+from dpclip.pipeline.local import run_stages
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
-from dpclip.stages.audit import audit_all
-from dpclip.stages.evaluate import evaluate_all
-from dpclip.stages.partition import partition
-from dpclip.stages.prepare import prepare
 from dpclip.provenance import TRAIN
-from dpclip.stages.reference import reference_all
-from dpclip.stages.report import report
-from dpclip.stages.shadow import shadow
-from dpclip.stages.train import train_all
-from dpclip.stages.tune import tune
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
@@ -133,21 +125,12 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
     params = load_params(params_path)  # validated before any work
     layout = Layout(root)
     started = time.perf_counter()
-    prepare(params, layout)
-    for alpha in params.partition.alphas:
-        partition(params, alpha, layout)
-    shadow(params, layout, progress=progress)
-    tune(params, layout, progress=progress)
-    if progress:
-        print(cost_text(expected_cost(params, layout)), flush=True)
-    for step in (lambda: train_all(params, layout, progress=progress),
-                 lambda: audit_all(params, layout),
-                 lambda: reference_all(params, layout),
-                 lambda: evaluate_all(params, layout)):
-        for key, result in step():
-            if progress and result is not None:
-                print(f"  {key.name}", flush=True)
-    report(params, layout, track=track)
+
+    def before(stage) -> None:  # the expected training time, before the first per-run stage
+        if progress and stage.name == "train":
+            print(cost_text(expected_cost(params, layout)), flush=True)
+
+    run_stages(params, layout, progress=progress, before=before, track=track)
     return time.perf_counter() - started
 
 

@@ -33,7 +33,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
 from dpclip.provenance import AUDIT
-from dpclip.stages.retire import set_aside
+from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import build_run
 from dpclip.train.inputs import run_inputs
@@ -110,7 +110,16 @@ def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, l
 def audit_all(params: Params, layout: Layout = Layout(), force: bool = False):
     """Audit every configured run that is not up to date (all with ``force``), in this
     process; yields (run, its audit, or None when it was up to date). The audits of runs no
-    longer configured are set aside first (:mod:`dpclip.stages.retire`)."""
+    longer configured are set aside first (:mod:`dpclip.retire`)."""
     set_aside_unconfigured_audits(params, layout)
     return AUDIT.each_run(params, layout, lambda key: audit(
         params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+
+
+def describe(result: dict, layout: Layout) -> str:
+    """The line ``dpclip audit`` prints: each kind's lower bound against the claim."""
+    return "; ".join(
+        f"{kind} " + (f"eps >= {r['epsilon_lower_bound']:.3f} (claimed "
+                      f"{r['claimed_epsilon']:.3f}{', REFUTED' if r['violated'] else ''})"
+                      if r["applicable"] else f"not applicable ({r['reason']})")
+        for kind, r in result.items())

@@ -449,3 +449,11 @@ def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics, basel
         series = get_method(metrics["method"]).early_stopping_series
         early_stopping_figure(folder / "early_stopping.png", trace,
                               title=f"Early-stopping series by epoch: {run}", series=series)
+
+
+def describe(metrics: dict, layout: Layout) -> str:
+    """The line ``dpclip evaluate`` prints: accuracy, ECE, the loss attack's AUC, peak IR."""
+    ir = metrics["mia"].get("ir")
+    peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
+    return (f"accuracy={metrics['utility']['accuracy']:.4f} ece={metrics['utility']['ece']:.4f} "
+            f"mia_auc={metrics['mia']['loss']['auc']:.4f}{peak}")

@@ -43,3 +43,7 @@ def partition(params: Params, alpha, layout: Layout = Layout()) -> dict:
         partition_histogram_figure(folder / "histogram.png", record)
     return record
 
+
+def describe(record: dict, layout: Layout) -> str:
+    """The line ``dpclip partition`` prints."""
+    return f"partition {record['tag']}: {record['size']} records, histogram {record['histogram']}"

@@ -194,3 +194,7 @@ def prepare(params: Params, layout: Layout = Layout()) -> dict:
         write_json(folder / "meta.json", meta)
     return meta
 
+
+def describe(meta: dict, layout: Layout) -> str:
+    """The line ``dpclip prepare`` prints."""
+    return f"prepared {meta['dataset']}: {meta['sizes']}"

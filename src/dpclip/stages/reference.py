@@ -46,7 +46,7 @@ from dpclip.layout import Layout
 from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
 from dpclip.provenance import REFERENCE
-from dpclip.stages.retire import set_aside
+from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model
 from dpclip.train.inputs import run_inputs
@@ -175,7 +175,22 @@ def reference_all(params: Params, layout: Layout = Layout(), force: bool = False
     trained with ``attack.references: 0``."""
     set_aside_unconfigured_references(params, layout)
     layout.references("any").parent.mkdir(parents=True, exist_ok=True)  # DVC's output
-    if params.attack.references == 0:
+    if skipped(params):
         return iter(())
     return REFERENCE.each_run(params, layout, lambda key: reference(
         params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+
+
+def skipped(params: Params) -> str | None:
+    """Why no reference model is trained (None: they are)."""
+    return None if params.attack.references else "no reference models (attack.references: 0)"
+
+
+def describe(result: dict, layout: Layout) -> str:
+    """The line ``dpclip reference`` prints: the reference models against the target's plan."""
+    first = result["models"][0] if result["models"] else {}
+    plan = result["target_plan"]
+    return (f"{result['references']} {result['mode']} reference models of "
+            f"{first.get('n_train')} records each (the target: {plan['n_train']}), "
+            f"q={plan['sample_rate']:.4g}, {plan['steps']} steps, from {result['pool_size']} "
+            f"records ({result['pool']})")

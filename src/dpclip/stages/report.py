@@ -1,5 +1,5 @@
 """report: one comparison table (Markdown + CSV) over every configured run, figures, and the
-overlay plot tables of ``dvc plots`` (:mod:`dpclip.stages.overlays`), regenerated from the
+overlay plot tables of ``dvc plots`` (:mod:`dpclip.reporting.overlays`), regenerated from the
 metrics files; then the MLflow record of this pipeline execution."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE,
                                          paired_comparison, seed_summary)
 from dpclip.reporting.summary_table import LEGEND, legend, summary_frame, text_table
 from dpclip.reporting.summary_table import markdown_table as summary_markdown
-from dpclip.stages.overlays import read_roc, write_overlays
+from dpclip.reporting.overlays import read_roc, write_overlays
+from dpclip.tracking import describe as describe_logged
 from dpclip.tracking import log_pipeline
 
 
@@ -466,3 +467,12 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     if track:
         logged = log_pipeline(params, layout, runs)
     return ReportResult(table, short, logged)
+
+
+def describe(result: ReportResult, layout: Layout) -> str:
+    """What ``dpclip report`` prints: the short table, where the full one is, what MLflow got."""
+    lines = [(layout.reports / SUMMARY_TEXT).read_text().rstrip("\n"),
+             f"Every column of every run: {layout.reports / 'comparison.md'}"]
+    if result.mlflow:
+        lines.append(describe_logged(result.mlflow))
+    return "\n".join(lines)

@@ -191,3 +191,12 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     pred = model(torch.as_tensor(x, dtype=torch.float32)).argmax(dim=1).numpy()
     return float(np.mean(pred == y))
 
+
+def describe(record: dict, layout: Layout) -> str:
+    """The line ``dpclip shadow`` prints: the shadow model's accuracy and per-layer risks."""
+    if not record.get("needed", True):
+        return f"no shadow model: {record['reason']}"
+    risks = ", ".join(f"{n} {v['error_rate']:.3f}" for n, v in record["layers"].items())
+    kept = "up to date, kept: " if record.get("kept") else ""
+    return (f"shadow model ({kept}holdout accuracy {record['shadow_accuracy']:.4f}): per-layer "
+            f"MIA error rate ({record['risk_eval']}): {risks}")

@@ -26,7 +26,7 @@ from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
 from dpclip.numerics import kernels_in_use
 from dpclip.provenance import TRAIN
-from dpclip.stages.retire import set_aside
+from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.inputs import checkpoint_of, run_inputs
@@ -67,7 +67,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
 def set_aside_unconfigured_runs(params: Params, layout: Layout) -> dict[str, list[str]]:
     """Move the trained runs no longer configured (model, record, provenance, trace) to
     ``.dpclip/retired/<run>/``, and bring back configured runs waiting there
-    (:mod:`dpclip.stages.retire`): ``runs/`` and ``traces/`` hold the configured runs only."""
+    (:mod:`dpclip.retire`): ``runs/`` and ``traces/`` hold the configured runs only."""
     return set_aside({key.name for key in configured_runs(params)},
                      layout.run_dir("any").parent,
                      lambda run: {"run": layout.run_dir(run), "trace.csv": layout.trace(run)},
@@ -116,3 +116,8 @@ def weights_sha256(state_dict: dict) -> str:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
+
+def describe(record: dict, layout: Layout) -> str:
+    """The line ``dpclip train`` prints for a trained run: its epsilon and training time."""
+    eps = record["privacy"]["epsilon"]
+    return f"epsilon={'inf' if eps is None else f'{eps:.3f}'}, {record['time']['train_s']:.1f} s"

@@ -271,3 +271,19 @@ def _reusable(layout: Layout, inputs: dict) -> tuple[dict, pd.DataFrame | None]:
                      if e["fingerprint"] == inputs["fingerprints"].get(method)}
             for method, by_eps in previous.get("runs", {}).items()}
     return kept, pd.read_csv(layout.tuning_trials, keep_default_na=True)
+
+
+def describe(record: dict, layout: Layout) -> str:
+    """One line per tuned (method, epsilon): the default's and the tuned accuracy, the values."""
+    if not record["trials"]:
+        return "tune.trials is 0: no search; training uses the values in params.yaml"
+    lines = [f"{record['trials']} trials each ({record['sampler']}, seed {record['seed']}), "
+             f"objective: {record['objective']}"]
+    for method, by_eps in record["runs"].items():
+        for tag, e in by_eps.items():
+            values = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in e["values"].items())
+            default = "refused" if e["default_accuracy"] is None else \
+                f"{e['default_accuracy']:.4f}"
+            lines.append(f"{method} {tag}: accuracy {e['accuracy']:.4f} (params.yaml's "
+                         f"values: {default}) with {values}")
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Adding a stage is one module plus its declaration: the two blocks of
+docs/adding-a-stage.md, written into a copy of the package, give a dvc.yaml stage with exactly
+its code, a subcommand, and a `dvc repro` that runs prepare and the new stage only; an edit of
+the new module makes that stage stale and no other."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PROJECT, tiny_project_params
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent
+END_OF_DECLARED = "\n)\n\n\ndef reads_from("
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (PROJECT / "docs" / "adding-a-stage.md").read_text(),
+                      re.S)
+
+
+def _sh(args, cwd, env) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{args}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A copy of the project whose package has the documented stage, its dvc.yaml generated."""
+    project = tmp_path_factory.mktemp("stage") / "project"
+    shutil.copytree(PROJECT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in (".gitignore", "requirements.lock"):
+        shutil.copy(PROJECT / name, project)
+    module, declaration = _blocks()
+    (project / "src" / "dpclip" / "stages" / "class_balance.py").write_text(module)
+    spec = project / "src" / "dpclip" / "pipeline" / "spec.py"
+    text = spec.read_text()
+    assert text.count(END_OF_DECLARED) == 1
+    spec.write_text(text.replace(END_OF_DECLARED, "\n" + declaration.rstrip("\n")
+                                 + END_OF_DECLARED))
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(project / "src")}  # the copy, not the installed package
+    for args in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"],
+                 [sys.executable, "-m", "dpclip.pipeline.dvc_yaml", "--write"]):
+        _sh(args, project, env)
+    return project, env
+
+
+def test_the_generated_stage_lists_its_own_module_and_no_other_stage_does(project):
+    root, _ = project
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    stage = stages["class_balance"]
+    assert stage["cmd"] == "dpclip --quiet class_balance"
+    assert {"data/prepared", "requirements.lock", "src/dpclip/cli.py",
+            "src/dpclip/stages/class_balance.py"} <= set(stage["deps"])
+    assert stage["outs"] == [{"stats": {"cache": False}}]
+    assert [name for name, s in stages.items()
+            if "src/dpclip/stages/class_balance.py" in s["deps"]] == ["class_balance"]
+
+
+def test_dvc_repro_runs_prepare_and_the_new_stage_and_an_edit_stales_it_alone(project):
+    root, env = project
+    out = _sh([str(BIN / "dvc"), "repro", "class_balance"], root, env)
+    assert "Running stage 'prepare'" in out and "Running stage 'class_balance'" in out
+    assert "Running stage 'train'" not in out
+    record = json.loads((root / "stats" / "class_balance.json").read_text())
+    sizes = json.loads((root / "data" / "prepared" / "meta.json").read_text())["sizes"]
+    for split, facts in record.items():
+        assert sum(facts["counts"]) == sizes[split]
+        assert facts["imbalance"] == max(facts["counts"]) / max(min(facts["counts"]), 1)
+    printed = _sh(["dpclip", "class_balance"], root, env)
+    assert "largest / smallest class: target_train" in printed
+    module = root / "src" / "dpclip" / "stages" / "class_balance.py"
+    module.write_text(module.read_text() + "\n# an edit\n")
+    status = json.loads(_sh([str(BIN / "dvc"), "status", "--json"], root, env))
+    stale = {name for name, changes in status.items()
+             if any("src/dpclip/stages/class_balance.py" in change.get("changed deps", {})
+                    for change in changes if isinstance(change, dict))}
+    assert stale == {"class_balance"}
