@@ -12,7 +12,7 @@ Without Dask (``--sequential``, and the served deployment) they run one after an
 flow's process: the stages seed torch's global generator, so running them in threads would make
 results depend on scheduling. A configuration whose inputs did not change
 is not trained or evaluated again: the task reads its ``provenance.json``, the same input hash
-that ``dvc repro`` uses (:mod:`dpclip.provenance`), and completes as "up to date". The
+that ``dvc repro`` uses (:mod:`dpclip.pipeline.provenance`), and completes as "up to date". The
 dependency edges are the real ones (a run's training, its audit and its reference models wait
 for its partition and the shadow stage; its evaluation for those three; the report for every
 evaluation): on Dask a run's reference models train beside other runs' training, and the
@@ -37,10 +37,10 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from dpclip.attacks import baseline_attack
-from dpclip.config import load_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs
+from dpclip.pipeline.params import load_params
 from dpclip.pipeline.local import stage_options
 from dpclip.pipeline.spec import ONCE, PER_ALPHA, PER_RUN, STAGES, Stage, upstream
 from dpclip.reporting.summary_table import HEADERS, LEGEND, cells
@@ -82,7 +82,8 @@ def _per_run_task(stage: Stage):
         why = getattr(module, stage.skipped)(params) if stage.skipped else None
         if why:
             return Completed(message=why)
-        provenance = getattr(importlib.import_module("dpclip.provenance"), stage.provenance)
+        provenance = getattr(importlib.import_module("dpclip.pipeline.provenance"),
+                             stage.provenance)
         result = provenance.reuse(params, key, layout)
         if result is not None:
             return Completed(message=UP_TO_DATE, data=result)

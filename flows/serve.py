@@ -16,7 +16,7 @@ from pathlib import Path
 import flows  # noqa: F401
 from prefect.schedules import Cron
 
-from dpclip.config import load_params
+from dpclip.pipeline.params import load_params
 from dpclip.errors import DpclipError
 from flows.pipeline import pipeline
 

@@ -3,7 +3,7 @@ canaries' seeds (fixed by audit.seed, distinct per run and kind)."""
 
 from __future__ import annotations
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.stages.audit import canary_seed, why_not_audited
 
 

@@ -179,7 +179,7 @@ def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, ti
                                                                      write_params):
     """The deployment's run form (methods, target epsilons, seeds, dataset) goes through the
     same schema; an integral epsilon keeps YAML's spelling, so run names match DVC's."""
-    from dpclip.config import load_params
+    from dpclip.pipeline.params import load_params
     from dpclip.naming import configured_runs
     from flows.pipeline import overrides
 

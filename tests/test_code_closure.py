@@ -58,7 +58,7 @@ def test_a_package_that_imports_all_its_modules_brings_them_all(tmp_path):
 
 
 def test_a_run_depends_on_every_run_kind_and_on_its_own_method_only():
-    from dpclip.provenance import TRAIN
+    from dpclip.pipeline.provenance import TRAIN
 
     files = TRAIN.code_files("dp_sgd")
     assert "src/dpclip/train/runs/private.py" in files  # the DP step's run, loaded by name

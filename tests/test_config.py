@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.naming import run_name
 from dpclip.errors import ConfigError
 

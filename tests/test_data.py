@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dpclip.artifacts import load_split
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.data import fit_encoder, read_source
 from dpclip.data.idx import IDX_FILES, read_idx
 from dpclip.errors import DpclipError

@@ -350,15 +350,16 @@ def executed(dvc_project) -> dict[str, set[str]]:
 
 
 def _validated_only(stage: str) -> set[str]:
-    """The modules of the plugin families a stage does not run, with what they import: loaded
+    """The validation of params.yaml (dpclip.pipeline.params, which the command loads by name)
+    and the modules of the plugin families a stage does not run, with what they import: loaded
     only to validate params.yaml (the registries' discovery), so not the stage's code; the
-    stages that run them list them."""
+    stages that read what they fill in, or run them, list them."""
     from dpclip.code_closure import closure_files, package_modules
     from dpclip.pipeline.spec import BY_NAME, PLUGIN_FAMILIES
 
     plugins = [module for module in package_modules() for family in PLUGIN_FAMILIES
                if family not in BY_NAME[stage].runs and module.startswith(f"dpclip.{family}.")]
-    return {f"dpclip/{f}" for f in closure_files(plugins)}
+    return {f"dpclip/{f}" for f in closure_files([*plugins, "dpclip.pipeline.params"])}
 
 
 def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project, executed):
@@ -427,7 +428,7 @@ def test_the_evaluate_stage_writes_the_same_bytes_under_another_blas_kernel(dvc_
 
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     """The train and evaluate stages run every configuration in one process, but a run whose
-    inputs did not change is not run again (dpclip.provenance). Last in this module: it
+    inputs did not change is not run again (dpclip.pipeline.provenance). Last in this module: it
     adds a configuration to the shared project (only the commit-and-compare test follows)."""
     _, project, env, _ = dvc_project
     raw = yaml.safe_load((project / "params.yaml").read_text())

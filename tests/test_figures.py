@@ -31,7 +31,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from dpclip.reporting import plots  # noqa: E402
-from dpclip.config import parse_params  # noqa: E402
+from dpclip.pipeline.params import parse_params  # noqa: E402
 from dpclip.io import write_csv_frame, write_json  # noqa: E402
 from dpclip.layout import Layout  # noqa: E402
 from dpclip.naming import configured_runs  # noqa: E402

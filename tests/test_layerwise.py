@@ -15,7 +15,7 @@ from conftest import prepared_project, shadow_risk_for
 from dpclip.attacks.common.layerwise import membership_attack
 from dpclip.attacks.common.representations import layer_representations, reduce_map
 from dpclip.cli import main
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError, DpclipError
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext, StepRelease

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext, StepRelease

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dpclip.artifacts import load_partition, load_split
 from dpclip.attacks.common.membership import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout

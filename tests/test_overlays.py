@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs

@@ -12,7 +12,7 @@ import yaml
 
 from conftest import tiny_project_params
 from dpclip.cli import main
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
 from dpclip.presets import available_presets, load_preset, variant_params
@@ -72,7 +72,7 @@ def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):
 
 
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
-    from dpclip.config import load_params
+    from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout
     from dpclip.presets import expected_cost
 
@@ -174,7 +174,7 @@ def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
 
 
 def test_params_only_writes_each_variant_as_a_project_the_flow_can_run(tmp_path, capsys):
-    from dpclip.config import load_params
+    from dpclip.pipeline.params import load_params
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
     (tmp_path / "presets").mkdir()

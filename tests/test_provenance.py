@@ -1,4 +1,4 @@
-"""Per-run caching inside the batched train and evaluate stages (dpclip.provenance): a
+"""Per-run caching inside the batched train and evaluate stages (dpclip.pipeline.provenance): a
 change re-runs exactly the runs a per-run DVC stage would have re-run, and dvc.yaml's stages
 list every input of every run, so DVC starts them whenever a run may be stale."""
 
@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from conftest import PROJECT
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
-from dpclip import provenance
-from dpclip.provenance import AUDIT, EVALUATE, TRAIN
+from dpclip.pipeline import provenance
+from dpclip.pipeline.provenance import AUDIT, EVALUATE, TRAIN
 
 METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
 

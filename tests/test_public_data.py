@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpclip.artifacts import load_split
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.data.idx import IDX_FILES
 from dpclip.errors import DpclipError
 from dpclip.io import read_json

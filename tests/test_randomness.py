@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import gaussian_records, tiny_train_config
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError
 from dpclip.randomness import NoiseSources
 from dpclip.train import train_model

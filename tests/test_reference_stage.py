@@ -11,7 +11,7 @@ import pytest
 from conftest import prepared_project
 from dpclip.artifacts import load_signals, load_split
 from dpclip.cli import main
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.stages.reference import complementary_halves, first_and_last, reference_seed

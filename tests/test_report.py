@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.io import write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.stages.evaluate import run_summary

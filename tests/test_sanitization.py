@@ -213,7 +213,7 @@ def test_adaptive_clip_follows_the_sanitization_layer_weights():
 
 
 def test_sanitize_options_and_window_are_validated(tiny_raw):
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
@@ -347,7 +347,7 @@ def test_the_sound_variant_never_falls_below_its_public_only_model():
 
 
 def test_keep_public_head_is_refused_with_another_datasets_public_split(tiny_raw):
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.errors import ConfigError
 
     other = {"data": {"shadow_dataset": "digits"}, "train": {"methods": ["sanitize"]}}
@@ -378,7 +378,7 @@ def test_public_pretraining_stops_on_the_held_out_split_and_keeps_the_best_weigh
 
 
 def test_a_retired_option_names_what_replaced_it(tiny_raw):
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:

@@ -11,7 +11,7 @@ from sklearn.datasets import load_breast_cancer
 
 from conftest import PROJECT
 from dpclip.artifacts import load_split
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs

@@ -61,7 +61,7 @@ def test_dirichlet_rejects_non_positive_alpha():
 
 
 def test_max_records_draws_a_stratified_subset_before_the_splits(tmp_path, tiny_raw):
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.layout import Layout
     from dpclip.artifacts import load_split
     from dpclip.stages.prepare import prepare

@@ -64,12 +64,12 @@ def test_no_private_name_is_imported_from_another_module():
 
 def test_every_method_has_its_own_params_section_and_module():
     """A method's runs record its own ``methods.<method>`` section and ``methods/<method>.py``
-    (dpclip.provenance: editing one re-runs only that method's runs); every registered
+    (dpclip.pipeline.provenance: editing one re-runs only that method's runs); every registered
     method has both."""
     import yaml
 
     from dpclip.methods import available_methods
-    from dpclip.provenance import TRAIN
+    from dpclip.pipeline.provenance import TRAIN
 
     auto_s = TRAIN.code_files("auto_s")  # its own module, no other method's
     assert "src/dpclip/methods/auto_s.py" in auto_s and "src/dpclip/methods/dp_psac.py" not in auto_s
@@ -155,9 +155,52 @@ def test_no_import_runs_back_up_to_the_stages():
     assert {m: d for m, d in back.items() if d} == {}
 
 
+# the package's layers, bottom up: a module imports its own layer's modules and those below,
+# never above (the first part of the name after dpclip. decides; a new one must be placed)
+LAYERS = (
+    ("foundation", {"errors", "io", "hashing", "numerics", "threads", "randomness", "registry",
+                    "param_types", "naming", "layout", "trace_columns", "code_closure"}),
+    ("schema", {"config"}),  # knows no plugin family
+    ("domain", {"privacy", "models", "data", "methods", "attacks", "train", "audit", "metrics",
+                "pretraining"}),  # the training library reads no pipeline file
+    ("outputs", {"artifacts", "retire", "reporting"}),
+    ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
+    ("stages", {"stages", "tracking"}),
+    ("tools", {"cli", "commands", "presets", "bench"}),
+)
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0  # the package itself
+    return next((i for i, (_, names) in enumerate(LAYERS) if parts[1] in names), None)
+
+
+def test_every_import_stays_in_its_layer_or_goes_down():
+    """The import graph sorted by layer: before, config imported every plugin family (and
+    attacks.common.layerwise imported config back), train.inputs read artifacts and tuned
+    values, and tuned imported the parameter validation."""
+    from dpclip.code_closure import direct_imports, package_modules
+
+    unplaced = sorted(m for m in package_modules() if _layer(m) is None)
+    assert not unplaced, f"place these in a layer of tests/test_structure.py: {unplaced}"
+    upward = [f"{m} ({LAYERS[_layer(m)][0]}) imports {d} ({LAYERS[_layer(d)][0]})"
+              for m in sorted(package_modules()) for d in sorted(direct_imports(m))
+              if _layer(d) > _layer(m)]
+    assert not upward, upward
+
+
+def test_the_schema_imports_no_plugin_family():
+    from dpclip.code_closure import closure
+
+    families = ("dpclip.methods", "dpclip.attacks", "dpclip.data", "dpclip.train")
+    assert not [m for m in closure(["dpclip.config"]) if m.startswith(families)]
+
+
 def test_no_stage_imports_another_stage():
     """What a stage wrote is read through dpclip.artifacts (and a run's inputs through
-    dpclip.train.inputs), so a stage's code does not include another stage's."""
+    dpclip.pipeline.inputs), so a stage's code does not include another stage's."""
     from dpclip.code_closure import direct_imports
 
     for stage in STAGES:

@@ -155,7 +155,7 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
     summary and comparison as MLflow tables and files; a missing summary is said, not fatal."""
     import mlflow
 
-    from dpclip.config import load_params
+    from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout
     from dpclip.naming import configured_runs
     from dpclip.tracking import (HEADLINE_METRICS, VIEW_ID, VIEW_TAG, describe, log_pipeline,

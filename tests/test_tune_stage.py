@@ -12,7 +12,8 @@ import pytest
 
 from conftest import prepared_project
 from dpclip.cli import main
-from dpclip.config import ConfigError, parse_params
+from dpclip.errors import ConfigError
+from dpclip.pipeline.params import parse_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.stages.tune import tuning_data
@@ -182,7 +183,7 @@ def test_values_searched_on_other_data_are_refused(tmp_path, tiny_raw, write_par
 
 def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, write_params):
     from dpclip.naming import RunKey
-    from dpclip.provenance import TRAIN
+    from dpclip.pipeline.provenance import TRAIN
 
     base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
     assert main([*base, "train"]) == 0

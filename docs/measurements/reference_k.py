@@ -26,7 +26,7 @@ from dpclip.stages.reference import reference_all
 from dpclip.stages.shadow import shadow
 from dpclip.stages.train import train_all
 from dpclip.stages.tune import tune
-from dpclip.config import load_params
+from dpclip.pipeline.params import load_params
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.naming import RunKey

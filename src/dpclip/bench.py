@@ -32,14 +32,15 @@ import torch
 from torch import nn
 
 from dpclip.artifacts import load_split
-from dpclip.config import Params, load_params
+from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
 from dpclip.models import build_model, layer_names
+from dpclip.pipeline.params import load_params
 from dpclip.train import TrainConfig, build_run
-from dpclip.train.inputs import load_public, needs_public, train_config
+from dpclip.pipeline.inputs import load_public, needs_public, train_config
 from dpclip.train.runs import run_class
 from dpclip.train.step import plain_step, timing_parts
 

@@ -15,7 +15,6 @@ import logging
 import sys
 from pathlib import Path
 
-from dpclip.config import json_schema, load_params
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
@@ -40,7 +39,7 @@ def _stage_parser(sub, stage: Stage) -> None:
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     """One run's options: all four name one run; none means every configured run that is not
-    up to date (one process for all, dpclip.provenance)."""
+    up to date (one process for all, dpclip.pipeline.provenance)."""
     p.add_argument("--method")
     p.add_argument("--epsilon", help="target epsilon, as in params.yaml")
     p.add_argument("--alpha", help="'iid' or a Dirichlet alpha")
@@ -145,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":  # reads DVC's experiments, not params.yaml
         return _tool("compare")(args)
     try:
-        params = load_params(args.params)
+        # by name: validating every family's sections (every method's options, ...) refuses
+        # bad input and fills in defaults that only the stages running that family read, and
+        # import; so that code is no dependency of the stages that run none of it
+        params = _load("dpclip.pipeline.params", "load_params")(args.params)
         layout = Layout(Path(args.root))
         return _dispatch(args, params, layout)
     except DpclipError as exc:
@@ -157,10 +159,10 @@ def _schema(out: str | None) -> int:
     import json
 
     if out:
-        write_json(Path(out), json_schema())
+        write_json(Path(out), _load("dpclip.pipeline.params", "json_schema")())
         print(f"JSON schema of params.yaml written to {out}")
     else:
-        print(json.dumps(json_schema(), indent=2))
+        print(json.dumps(_load("dpclip.pipeline.params", "json_schema")(), indent=2))
     return 0
 
 

@@ -5,7 +5,7 @@ A module depends on every module it imports, at the top or inside a function, an
 those import in turn; importing ``dpclip.a.b`` also runs the packages above it
 (``dpclip/__init__.py``, ``dpclip/a/__init__.py``). The closure of a set of roots is the
 smallest set of modules that holds them and is closed under both rules. A run's code inputs
-(:mod:`dpclip.provenance`) and the code dependencies of each DVC stage
+(:mod:`dpclip.pipeline.provenance`) and the code dependencies of each DVC stage
 (:mod:`dpclip.pipeline.dvc_yaml`) are these closures, so they cannot drift from the imports. Modules loaded by name at run time
 by a function (``importlib``: the method and attack discovery) are not edges: a run depends
 on its own method's module and the attacks it runs, which its stage adds as roots, not on

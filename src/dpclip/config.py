@@ -1,29 +1,21 @@
-"""Typed, validated parameters read from ``params.yaml``: one pydantic model per section.
+"""The schema of ``params.yaml``: one pydantic model per section, and the rules within them.
 
-Every stage, the CLI and the Prefect flows read parameters through :func:`load_params`: a bad
-value fails the same way whichever front door started the run, before any work, with one
-message listing every bad key (full dotted name) and its value; unknown keys are refused. Each
-method's options are its module's model (:meth:`dpclip.methods.base.Method.options_model`);
-:func:`json_schema` (``dpclip schema``) exports the whole schema for editors.
+The schema knows no plugin. The methods, attacks and dataset sources are names here, and the
+sections that belong to one (``methods.<name>``, ``attack.<name>``) plain mappings: each family
+validates them at its own registry, and :func:`dpclip.pipeline.params.parse_params` (what every
+front door reads parameters through) runs the schema and then those checks.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import (BeforeValidator, Field, StrictBool, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BeforeValidator, Field, StrictBool, field_validator, model_validator
 
-from dpclip.attacks import discover as discover_attacks
-from dpclip.attacks import baseline_attack, get_attack
-from dpclip.data.sources import available_sources
-from dpclip.data.sources import discover as discover_sources
-from dpclip.errors import ConfigError, DpclipError, bad_value
+from dpclip.errors import bad_value
 from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Real, Section,
-                                Seed, Text, problems_of, unique_list)
+                                Seed, Text, unique_list)
 
 
 
@@ -89,25 +81,6 @@ class DataParams(Section):
                                            "has repeated levels"))
         return value
 
-    @model_validator(mode="after")
-    def _sources_known_and_complete(self):
-        """Each named dataset is a registered source, with what that source needs (its
-        path; a CSV's label column)."""
-        registry, problems = discover_sources(), []
-        for role, name in (("data.dataset", self.dataset),
-                           ("data.shadow_dataset", self.shadow_dataset)):
-            if name is None:
-                continue
-            if name not in registry:
-                problems.append(bad_value(role, name, f"is not one of {sorted(registry)}: a "
-                                          f"dataset source is a module in "
-                                          f"src/dpclip/data/sources/"))
-            else:
-                problems += registry[name].check(self, role)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
-
 
 class PartitionParams(Section):
     alphas: unique_list(Alpha) = [IID]
@@ -146,17 +119,6 @@ class TrainParams(Section):
     public_init: StrictBool = False
     early_stopping: EarlyStopping = EarlyStopping()
 
-    @field_validator("methods")
-    @classmethod
-    def _registered(cls, methods):
-        from dpclip.methods import available_methods  # late: the methods read this module
-
-        unknown = [m for m in methods if m not in available_methods()]
-        if unknown:
-            raise ValueError("\n".join(f"train.methods: {m!r} is not one of "
-                                       f"{available_methods()}" for m in unknown))
-        return methods
-
 
 class EvaluateParams(Section):
     ece_bins: Count = 15
@@ -177,10 +139,6 @@ class ShadowParams(Section):
 
 ATTACK_MODES = ("offline", "online")
 POPULATIONS = ("public", "shadow_train", "shadow_holdout")
-
-
-def _attack_registry() -> dict:
-    return discover_attacks()
 
 
 class AttackParams(Section):
@@ -205,83 +163,6 @@ class AttackParams(Section):
     headline: Text = "auto"
     # attack -> its validated options: the attack.<name> sections of params.yaml
     options: dict[str, dict] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _attack_sections(cls, data):
-        """Move each ``attack.<name>`` section into ``options``, validated by the attack's own
-        model (every registered attack gets its defaults); refuse an option's old flat key."""
-        if data is None:  # an empty section: the defaults
-            data = {}
-        if not isinstance(data, dict):
-            return data
-        registry, data, problems = _attack_registry(), dict(data), []
-        for name, attack in sorted(registry.items()):
-            problems += [bad_value(f"attack.{old}", data[old], f"has moved to "
-                                   f"attack.{name}.{new}") for old, new in
-                         attack.MOVED_KEYS.items() if old in data]
-        written = dict(data.pop("options", None) or {})
-        written.update({name: data.pop(name) for name in registry if name in data})
-        problems += [bad_value(f"attack.{name}", value, f"is not a registered attack "
-                               f"{sorted(registry)}") for name, value in written.items()
-                     if name not in registry]
-        options = {}
-        for name, attack in sorted(registry.items()):
-            try:
-                options[name] = attack.Options.model_validate(written.get(name) or {}
-                                                              ).model_dump()
-            except ValidationError as exc:
-                problems += problems_of(exc, ("attack", name))
-        if problems:
-            raise ValueError("\n".join(problems))
-        return {**data, "options": options}
-
-    def baseline(self) -> str:
-        return baseline_attack().name
-
-    def headline_attack(self) -> str:
-        if self.headline != "auto":
-            return self.headline
-        registry = _attack_registry()
-        calibrated = [k for k in self.kinds if registry[k].needs_references]
-        return calibrated[0] if self.references and calibrated else self.baseline()
-
-    def build(self, name: str):
-        """The attack ``name`` with its options from params.yaml."""
-        attack = get_attack(name)
-        return attack(attack.Options.model_validate(self.options.get(name, {})))
-
-    @model_validator(mode="after")
-    def _attacks_fit(self):
-        registry, k, problems = _attack_registry(), self.references, []
-        problems += [bad_value("attack.kinds", kind, f"is not one of {sorted(registry)}: an "
-                               f"attack is a module in src/dpclip/attacks/")
-                     for kind in self.kinds if kind not in registry]
-        if self.baseline() not in self.kinds:
-            problems.append(bad_value("attack.kinds", self.kinds, f"must include "
-                                      f"{self.baseline()!r}, the baseline attack every run "
-                                      f"reports (mia_auc)"))
-        if k % 2:
-            problems.append(bad_value("attack.references", k, "is odd: reference models come "
-                                      "in complementary pairs (each pool record IN for exactly "
-                                      "half of them)"))
-        elif self.mode == "online" and 0 < k < 4:
-            problems.append(bad_value("attack.references", k, "is too few for attack.mode "
-                                      "'online': each record needs two IN and two OUT models; "
-                                      "use 4 or more"))
-        for kind in (kind for kind in self.kinds if kind in registry):
-            attack = registry[kind]
-            problems += attack.check_options(attack.Options.model_validate(self.options[kind]),
-                                             k, self.mode)
-        if self.headline != "auto" and self.headline not in self.kinds:
-            problems.append(bad_value("attack.headline", self.headline, f"is not one of "
-                                      f"attack.kinds {self.kinds} (or auto)"))
-        elif self.headline in registry and registry[self.headline].needs_references and k == 0:
-            problems.append(bad_value("attack.headline", self.headline, "needs reference "
-                                      "models: attack.references is 0"))
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
 
 
 class AuditParams(Section):
@@ -361,75 +242,6 @@ class Params(Section):
         return dict(self.methods.get(method, {}))
 
 
-def _public_head_problems(params: Params, methods: dict) -> list[str]:
-    """sanitize's keep_public_head scores heads on the public holdout split, which only says
-    anything of the private task when the public split is of the same dataset."""
-    from dpclip.methods import get_method
-
-    if "sanitize" not in params.train.methods or not params.data.shadow_dataset:
-        return []
-    options = {**get_method("sanitize").default_options(), **methods.get("sanitize", {})}
-    if options["encoder"] != "frozen" or not options["keep_public_head"]:
-        return []
-    return [bad_value("methods.sanitize.keep_public_head", True,
-                      f"would choose the head on another dataset's task (data.shadow_dataset: "
-                      f"{params.data.shadow_dataset}): set it false")]
-
-
-def _device_problems(params: Params) -> list[str]:
-    """``train.device: cuda`` on a machine without a GPU, refused when the parameters are read
-    (every stage's command reads them first), not only once a run trains."""
-    if params.train.device != "cuda":
-        return []
-    import torch
-
-    if torch.cuda.is_available():
-        return []
-    return [bad_value("train.device", "cuda", "asks for a CUDA GPU and this machine has none: "
-                                              "use auto (a GPU when there is one) or cpu")]
-
-
-def parse_params(raw: dict | None) -> Params:
-    """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError([bad_value("params.yaml", raw, "must be a mapping of sections "
-                                                         "(data:, train:, ...)")])
-    raw = dict(raw or {})
-    methods_raw = raw.pop("methods", None)
-    problems: list[str] = []
-    try:
-        params = Params.model_validate(raw)
-    except ValidationError as exc:
-        problems += problems_of(exc)
-        params = None
-    if params is not None:  # the options' checks need the model's layer names
-        from dpclip.methods.base import read_method_options
-        from dpclip.models import layer_names
-
-        names = layer_names(params.train.model, params.train.hidden)
-        methods = read_method_options(methods_raw, names, problems)
-        problems += _public_head_problems(params, methods)
-        problems += _device_problems(params)
-    if problems:  # a shared old section is read by several methods: its problems once
-        raise ConfigError(list(dict.fromkeys(problems)))
-    return params.model_copy(update={"methods": methods})
-
-
-def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
-    """Read ``params.yaml``, set the ``overrides`` (nested sections, e.g. ``{"train":
-    {"methods": [...]}}``: what a Prefect run form changes) and validate the result."""
-    path = Path(path)
-    if not path.exists():
-        raise DpclipError(f"parameter file {str(path)!r} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise DpclipError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
-    if overrides and isinstance(raw, dict):
-        raw = with_overrides(raw, overrides)
-    return parse_params(raw)
-
-
 def with_overrides(raw: dict, overrides: dict) -> dict:
     """A copy of the raw mapping ``raw`` with ``overrides`` set, section by section (a nested
     mapping replaces single keys; any other value replaces the whole entry)."""
@@ -440,23 +252,3 @@ def with_overrides(raw: dict, overrides: dict) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def json_schema() -> dict:
-    """The JSON schema of params.yaml, each registered method's and attack's options included
-    (``methods.<name>``, ``attack.<name>``)."""
-    from dpclip.methods.base import REGISTRY
-
-    schema = Params.model_json_schema()
-    data = schema["$defs"]["DataParams"]["properties"]
-    data["dataset"] = {**data["dataset"], "enum": available_sources()}
-    data["shadow_dataset"]["anyOf"][0]["enum"] = available_sources()
-    attack = schema["$defs"]["AttackParams"]["properties"]
-    attack.pop("options")  # written as attack.<name> sections
-    attack.update({name: cls.Options.model_json_schema()
-                   for name, cls in sorted(_attack_registry().items())})
-    schema["properties"]["methods"] = {
-        "type": "object", "additionalProperties": False,
-        "properties": {name: cls.options_model().model_json_schema()
-                       for name, cls in sorted(REGISTRY.items())}}
-    return schema

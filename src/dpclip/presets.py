@@ -22,15 +22,16 @@ from pathlib import Path
 import yaml
 
 from dpclip.bench import cost_text, training_cost
-from dpclip.config import load_params, with_overrides
+from dpclip.config import with_overrides
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
 from dpclip.pipeline.local import run_stages
+from dpclip.pipeline.params import load_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
-from dpclip.provenance import TRAIN
+from dpclip.pipeline.provenance import TRAIN
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"

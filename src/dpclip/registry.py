@@ -19,15 +19,16 @@ from dpclip.errors import DpclipError
 
 class Registry(dict):
     """name -> registered class, for the package ``package`` (dotted) whose modules define
-    subclasses of ``base`` (its name, for messages). ``check`` returns what is wrong with a
+    subclasses of ``base`` (its name, for messages), each known by its attribute ``key``
+    (``name``; a run kind's ``kind``). ``check`` returns what is wrong with a
     class's declaration (empty when nothing), so a class that would confuse the records is
     refused when its module is imported."""
 
     def __init__(self, noun: str, package: str, base: str, entry_point_group: str,
-                 check: Callable[[type], list[str]] = lambda cls: []):
+                 check: Callable[[type], list[str]] = lambda cls: [], key: str = "name"):
         super().__init__()
         self.noun, self.package, self.base = noun, package, base
-        self.entry_point_group, self.check = entry_point_group, check
+        self.entry_point_group, self.check, self.key = entry_point_group, check, key
 
     def register(self, cls: type) -> type:
         """Class decorator: make ``cls`` known by ``cls.name``. A name used by another class
@@ -36,13 +37,14 @@ class Registry(dict):
         problems = self.check(cls)
         if problems:
             raise ValueError(f"{self.noun} {cls.__name__}: " + "; ".join(problems))
-        known = super().get(cls.name)
+        name = getattr(cls, self.key)
+        known = super().get(name)
         same = known is not None and (known.__module__, known.__qualname__) == \
             (cls.__module__, cls.__qualname__)
-        if not cls.name or (known is not None and not same):
-            raise ValueError(f"{self.noun} name {cls.name!r} is empty or already registered by "
+        if not name or (known is not None and not same):
+            raise ValueError(f"{self.noun} name {name!r} is empty or already registered by "
                              f"{known.__module__ if known else None}")
-        self[cls.name] = cls
+        self[name] = cls
         return cls
 
     def discover(self) -> Registry:
@@ -67,7 +69,7 @@ class Registry(dict):
                               f"{_article(self.noun)} {self.noun} is a module in {folder} (or "
                               f"a plugin in the {self.entry_point_group!r} entry-point group) "
                               f"that registers {_article(self.base)} {self.base} subclass with "
-                              f"@register and name = {name!r}")
+                              f"@register and {self.key} = {name!r}")
         return self[name]
 
 

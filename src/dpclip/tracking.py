@@ -5,7 +5,7 @@ parent run per pipeline execution; one child run per trained configuration, name
 ``<run>@<DVC experiment>`` (``<run>@<short hash of its inputs>`` outside ``dvc exp run``), so
 the children of two experiments never share a name. A child describes itself: the parameters
 that produced it as params (its axes and the training inputs its provenance recorded,
-:mod:`dpclip.provenance`), the model as an MLflow PyTorch model named like the child
+:mod:`dpclip.pipeline.provenance`), the model as an MLflow PyTorch model named like the child
 (signature and input example from public data; tag ``dpclip.model_uri``), the prepared splits
 as dataset inputs, and the standard source tags (git commit, the DVC experiment's name when one
 runs). A configuration already logged with the same model (same run name and weights SHA-256)
@@ -60,7 +60,7 @@ from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey
-from dpclip.provenance import TRAIN
+from dpclip.pipeline.provenance import TRAIN
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)

@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 from conftest import docs_example
 
-from dpclip.attacks import AttackEvidence, available_attacks, get_attack
-from dpclip.config import parse_params
+from dpclip.attacks import AttackEvidence, available_attacks, build, get_attack, headline_attack
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError, DpclipError
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.provenance import EVALUATE
+from dpclip.pipeline.provenance import EVALUATE
 from dpclip.stages.report import report
 from dpclip.stages.train import train
 from dpclip.tracking import summary_metrics
@@ -45,11 +45,11 @@ def test_the_documented_attack_is_found_validated_and_scores_as_by_hand(mentr, t
     with pytest.raises(ConfigError, match=r"attack\.mentr\.floor: 0"):
         parse_params(tiny_raw(attack={"kinds": ["loss", mentr], "mentr": {"floor": 0}}))
     params = parse_params(tiny_raw(attack={"kinds": ["loss", mentr], "headline": mentr}))
-    assert params.attack.headline_attack() == mentr
+    assert headline_attack(params.attack) == mentr
     # two classes, p = (0.8, 0.2): label 0 gives Mentr = -0.2 log 0.8 - 0.2 log 0.8,
     # label 1 gives -0.8 log 0.2 - 0.8 log 0.2
     logits = np.log([[0.8, 0.2], [0.8, 0.2]])
-    scores = params.attack.build(mentr).scores(
+    scores = build(mentr, params.attack).scores(
         AttackEvidence(x=np.zeros((2, 1)), labels=np.array([0, 1]), logits=logits, model=None))
     assert scores == pytest.approx([0.4 * math.log(0.8), 1.6 * math.log(0.2)])
 

@@ -83,7 +83,7 @@ def test_the_evaluate_stage_shuffles_so_position_tells_nothing(tiny_raw):
     came first; the stage hands the records over shuffled, so it scores chance, while every
     score comes back to its own record (the loss attack's, computed in the stage's order)."""
     from dpclip.attacks.base import REGISTRY, register
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.metrics import attack_metrics
     from dpclip.stages.evaluate import run_attacks
 
@@ -127,7 +127,7 @@ def test_a_name_the_records_use_for_something_else_is_refused():
 def test_an_attack_cannot_change_what_the_next_one_sees(tiny_raw):
     """The evidence's arrays are read-only and each attack gets its own copy of the model."""
     from dpclip.attacks.base import REGISTRY
-    from dpclip.config import parse_params
+    from dpclip.pipeline.params import parse_params
     from dpclip.stages.evaluate import run_attacks
 
     class Writer(Attack):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import docs_example
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.data.sources import available_sources
 from dpclip.errors import ConfigError
 from dpclip.io import read_json

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import gaussian_records, tiny_train_config
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError
 from dpclip.methods import get_method
 from dpclip.methods.base import Method, Option
@@ -207,7 +207,7 @@ def check_tuning_space(name: str, tiny_raw) -> None:
     every range are values the method accepts (a trial never tries a refused value); the
     method's own knobs are options it declares."""
     from dpclip.methods.base import Tunable
-    from dpclip.tuned import with_values
+    from dpclip.pipeline.tuned import with_values
 
     cls = get_method(name)
     params = parse_params(tiny_raw())

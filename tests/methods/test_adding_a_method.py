@@ -11,7 +11,7 @@ from contract import (check_clip_bound, check_declaration, check_determinism,
                       check_empty_batch, check_matched_budget, check_option_validation,
                       check_resume, check_step_metrics)
 
-from dpclip.config import parse_params
+from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError, DpclipError
 from dpclip.layout import Layout
 from dpclip.methods import available_methods, get_method

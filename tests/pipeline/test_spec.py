@@ -59,7 +59,7 @@ def test_every_declared_stage_has_the_functions_its_scope_needs(stage):
     if stage.scope == PER_RUN:
         assert callable(getattr(module, f"{stage.name}_all"))
         assert callable(getattr(module, stage.tidy))
-        from dpclip import provenance
+        from dpclip.pipeline import provenance
 
         assert getattr(provenance, stage.provenance).name == stage.name
     if stage.skipped:

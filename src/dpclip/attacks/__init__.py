@@ -5,12 +5,17 @@ subpackage, which holds what the attacks share) and every module named by the
 ``dpclip.attacks`` entry-point group of an installed plugin; each registers its
 :class:`~dpclip.attacks.base.Attack` subclass with :func:`~dpclip.attacks.base.register`
 (:class:`dpclip.registry.Registry`). Adding an attack is adding its module and naming it in
-``attack.kinds``: no list to edit.
+``attack.kinds``: no list to edit. The ``attack`` parameters are validated here, at the
+registry (:func:`read_sections`, :func:`params_problems`): the schema knows no attack.
 """
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from dpclip.attacks.base import REGISTRY, Attack, AttackEvidence, ReferenceEvidence
+from dpclip.errors import bad_value
+from dpclip.param_types import problems_of
 
 
 def discover() -> dict[str, type[Attack]]:
@@ -32,7 +37,80 @@ def baseline_attack() -> type[Attack]:
     return next(cls for cls in REGISTRY.values() if cls.baseline)
 
 
+def read_sections(section: dict | None) -> tuple[dict, list[str]]:
+    """The ``attack:`` section with each ``attack.<name>`` subsection moved into ``options``,
+    validated by that attack's own ``Options`` model (every registered attack gets its
+    defaults), and the problems: an unregistered attack's section, an option's old flat key."""
+    data, problems = dict(section or {}), []
+    for name, attack in sorted(REGISTRY.items()):
+        problems += [bad_value(f"attack.{old}", data[old], f"has moved to attack.{name}.{new}")
+                     for old, new in attack.MOVED_KEYS.items() if old in data]
+        data = {k: v for k, v in data.items() if k not in attack.MOVED_KEYS}
+    written = dict(data.pop("options", None) or {})
+    written.update({name: data.pop(name) for name in REGISTRY if name in data})
+    problems += [bad_value(f"attack.{name}", value, f"is not a registered attack "
+                           f"{REGISTRY.names()}") for name, value in written.items()
+                 if name not in REGISTRY]
+    options = {}
+    for name, attack in sorted(REGISTRY.items()):
+        try:
+            options[name] = attack.Options.model_validate(written.get(name) or {}).model_dump()
+        except ValidationError as exc:
+            problems += problems_of(exc, ("attack", name))
+    return {**data, "options": options}, problems
+
+
+def params_problems(params) -> list[str]:
+    """What is wrong with the ``attack`` parameters (:class:`dpclip.config.AttackParams`)
+    across attacks: unregistered kinds, no baseline, reference models that do not fit, an
+    attack's own checks against them, a headline that is not run or cannot be."""
+    k, problems = params.references, []
+    problems += [bad_value("attack.kinds", kind, f"is not one of {REGISTRY.names()}: an "
+                           f"attack is a module in src/dpclip/attacks/")
+                 for kind in params.kinds if kind not in REGISTRY]
+    baseline = baseline_attack().name
+    if baseline not in params.kinds:
+        problems.append(bad_value("attack.kinds", params.kinds, f"must include {baseline!r}, "
+                                  f"the baseline attack every run reports (mia_auc)"))
+    if k % 2:
+        problems.append(bad_value("attack.references", k, "is odd: reference models come "
+                                  "in complementary pairs (each pool record IN for exactly "
+                                  "half of them)"))
+    elif params.mode == "online" and 0 < k < 4:
+        problems.append(bad_value("attack.references", k, "is too few for attack.mode "
+                                  "'online': each record needs two IN and two OUT models; "
+                                  "use 4 or more"))
+    for kind in (kind for kind in params.kinds if kind in REGISTRY):
+        attack = REGISTRY[kind]
+        options = attack.Options.model_validate(params.options.get(kind, {}))
+        problems += attack.check_options(options, k, params.mode)
+    if params.headline != "auto" and params.headline not in params.kinds:
+        problems.append(bad_value("attack.headline", params.headline, f"is not one of "
+                                  f"attack.kinds {params.kinds} (or auto)"))
+    elif params.headline in REGISTRY and REGISTRY[params.headline].needs_references and k == 0:
+        problems.append(bad_value("attack.headline", params.headline, "needs reference "
+                                  "models: attack.references is 0"))
+    return problems
+
+
+def headline_attack(params) -> str:
+    """The attack compared across methods and seeds, chosen before any run: ``attack.headline``,
+    or with ``auto`` the first of ``attack.kinds`` that uses reference models when there are
+    some, else the baseline."""
+    if params.headline != "auto":
+        return params.headline
+    calibrated = [k for k in params.kinds if REGISTRY[k].needs_references]
+    return calibrated[0] if params.references and calibrated else baseline_attack().name
+
+
+def build(name: str, params) -> Attack:
+    """The attack ``name`` with its options from the ``attack`` parameters."""
+    attack = get_attack(name)
+    return attack(attack.Options.model_validate(params.options.get(name, {})))
+
+
 discover()
 
 __all__ = ["Attack", "AttackEvidence", "ReferenceEvidence", "available_attacks",
-           "baseline_attack", "discover", "get_attack"]
+           "baseline_attack", "build", "discover", "get_attack", "headline_attack",
+           "params_problems", "read_sections"]

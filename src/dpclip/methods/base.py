@@ -19,7 +19,8 @@ The hooks, by what they serve (each has a default, so a method overrides only wh
   :meth:`Method.needs_public_data`, ``needs_shadow_risk``, and for the ``opacus_optimizer`` kind
   :meth:`Method.attach` and :meth:`Method.opacus_step`;
 * parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml; or a pydantic
-  ``Options`` model of the module's own), :meth:`Method.check_options` and ``OLD_SECTIONS``;
+  ``Options`` model of the module's own), :meth:`Method.check_options`,
+  :meth:`Method.params_problems` (rules across sections) and ``OLD_SECTIONS``;
 * evaluation: :meth:`Method.rebuild_for_evaluation` (what the method added to the model);
 * records and tools: :meth:`Method.data_use`, ``controller_data``, ``early_stopping_watches``,
   :meth:`Method.step_metrics` (MLflow), :meth:`Method.probe_cost` (``dpclip bench``).
@@ -193,6 +194,13 @@ class Method:
     def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
         """Problems of the options taken together (one line each, naming ``prefix.<option>``
         and the value), beyond each option's own range; ``layer_names`` are the model's."""
+        return []
+
+    @classmethod
+    def params_problems(cls, options: dict, params) -> list[str]:
+        """This method's rules across sections of params.yaml: its validated ``options``
+        against the rest of ``params`` (checked when ``train.methods`` names it), one line each
+        naming the key; none by default."""
         return []
 
     @classmethod

@@ -66,6 +66,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from dpclip.errors import bad_value
 from dpclip.methods.base import Method, Option, Tunable, register
 from dpclip.models import per_record_std
 from dpclip.pretraining import PUBLIC_PRETRAINING
@@ -269,6 +270,18 @@ class Sanitize(Method):
     }
     TUNED_OPTIONS = {"n": Tunable(2, 32, log=True, integer=True),
                      "clip": Tunable(0.1, 5.0, log=True)}
+
+    @classmethod
+    def params_problems(cls, options, params):
+        """keep_public_head scores heads on the public holdout split, which only says anything
+        of the private task when the public split is of the same dataset."""
+        if (params.data.shadow_dataset and options["encoder"] == "frozen"
+                and options["keep_public_head"]):
+            return [bad_value(f"methods.{cls.name}.keep_public_head", True,
+                              f"would choose the head on another dataset's task "
+                              f"(data.shadow_dataset: {params.data.shadow_dataset}): set it "
+                              f"false")]
+        return []
 
     @classmethod
     def tuning_space(cls, options, lr, clip_norm):

@@ -69,7 +69,7 @@ class Stage:
     notes: dict[str, str] = field(default_factory=dict)  # dep or param -> comment beside it
     tidy: str = ""  # per run: sets aside the outputs of runs no longer configured
     skipped: str = ""  # per run: why nothing runs (None: it runs), from params
-    provenance: str = ""  # per run: its dpclip.provenance.RunStage
+    provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
 
     @property
     def module(self) -> str:
@@ -133,7 +133,7 @@ DECLARED: tuple[Stage, ...] = (
         help="train one run, or every run that is not up to date",
         comment="one process for every configured run (imports cost more than a digits run). "
                 "Each run records its inputs in a provenance.json and is skipped while they "
-                "are unchanged (dpclip.provenance), so a change re-runs only the runs it "
+                "are unchanged (dpclip.pipeline.provenance), so a change re-runs only the runs it "
                 "touches; the lists below are the union of every run's inputs, so DVC starts "
                 "the stage when any run may be stale. Outputs persist: DVC must not delete the "
                 "runs that are up to date.",

@@ -32,11 +32,11 @@ from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
-from dpclip.provenance import AUDIT
+from dpclip.pipeline.provenance import AUDIT
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import build_run
-from dpclip.train.inputs import run_inputs
+from dpclip.pipeline.inputs import run_inputs
 
 KINDS = ("whitebox", "blackbox")
 

@@ -18,7 +18,7 @@ bound of the run's neighbouring notion
 Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
 scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and
 per-layer IR-attack CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json``
-(the inputs it was made from, :mod:`dpclip.provenance`).
+(the inputs it was made from, :mod:`dpclip.pipeline.provenance`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ import torch
 
 from dpclip.artifacts import (load_model, load_partition, load_signals, load_split,
                               population_source, public_population)
-from dpclip.attacks import AttackEvidence, ReferenceEvidence, get_attack
+from dpclip.attacks import (AttackEvidence, ReferenceEvidence, baseline_attack, get_attack,
+                            headline_attack)
+from dpclip.attacks import build as build_attack
 from dpclip.attacks.common.layerwise import attack_every_layer
 from dpclip.attacks.common.membership import (class_matched_indices, evaluation_seed,
                                               label_only_auc)
@@ -54,7 +56,7 @@ from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.reporting.plots import (clip_figure, early_stopping_figure,
                                     layer_attack_figure, reliability_figure, roc_figure)
-from dpclip.provenance import EVALUATE
+from dpclip.pipeline.provenance import EVALUATE
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         mia[name]["dp_bound"] = checked_bound(
             run, name, rocs[name]["fpr"], rocs[name]["tpr"], mia[name]["n_members"],
             mia[name]["n_nonmembers"], privacy, confidence)
-    headline = params.attack.headline_attack()  # chosen in advance, not the best of the run
+    headline = headline_attack(params.attack)  # chosen in advance, not the best of the run
     if headline in mia:
         mia["headline"] = {"attack": headline, "auc": mia[headline]["auc"],
                            "low_fpr": mia[headline]["low_fpr"]["fpr"],
@@ -162,7 +164,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                                          confidence)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
     _write_plots(layout, run, rocs, probs_out, y_out, params.evaluate.ece_bins, trace, metrics,
-                 params.attack.baseline())
+                 baseline_attack().name)
     write_json(layout.metrics(run), metrics)
     write_json(layout.summary(run), run_summary(metrics))
     EVALUATE.record(layout, key, inputs)
@@ -202,7 +204,7 @@ def run_attacks(params: Params, evidence: AttackEvidence, n_members: int, seed: 
     seen = shuffled(evidence, order)
     scores, not_run = {}, {}
     for name in params.attack.kinds:
-        attack = params.attack.build(name)
+        attack = build_attack(name, params.attack)
         if attack.needs_references and evidence.references is None:
             not_run[name] = ("needs reference models: this run has none (attack.references is "
                              "0, or the reference stage has not run)")

@@ -45,11 +45,11 @@ from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
-from dpclip.provenance import REFERENCE
+from dpclip.pipeline.provenance import REFERENCE
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model
-from dpclip.train.inputs import run_inputs
+from dpclip.pipeline.inputs import run_inputs
 
 def reference_seed(params: Params, run: str, what: str) -> int:
     """A seed of the run's reference models (the pool's halves, or model k's training),

@@ -42,7 +42,7 @@ from dpclip.methods.base import REGISTRY
 from dpclip.models import parameterised_layers
 from dpclip.naming import alpha_tag
 from dpclip.reporting.plots import layer_attack_figure
-from dpclip.provenance import SHADOW, shadow_key
+from dpclip.pipeline.provenance import SHADOW, shadow_key
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
@@ -119,7 +119,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
            force: bool = False) -> dict:
     """The shadow model's per-layer risk (module docstring), when a configured method reads
     it; else a risk file saying it was not needed. A shadow model made from the same inputs
-    (:data:`~dpclip.provenance.SHADOW`) is kept unless ``force``."""
+    (:data:`~dpclip.pipeline.provenance.SHADOW`) is kept unless ``force``."""
     if not methods_needing_risk(params):
         return not_needed(layout)
     key = shadow_key(params)

@@ -2,7 +2,7 @@
 
 Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
 record, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
-:mod:`dpclip.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
+:mod:`dpclip.pipeline.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
 spent, method signals). Wall-clock times go to ``timings/<run>.json``, outside DVC's outputs:
 the record, trace and model are the same bytes whenever the inputs are (``dvc.lock`` stays put),
 a time never is. The trace's loss and batch-size columns are diagnostics for the data
@@ -25,12 +25,12 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
 from dpclip.numerics import kernels_in_use
-from dpclip.provenance import TRAIN
+from dpclip.pipeline.provenance import TRAIN
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
-from dpclip.train.inputs import checkpoint_of, run_inputs
-from dpclip.tuned import tuned_values
+from dpclip.pipeline.inputs import checkpoint_of, run_inputs
+from dpclip.pipeline.tuned import tuned_values
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),

@@ -20,7 +20,7 @@ records outside the DP step. No private record is read, so the search costs no p
 
 Writes ``tuned/tuned.json`` (the chosen values per method and epsilon, the default's and the
 best trial's accuracy, and the fingerprint of the parameters searched under; read by the train,
-audit and reference stages through :mod:`dpclip.tuned`) and ``tuned/trials.csv`` (every trial).
+audit and reference stages through :mod:`dpclip.pipeline.tuned`) and ``tuned/trials.csv`` (every trial).
 Wall-clock times go to ``timings/tune.json``, outside DVC's outputs. With ``tune.trials: 0`` the
 file says so and nothing is searched.
 """
@@ -44,11 +44,11 @@ from dpclip.methods import get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
-from dpclip.provenance import PACKAGE
+from dpclip.pipeline.provenance import PACKAGE
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, train_model
-from dpclip.train.inputs import checkpoint_of, needs_public, train_config
-from dpclip.tuned import fingerprint, with_values
+from dpclip.pipeline.inputs import checkpoint_of, needs_public, train_config
+from dpclip.pipeline.tuned import fingerprint, with_values
 
 OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"
 
@@ -191,7 +191,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
 
 
 # what a search reads besides the parameters: the package files training runs (as in
-# dpclip.provenance.TRAIN, every method's module) and this stage
+# dpclip.pipeline.provenance.TRAIN, every method's module) and this stage
 CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads.py",
         "tuned.py", "stages/train.py", "stages/tune.py")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from dpclip.errors import DpclipError
 from dpclip.train.runs.base import RUN_KINDS, Run
 
 for _module in pkgutil.iter_modules(__path__):
@@ -23,10 +22,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 def run_class(kind: str) -> type[Run]:
     """The class of run kind ``kind``; an unknown kind names the known ones."""
-    if kind not in RUN_KINDS:
-        raise DpclipError(f"run kind {kind!r} is not one of {sorted(RUN_KINDS)} (a method's "
-                          f"run_kind must name one)")
-    return RUN_KINDS[kind]
+    return RUN_KINDS.lookup(kind)
 
 
 __all__ = ["RUN_KINDS", "Run", "run_class"]

@@ -13,22 +13,16 @@ from tqdm.auto import tqdm
 
 from dpclip.errors import DpclipError
 from dpclip.randomness import NoiseSources
+from dpclip.registry import Registry
 from dpclip.train.early_stopping import decide, public_representation_std
 from dpclip.train.setup import RunSetup, make_optimizer
 
 
-RUN_KINDS: dict[str, type["Run"]] = {}
-
-
-def register_run_kind(cls: type["Run"]) -> type["Run"]:
-    """Class decorator: make the run kind ``cls.kind`` known (a name used twice is an error)."""
-    known = RUN_KINDS.get(cls.kind)
-    same = known is not None and (known.__module__, known.__qualname__) == \
-        (cls.__module__, cls.__qualname__)
-    if not cls.kind or (known is not None and not same):
-        raise ValueError(f"run kind {cls.kind!r} is empty or already registered")
-    RUN_KINDS[cls.kind] = cls
-    return cls
+# kind -> Run subclass, the registry the methods, attacks and sources use too; the package
+# imports every module of itself when it is imported (dpclip.train.runs), so every run's code
+# includes every kind
+RUN_KINDS = Registry("run kind", "dpclip.train.runs", "Run", "dpclip.run_kinds", key="kind")
+register_run_kind = RUN_KINDS.register  # the class decorator of every run-kind module
 
 
 class Run:

@@ -16,12 +16,12 @@ from dpclip.methods import get_method
 from dpclip.models import layer_names
 from dpclip.naming import RunKey
 from dpclip.train import PublicData, TrainConfig
-from dpclip.tuned import tuned_params
+from dpclip.pipeline.tuned import tuned_params
 
 def train_config(params: Params, method: str, epsilon, seed: int,
                  layout: Layout | None = None, tuned: bool = True) -> TrainConfig:
     """The loop's configuration of one run, with the values ``dpclip tune`` chose for it when
-    tuning is on and ``tuned`` (:mod:`dpclip.tuned`). A method that needs the shadow stage's
+    tuning is on and ``tuned`` (:mod:`dpclip.pipeline.tuned`). A method that needs the shadow stage's
     risks gets them from ``layout``, checked against the model first."""
     if tuned:
         params = tuned_params(params, layout or Layout(), method, epsilon)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from dpclip.config import Params, parse_params, with_overrides
+from dpclip.config import Params, with_overrides
 from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
 from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.naming import epsilon_tag
+from dpclip.pipeline.params import parse_params
 
 # train.* keys that do not change what a trial measures (the run matrix, where and how often)
 UNTUNED_TRAIN_KEYS = {"methods", "seeds", "device", "checkpoint_every"}

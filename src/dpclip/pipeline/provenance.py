@@ -25,16 +25,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dpclip.attacks import get_attack
-from dpclip.code_closure import closure_files, package_modules
+from dpclip.code_closure import PACKAGE, closure_files, package_modules
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.threads import thread_count
-from dpclip.tuned import tuned_values
-
-PACKAGE = Path(__file__).resolve().parent  # src/dpclip: code inputs are the package's files
+from dpclip.pipeline.tuned import tuned_values
 
 
 def _lookup(tree: dict, dotted: str):
@@ -63,7 +61,7 @@ class RunStage:
     outputs: Callable[[Layout, object], dict[str, Path]]
     provenance: Callable[[Layout, object], Path]
     result: Callable[[Layout, object], Path]
-    reads_tuned_values: bool = False  # trains the run's configuration (dpclip.tuned)
+    reads_tuned_values: bool = False  # trains the run's configuration (dpclip.pipeline.tuned)
     # the modules of the parts params.yaml chooses that every run uses (the attacks of
     # attack.kinds); they are code roots like the stage's own
     chosen_code: Callable[[object], tuple[str, ...]] = lambda params: ()
@@ -98,7 +96,7 @@ class RunStage:
         run = {"method": key.method, "epsilon": key.epsilon, "alpha": key.alpha,
                "seed": key.seed}
         inputs = {"run": run, "params": values, "files": files}
-        if self.reads_tuned_values:  # the run's own entry of tuned/tuned.json (dpclip.tuned):
+        if self.reads_tuned_values:  # the run's own entry of tuned/tuned.json (dpclip.pipeline.tuned):
             inputs["tuned"] = tuned_values(params, layout, key.method, key.epsilon)
         # JSON round trip: the values compare equal to what a provenance file holds
         return json.loads(json.dumps(inputs, default=str))

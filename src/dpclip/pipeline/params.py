@@ -1,0 +1,115 @@
+"""``params.yaml`` read and validated whole: the schema (:mod:`dpclip.config`, which knows no
+plugin), then each plugin family's sections at its own registry.
+
+A bad value fails the same way whichever front door started the run, before any work, with one
+message listing every bad key (full dotted name) and its value; unknown keys are refused:
+
+* ``attack.<name>``: each registered attack's options, by the attack's ``Options`` model
+  (:func:`dpclip.attacks.read_sections`), then the attacks' cross-checks
+  (:func:`dpclip.attacks.params_problems`);
+* ``data.dataset`` / ``data.shadow_dataset``: registered sources, with what each needs
+  (:func:`dpclip.data.sources.params_problems`);
+* ``train.methods`` and ``methods.<name>``: registered methods, each one's options by its own
+  model, and a method's rules across sections (:func:`dpclip.methods.read_params`).
+
+The ``dpclip`` command loads this module by name: validation refuses, and fills in the defaults
+of sections that only the stages running that family read (and import), so the validation of
+every family is no code dependency of a stage that runs none of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from dpclip import attacks, methods
+from dpclip.config import Params, with_overrides
+from dpclip.data import sources
+from dpclip.errors import ConfigError, DpclipError, bad_value
+from dpclip.param_types import problems_of
+
+
+def parse_params(raw: dict | None) -> Params:
+    """Validate a raw parameter mapping; raise :class:`ConfigError` listing every bad key."""
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError([bad_value("params.yaml", raw, "must be a mapping of sections "
+                                                         "(data:, train:, ...)")])
+    raw = dict(raw or {})
+    methods_raw = raw.pop("methods", None)
+    problems: list[str] = []
+    if isinstance(raw.get("attack"), dict) or raw.get("attack") is None:
+        raw["attack"], attack_problems = attacks.read_sections(raw.get("attack"))
+        problems += attack_problems
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as exc:
+        problems += problems_of(exc)
+        params = _valid_sections(raw)  # the families' checks still run: every problem at once
+    problems += sources.params_problems(params.data)
+    problems += attacks.params_problems(params.attack)
+    options, method_problems = methods.read_params(methods_raw, params)
+    problems += method_problems + _device_problems(params)
+    if problems:  # a shared old section is read by several methods: its problems once
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return params.model_copy(update={"methods": options})
+
+
+def _valid_sections(raw: dict) -> Params:
+    """The sections of ``raw`` that are valid on their own, the defaults for the others: what
+    the families check when the whole mapping is not valid."""
+    sections = {}
+    for name, field in Params.model_fields.items():
+        try:
+            sections[name] = field.annotation.model_validate(raw.get(name) or {})
+        except (ValidationError, AttributeError):  # invalid (listed already), or no model
+            pass
+    return Params(**sections)
+
+
+def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:
+    """Read ``params.yaml``, set the ``overrides`` (nested sections, e.g. ``{"train":
+    {"methods": [...]}}``: what a Prefect run form changes) and validate the result."""
+    path = Path(path)
+    if not path.exists():
+        raise DpclipError(f"parameter file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise DpclipError(f"parameter file {str(path)!r} is not valid YAML: {exc}") from exc
+    if overrides and isinstance(raw, dict):
+        raw = with_overrides(raw, overrides)
+    return parse_params(raw)
+
+
+def _device_problems(params: Params) -> list[str]:
+    """``train.device: cuda`` on a machine without a GPU, refused when the parameters are read
+    (every stage's command reads them first), not only once a run trains."""
+    if params.train.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return [bad_value("train.device", "cuda", "asks for a CUDA GPU and this machine has none: "
+                                              "use auto (a GPU when there is one) or cpu")]
+
+
+def json_schema() -> dict:
+    """The JSON schema of params.yaml, each registered method's and attack's options included
+    (``methods.<name>``, ``attack.<name>``) and the registered sources as ``data.dataset``'s
+    choices."""
+    schema = Params.model_json_schema()
+    data = schema["$defs"]["DataParams"]["properties"]
+    data["dataset"] = {**data["dataset"], "enum": sources.available_sources()}
+    data["shadow_dataset"]["anyOf"][0]["enum"] = sources.available_sources()
+    attack = schema["$defs"]["AttackParams"]["properties"]
+    attack.pop("options")  # written as attack.<name> sections
+    attack.update({name: attacks.get_attack(name).Options.model_json_schema()
+                   for name in attacks.available_attacks()})
+    schema["properties"]["methods"] = {
+        "type": "object", "additionalProperties": False,
+        "properties": {name: methods.get_method(name).options_model().model_json_schema()
+                       for name in methods.available_methods()}}
+    return schema
