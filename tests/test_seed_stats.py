@@ -12,7 +12,8 @@ import pytest
 
 import itertools
 
-from dpclip.reporting.seed_stats import (EXACT_UP_TO, holm, mean_interval, paired_comparison,
+from dpclip.reporting.seed_stats import (EXACT_UP_TO, holm, mean_interval, minimum_exact_seeds,
+                                         paired_comparison,
                                          paired_test, seed_summary, seeds_needed, sign_flip_test,
                                          verdict)
 
@@ -203,3 +204,11 @@ def test_the_exact_tests_power_is_below_the_t_tests_at_small_n():
     assert sign_flip_power(6, 1.5) == pytest.approx(every_sign, abs=0.03)
     assert every_sign < 0.8 and sign_flip_power(7, 1.5) >= 0.8
     assert seeds_needed(spread=1.0, effect=1.5) == 7
+
+
+@pytest.mark.parametrize("family, least", [(1, 6), (2, 7), (3, 7), (4, 8), (6, 8), (7, 9)])
+def test_seeds_needed_counts_the_correction_over_configurations(family, least):
+    """m 2^(1-n) <= 0.05, worked out by hand: n >= 1 + log2(20 m); a huge effect needs just
+    that many seeds, never fewer."""
+    assert minimum_exact_seeds(family=family) == least
+    assert seeds_needed(spread=0.001, effect=1.0, family=family) == least

@@ -27,8 +27,11 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
   paper's), so whatever the comparison says is not about the claim;
 * **inconclusive**: neither: the interval contains both no effect and the paper's effect. The
   report says how many seeds would decide it at 80% power from the observed spread
-  (:func:`dpclip.reporting.seed_stats.seeds_needed`; the effect to detect is e, or e + margin for
-  ``within``), never fewer than the 6 the exact test needs to reach 5% at all.
+  (:func:`dpclip.reporting.seed_stats.seeds_needed`): to hold, the effect to detect is e (e +
+  margin for ``within``) at 5%; to contradict, the distance from the observed difference to e
+  (to -margin) at 5% / m, never fewer than the exact test needs to reach that level at all (6
+  seeds at 5%; 7 at 5% / 2 or 3, 8 at 5% / 4 to 6); the smaller of the two is the seeds
+  needed, and the report says when an outcome cannot be reached at the seeds run.
 
 A zero-width interval (the same difference on every seed) decides nothing. A claim is "not
 testable here" when it says why (``untestable``), when its preset has not been run, or when
@@ -253,10 +256,36 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> 
         row["outcome"] = INCONCLUSIVE
         spread = float(pd.Series(row["differences"]).std(ddof=1)) if row["seeds"] >= 2 \
             else math.nan
+        # held: the 95% interval clears no effect (-margin) when the paper's effect is true
         target = (favourable_effect or 0.0) + margin if margin is not None else favourable_effect
-        row["seeds_needed"] = seeds_needed(spread, target) if target and target > 0 else None
+        row["seeds_to_hold"] = seeds_needed(spread, target) if target and target > 0 else None
+        # contradicted: the interval at 5% / m falls below the paper's effect (-margin) when
+        # the observed difference is the true one
+        bar = null if margin is not None else favourable_effect
+        observed = sign * row["difference"]
+        gap = bar - observed if bar is not None and not math.isnan(observed) else None
+        row["seeds_to_contradict"] = seeds_needed(spread, gap, family=family) \
+            if gap and gap > 0 else None
+        counts = [n for n in (row["seeds_to_hold"], row["seeds_to_contradict"]) if n]
+        row["seeds_needed"] = min(counts) if counts else None
         if not decides:
             row["why"] = "no spread over seeds" if row["seeds"] >= 2 else "one seed"
+
+
+def unreachable(seeds: int, configurations: int) -> str:
+    """What ``seeds`` paired seeds cannot reach over ``configurations`` configurations: held
+    needs the exact test at 5% (:func:`minimum_exact_seeds`), contradicted at 5% / m."""
+    to_hold = minimum_exact_seeds(CONFIDENCE)
+    to_contradict = minimum_exact_seeds(CONFIDENCE, configurations)
+    if seeds < to_hold:
+        return (f"; at {seeds} seeds neither {HELD} nor {CONTRADICTED} can be reached: the exact "
+                f"test needs {to_hold} seeds to reach 5%, and {to_contradict} to reach 5% / "
+                f"{configurations} (a contradiction in any of {configurations} configurations)")
+    if seeds < to_contradict:
+        return (f"; {CONTRADICTED} cannot be reached at {seeds} seeds: over {configurations} "
+                f"configurations the exact test needs {to_contradict} seeds to reach 5% / "
+                f"{configurations}")
+    return ""
 
 
 def _describe(row: dict, method: str, metric: str) -> str:
@@ -272,7 +301,12 @@ def _describe(row: dict, method: str, metric: str) -> str:
     if row.get("outcome") == INCONCLUSIVE:
         needed = row.get("seeds_needed")
         text += f" ({row['why']}; " if row.get("why") else " ("
-        text += (f"about {needed} seeds would decide it)" if needed else
+        ways = [f"{HELD} at {row['seeds_to_hold']} if the paper's difference is the true one"
+                if row.get("seeds_to_hold") else "",
+                f"{CONTRADICTED} at {row['seeds_to_contradict']} if ours is"
+                if row.get("seeds_to_contradict") else ""]
+        text += (f"about {needed} seeds would decide it: " + ", ".join(w for w in ways if w)
+                 + ")" if needed else
                  "seeds needed unknown: no paper effect, or more than 1000)")
     return text
 
@@ -326,37 +360,60 @@ def _schedule(runs: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def precondition(condition: dict, table: pd.DataFrame) -> tuple[bool | None, str]:
+def precondition(condition: dict, table: pd.DataFrame, by: list[str] = CONFIGURATION
+                 ) -> tuple[bool | None, str, list[tuple]]:
     """One precondition on the preset's runs: (holds, or None when the runs cannot tell; the
-    line that says so)."""
+    line that says so; the configurations, as values of ``by``, where it fails). clip_moves
+    is checked per configuration: the claim is then judged where the mechanism can act, and
+    "not testable at this scale" only when it can act nowhere."""
     kind, method = condition["kind"], condition["method"]
     runs = table[table["method"] == method]
     if runs.empty:
-        return None, f"{kind} of {method}: not checked, the preset has no {method} runs"
+        return None, f"{kind} of {method}: not checked, the preset has no {method} runs", []
     if kind == "clip_moves":
         if "c_initial" not in runs or runs["c_initial"].isna().all():
             return None, (f"{kind} of {method}: not checked, the runs record no initial clip "
-                          f"threshold (`dpclip report` again)")
-        moved = float(np.nanmean(np.abs(np.log(runs["c_final"].astype(float)
-                                               / runs["c_initial"].astype(float)))))
-        least = float(condition.get("min", 0.05))
-        line = (f"{method}'s clip threshold moves by |log(C_T / C_0)| = {moved:.3g} on average "
-                f"over {len(runs)} runs ({'at least' if moved >= least else 'below'} {least:g}); "
-                f"C_0 -> median C_t -> C_T, mean over seeds: {_schedule(runs)}")
-        if condition.get("paper"):
-            line += f"; the paper: {condition['paper']}"
-        return moved >= least, line
+                          f"threshold (`dpclip report` again)"), []
+        return _clip_moves(condition, runs, by)
     if kind == "leaks":
         metric, least = condition["metric"], float(condition["min"])
         value = float(runs[metric].astype(float).mean())
         return value >= least, (f"{method}'s {metric} is {value:.3g} over {len(runs)} runs "
                                 f"({'at least' if value >= least else 'below'} {least:g}: "
-                                + ("it leaks" if value >= least else "nothing to protect") + ")")
+                                + ("it leaks" if value >= least else "nothing to protect")
+                                + ")"), []
     ours = sorted(set(runs["adjacency"].dropna().astype(str))) if "adjacency" in runs else []
     holds = ours == [condition["paper"]]
     return holds, (f"{method}'s epsilon is for {', '.join(ours) or 'an unstated'} adjacency, the "
                    f"paper's for {condition['paper']}" + ("" if holds else
-                                                           ": the epsilons do not compare"))
+                                                           ": the epsilons do not compare")), []
+
+
+def _clip_moves(condition: dict, runs: pd.DataFrame, by: list[str]
+                ) -> tuple[bool, str, list[tuple]]:
+    """How far the method's controller moves C, per configuration: the mean over its runs of
+    |log(C_T / C_0')|, with C_0' the initial threshold projected onto the clamp
+    (``condition["clamp"]``, the preset's [C_min, C_max]): the jump the clamp makes at the first
+    step is the clamp's, not the controller's (C_0 = 0.25 under [1, 3] starts at 1)."""
+    method, least = condition["method"], float(condition.get("min", 0.05))
+    start = runs["c_initial"].astype(float)
+    if condition.get("clamp"):
+        start = start.clip(lower=float(condition["clamp"][0]), upper=float(condition["clamp"][1]))
+    moved = np.abs(np.log(runs["c_final"].astype(float) / start))
+    per = {values if isinstance(values, tuple) else (values,): float(np.nanmean(group))
+           for values, group in moved.groupby([runs[c] for c in by], sort=True, dropna=False)}
+    failing = [key for key, value in per.items() if not value >= least]
+    clamp = (f", C_0' = C_0 projected onto the clamp {list(condition['clamp'])}: the clamp's own "
+             f"jump is not the controller's" if condition.get("clamp") else "")
+    line = (f"{method}'s controller moves C by |log(C_T / C_0')| (mean over seeds{clamp}): "
+            + "; ".join(f"{_label(dict(zip(by, key)))} {value:.3g}" for key, value in per.items())
+            + f" (at least {least:g} in {len(per) - len(failing)} of {len(per)} configurations"
+            + (f"; not testable at this scale in {', '.join(_label(dict(zip(by, k))) for k in failing)}"
+               if failing else "")
+            + f"); C_0 -> median C_t -> C_T, mean over seeds: {_schedule(runs)}")
+    if condition.get("paper"):
+        line += f"; the paper: {condition['paper']}"
+    return len(failing) < len(per), line, failing
 
 
 def _without_guarantee(table: pd.DataFrame, methods: list[str]) -> str | None:
@@ -419,6 +476,13 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     notions = _adjacency_mismatch(compared, method, baselines, claim)
     if notions:
         return Finding(claim, UNTESTABLE, notions)
+    by = ["target_epsilon", "alpha"] if rule == "smaller_spread" else CONFIGURATION
+    checked = [precondition(c, table, by) for c in claim.get("preconditions") or []]
+    excluded = sorted({key for _, _, keys in checked for key in keys}, key=str)
+    if excluded and all(holds is not False for holds, _, _ in checked):
+        # judged where the mechanism acts; the other configurations are not testable here
+        keys = compared[by].apply(tuple, axis=1)
+        compared = compared[~keys.isin(excluded)]
     if rule == "smaller_spread":
         rows = _spread_rows(compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
@@ -432,9 +496,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                 for r in rows if r["seeds"] == 1]
         return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", ours=ours,
                        fidelity=fidelity_lines, worst_baseline=worst,
-                       preconditions=[line for _, line in
-                                      (precondition(c, table)
-                                       for c in claim.get("preconditions") or [])])
+                       preconditions=[line for _, line, _ in checked])
     margin = float(claim["margin"]) if rule == "within" else None
     check = claim.get("reproduce") or {}
     for row in rows:
@@ -448,8 +510,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
     ours = [_describe(r, method, metric_text) for r in rows]
     reproduced, fidelity_lines, worst = fidelity(claim, table)
-    checked = [precondition(c, table) for c in claim.get("preconditions") or []]
-    failed = [line for holds, line in checked if holds is False]
+    failed = [line for holds, line, _ in checked if holds is False]
     outcomes = [r["outcome"] for r in rows]
     needed = None
     if not reproduced:
@@ -467,9 +528,14 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                   "significant in the paper's direction ") + "in every configuration"
     elif CONTRADICTED in outcomes:
         verdict = CONTRADICTED
-        reason = "; ".join(f"{r['label']}: the interval lies below " +
-                           ("the margin" if margin is not None else "the paper's effect")
-                           for r in rows if r["outcome"] == CONTRADICTED)
+        reason = "; ".join(
+            f"{r['label']}: the difference {r['difference']:+.3g} over {r['seeds']} seeds, "
+            f"[{_number(r['contradiction_interval'][0])}, "
+            f"{_number(r['contradiction_interval'][1])}] at 5% / {len(rows)}, lies below "
+            + (f"the margin (-{margin:g})" if margin is not None else
+               f"the paper's effect ({r['paper_effect']:+.3g})"
+               if r.get("paper_effect") is not None else "no effect")
+            for r in rows if r["outcome"] == CONTRADICTED)
     else:
         verdict = INCONCLUSIVE
         open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
@@ -479,6 +545,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                   + ("a loss of the margin" if margin is not None else "no effect")
                   + " and the paper's effect")
         ran = min(r["seeds"] for r in open_rows)
+        reason += unreachable(ran, len(rows))
         if needed and needed <= ran:  # powered, yet undecided: 1 in 5 such runs is
             reason += (f"; the observed spread gives {POWER:.0%} power at {needed} paired "
                        f"seeds and {ran} ran: these did not decide it, more seeds would")
@@ -486,8 +553,12 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
             reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
                        if needed else "; the seeds needed cannot be estimated (no paper "
                        "effect, no spread, or more than 1000)")
+    if excluded and not failed:
+        reason += ("; not testable at this scale in "
+                   + ", ".join(_label(dict(zip(by, key))) for key in excluded)
+                   + " (a precondition fails there)")
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
-                   [line for _, line in checked])
+                   [line for _, line, _ in checked])
 
 
 def ablation_lines(claim: dict, results: Path) -> list[str]:
@@ -549,10 +620,73 @@ def _preset_facts(path: Path) -> str:
             f"{deviations}")
 
 
+def _claim_text(finding: Finding) -> str:
+    return " ".join(finding.claim["claim"].split()).rstrip(".")
+
+
+def _per_seed(row: dict) -> str:
+    return ", ".join(f"{d:+.3g}" for d in row["differences"])
+
+
+def _consistent(row: dict) -> bool:
+    """Every seed's difference on the same side of zero (two seeds or more)."""
+    d = row["differences"]
+    return len(d) >= 2 and (all(v > 0 for v in d) or all(v < 0 for v in d))
+
+
+CLEAR = 5  # the differences every seed agrees on that the first screen lists
+
+
+def first_screen(findings: list[Finding]) -> list[str]:
+    """What a user can act on, before the rules: which claims are decided, the differences
+    every seed agrees on, and per claim and configuration the matched-setting difference with
+    its interval and seeds, whatever the baseline gate says (the gate names the verdict; it
+    does not hide the data)."""
+    decided = [f for f in findings if f.verdict in (HELD, CONTRADICTED)]
+    compared = [(f, r) for f in findings for r in f.rows if r["seeds"] >= 2]
+    clear = sorted((pair for pair in compared if _consistent(pair[1])),
+                   key=lambda pair: -abs(pair[1]["difference"]))
+    held = [f for f in decided if f.verdict == HELD]
+    lines = ["## What the runs show", "",
+             (f"**Which method?** {len(held)} of {len(findings)} claims held: "
+              + "; ".join(f"{f.claim['id']} ({_claim_text(f)})" for f in held) + "."
+              if held else
+              f"**Which method?** No claim of an advantage is held (0 of {len(findings)}): no "
+              "alternative to DP-SGD has a shown advantage in our runs, so DP-SGD is the "
+              "choice they support.")
+             + (" Contradicted: " + "; ".join(f"**{f.claim['id']}** ({_claim_text(f)}: "
+                                              f"{f.reason})" for f in decided
+                                              if f.verdict == CONTRADICTED) + "."
+                if len(decided) > len(held) else "")
+             + " How sure: the differences below, each with its interval and seeds; every "
+               "other claim is undecided."]
+    if clear:
+        lines += ["", f"Differences every seed agrees on, largest first ({len(clear[:CLEAR])} of "
+                  f"{len(clear)}; with 2 seeds both fall on one side by chance half the time, "
+                  "with 6 once in 32):", ""]
+        for f, r in clear[:CLEAR]:
+            lines.append(f"- {f.claim['id']}, {r['label']}: {f.claim['method']} minus "
+                         f"{r['baseline']} in {f.claim['metric']} is {r['difference']:+.3g} "
+                         f"on {r['seeds']} of {r['seeds']} seeds ({_per_seed(r)})"
+                         + (f"; the paper's difference {r['paper_effect']:+.3g}"
+                            if r.get("paper_effect") is not None else "")
+                         + f" (verdict: {f.verdict})")
+    lines += ["", "| claim | verdict | configuration | ours: method minus baseline, mean [95% "
+              "interval] (per seed) | the paper's |", "|---|---|---|---|---|"]
+    for f, r in compared:
+        paper = "" if r.get("paper_effect") is None else f"{r['paper_effect']:+.3g}"
+        lines.append(f"| {f.claim['id']} | {f.verdict} | {r['label']} | "
+                     f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
+                     f" ({_per_seed(r)}) | {paper} |")
+    return lines + [""]
+
+
 def evidence_markdown(findings: list[Finding], results: Path, command: str,
                       figures: dict[str, str] | None = None) -> str:
-    """The verdict report: what the verdicts mean, a summary table, one section per claim."""
-    lines = ["# Evidence: the papers' claims, tested", "",
+    """The verdict report: what the runs show (:func:`first_screen`), what the verdicts mean,
+    a summary table, one section per claim."""
+    lines = ["# Evidence: the papers' claims, tested", "", *first_screen(findings),
+             "## How to read it", "",
              f"Regenerate: `{command}`. Our numbers come from the preset runs' metrics "
              f"(`{results}/<preset>/<variant>/reports/comparison.csv`), as fractions where the "
              "papers give percentages. Each claim is paired over seeds per configuration "

@@ -220,17 +220,19 @@ def minimum_exact_seeds(confidence: float = CONFIDENCE, family: int = 1) -> int:
 
 
 def seeds_needed(spread: float, effect: float, confidence: float = CONFIDENCE,
-                 power: float = POWER) -> int | None:
+                 power: float = POWER, family: int = 1) -> int | None:
     """The smallest n >= :func:`minimum_exact_seeds` at which the test the verdicts use rejects
-    "no difference" at level 1 - confidence with probability ``power`` when the true mean
-    difference is ``effect`` and the differences' standard deviation is ``spread``. Up to
-    :data:`EXACT_UP_TO` seeds that test is the exact sign-flip test, whose power (below the
-    t-test's at small n) is :func:`sign_flip_power`; beyond, the paired t-test's,
-    P(|T'| > t_{1-a/2, n-1}) with T' ~ noncentral t(n - 1, effect sqrt(n) / spread). None when
-    the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed; the exact minimum
-    when the observed spread is 0."""
+    "no difference" at level (1 - confidence) / ``family`` (Bonferroni over ``family``
+    configurations, as the rule that reads it is corrected) with probability ``power`` when
+    the true mean difference is ``effect`` and the differences' standard deviation is
+    ``spread``. Up to :data:`EXACT_UP_TO` seeds that test is the exact sign-flip test, whose
+    power (below the t-test's at small n) is :func:`sign_flip_power`; beyond, the paired
+    t-test's, P(|T'| > t_{1-a/2, n-1}) with T' ~ noncentral t(n - 1, effect sqrt(n) / spread).
+    None when the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed; the exact
+    minimum when the observed spread is 0."""
     from scipy import stats
 
+    confidence = 1 - (1 - confidence) / max(1, family)  # the level each configuration gets
     least = minimum_exact_seeds(confidence)
     if effect == 0 or pd.isna(effect) or pd.isna(spread):
         return None
