@@ -190,6 +190,25 @@ def test_ww_with_zero_gain_is_the_clamp_alone():
     assert inside.clamp_hits == {"min": 0, "max": 0}
 
 
+def test_ww_without_anti_windup_winds_u_on_while_c_sits_on_the_clamp():
+    """Algorithm 1 (anti_windup false) clamps C only: from C_0 = 0.25 under [1, 3] with kappa
+    0.5 and the signal saturated at +1, u = log 0.25 + 0.5 k = -1.386 + 0.5 k after k probes:
+    C = exp(u) is below 1 (clamped to 1) until k = 3 (u = 0.114, C = 1.12). With anti-windup
+    u jumps to log 1 = 0 at the first probe: C = e^0.5 = 1.65 at the second."""
+    literal = _ww(beta=0.0, kappa=0.5, c_min=1.0, c_max=3.0, anti_windup=False)
+    ours = _ww(beta=0.0, kappa=0.5, c_min=1.0, c_max=3.0)
+    for ww in (literal, ours):
+        ww.clip_threshold, ww.log_c = 0.25, np.log(0.25)
+    seen = {"literal": [], "ours": []}
+    for _ in range(3):
+        for name, ww in (("literal", literal), ("ours", ours)):
+            ww.control(100.0)  # zeta_hat = 100: signal +1
+            seen[name].append(ww.clip_threshold)
+    assert seen["literal"] == pytest.approx([1.0, 1.0, np.exp(np.log(0.25) + 1.5)])
+    assert literal.log_c == pytest.approx(np.log(0.25) + 1.5)
+    assert seen["ours"] == pytest.approx([1.0, np.exp(0.5), np.exp(1.0)])
+
+
 def test_ww_probes_only_every_k_steps_and_ignores_empty_batches():
     ww = _ww(probe_every=3)
     measured = []

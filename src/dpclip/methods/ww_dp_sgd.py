@@ -112,6 +112,8 @@ class WWDPSGD(Method):
         "probe_every": Option(50, low=1, integer=True, help="K: probe period in steps"),
         "probe": Option("fc1", help="probe layer(s), comma-separated; median of exponents"),
         "clamp": Option(True, help="clamp C to [c_min, c_max]"),
+        "anti_windup": Option(True, help="set u back to log C after the clamp acts (ours); "
+                                         "false: the paper's Algorithm 1, which clamps C only"),
         "c_min": Option(0.1, low=0.0, low_open=True),
         "c_max": Option(10.0, low=0.0, low_open=True),
         "min_tail": Option(10, low=2, integer=True,
@@ -181,7 +183,8 @@ class WWDPSGD(Method):
                 c, self.clamp_hits["min"] = opts["c_min"], self.clamp_hits["min"] + 1
             elif c > opts["c_max"]:
                 c, self.clamp_hits["max"] = opts["c_max"], self.clamp_hits["max"] + 1
-            self.log_c = math.log(c)  # keep u consistent with the clamped C
+            if opts["anti_windup"]:  # u follows the clamped C; else u winds on (Algorithm 1)
+                self.log_c = math.log(c)
         self.clip_threshold = c
 
     def probe_cost(self) -> dict:
