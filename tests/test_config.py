@@ -150,3 +150,17 @@ def test_a_gpu_that_is_not_there_is_refused_when_the_parameters_are_read(tiny_ra
         done = subprocess.run([sys.executable, "-m", "dpclip.cli", "--params", str(path),
                                "partition", "--alpha", "iid"], capture_output=True, text=True)
         assert done.returncode == 2 and "train.device: 'cuda'" in done.stderr
+
+
+def test_an_invalid_section_still_names_unknown_methods_and_invents_no_layer_problem(tiny_raw):
+    """With part of train invalid, the other problems are still listed at once (an unknown
+    method with a bad learning rate), and the options of a method are not checked against a
+    model the file does not ask for (conv1 is a layer of the cnn, not of the default mlp)."""
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(train={"lr": -1, "methods": ["dp_sgd", "nope"]}))
+    joined = "\n".join(info.value.problems)
+    assert "train.lr: -1" in joined and "train.methods: 'nope' is not one of" in joined
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(train={"model": "cnn", "lr": -1},
+                              methods={"ww_dp_sgd": {"probe": "conv1"}}))
+    assert info.value.problems == ["train.lr: -1 input should be greater than 0"]

@@ -449,8 +449,8 @@ def test_the_first_screen_shows_the_matched_difference_whatever_the_gate_says():
     assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 on 2 of 2 seeds "
             "(-0.148, -0.102); the paper's difference +0.0066 (verdict: setting not "
             "reproduced)") in first
-    assert "| c | setting not reproduced | eps 8 | -0.125 [-inf, +inf] (-0.148, -0.102) | " \
-           "+0.0066 |" in first
+    assert "| c | setting not reproduced | eps 8 | accuracy | -0.125 [-inf, +inf] (-0.148, " \
+           "-0.102) | +0.0066 |" in first
 
 
 def test_the_controller_must_move_c_in_each_configuration_and_the_clamp_does_not_count():
@@ -489,3 +489,30 @@ def test_each_clamp_in_the_claims_is_the_one_its_preset_runs():
                        **((preset["params"].get("methods") or {}).get(condition["method"]) or {})}
             assert condition.get("clamp") == ([options["c_min"], options["c_max"]]
                                               if options["clamp"] else None), claim["id"]
+
+
+def test_a_contradiction_of_a_lower_is_better_claim_lies_above_the_papers_effect():
+    """ECE: the paper says WW lowers it; every seed raises it. The contradicting interval lies
+    above the paper's (negative) effect, and the report says so; the seeds to contradict
+    count from no effect when a configuration has no paper number."""
+    worse = [0.010, 0.011, 0.009, 0.012, 0.008, 0.010]
+    finding = judge(_claim("better", effect=-0.004), _table(_pair(worse, "ece")))
+    assert finding.verdict == CONTRADICTED
+    assert "lies above the paper's effect (-0.004)" in finding.reason
+    # two seeds, no paper effect: contradicted (significantly worse) is still a way to decide
+    finding = judge(_claim("better"), _table(_pair([0.010, 0.011], "ece")))
+    assert finding.rows[0]["seeds_to_contradict"] == 6 and finding.seeds_needed == 6
+
+
+def test_a_spread_claim_is_described_as_a_range_on_the_first_screen():
+    from dpclip.reporting.evidence import evidence_markdown
+
+    rows = []
+    for variant, shift in (("C1", 0.0), ("C2", 0.01)):
+        rows += [dict(r, variant=variant) for r in _rows(
+            {"ww_dp_sgd": [0.95, 0.951], "dp_sgd": [0.95 - 5 * shift, 0.951 - 4 * shift]},
+            "accuracy")]
+    finding = judge(_claim("smaller_spread", "accuracy", effect=-0.006), pd.DataFrame(rows))
+    text = evidence_markdown([finding], Path("results/presets"), "dpclip evidence")
+    assert "in range of accuracy over the variants is" in text
+    assert "| range of accuracy over the variants |" in text

@@ -209,6 +209,12 @@ def test_ww_without_anti_windup_winds_u_on_while_c_sits_on_the_clamp():
     assert seen["ours"] == pytest.approx([1.0, np.exp(0.5), np.exp(1.0)])
 
 
+def test_ww_u_winding_far_does_not_overflow():
+    ww = _ww(beta=0.0, kappa=1000.0, c_min=1.0, c_max=3.0, anti_windup=False)
+    ww.control(100.0)  # u = 1000: exp(u) would overflow; C sits on the clamp
+    assert ww.clip_threshold == 3.0 and ww.log_c == pytest.approx(1000.0)
+
+
 def test_ww_probes_only_every_k_steps_and_ignores_empty_batches():
     ww = _ww(probe_every=3)
     measured = []

@@ -29,13 +29,18 @@ def get_method(name: str) -> type[Method]:
     return REGISTRY.lookup(name)
 
 
+def unknown_names(names: list[str]) -> list[str]:
+    """A problem line for each of ``names`` (``train.methods``) that is no registered method."""
+    return [bad_value("train.methods", m, f"is not one of {available_methods()}")
+            for m in names if m not in REGISTRY]
+
+
 def read_params(raw: object, params) -> tuple[dict, list[str]]:
     """``methods.<name>`` for every registered method, each validated by the method's own
     model against the model's layers (:func:`~dpclip.methods.base.read_method_options`), and
     the problems: unregistered ``train.methods``, bad options, and each configured method's
     rules across sections (:meth:`Method.params_problems`)."""
-    problems = [bad_value("train.methods", m, f"is not one of {available_methods()}")
-                for m in params.train.methods if m not in REGISTRY]
+    problems = unknown_names(params.train.methods)
     options = read_method_options(raw, layer_names(params.train.model, params.train.hidden),
                                   problems)
     for name in params.train.methods:
@@ -47,4 +52,4 @@ def read_params(raw: object, params) -> tuple[dict, list[str]]:
 discover()
 
 __all__ = ["Method", "StepRelease", "available_methods", "discover", "get_method",
-           "read_params"]
+           "read_params", "unknown_names"]

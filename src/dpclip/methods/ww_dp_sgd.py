@@ -99,6 +99,9 @@ def spectrum(module: nn.Module) -> np.ndarray:
     return values[values > floor]
 
 
+MAX_LOG_C = 700.0  # exp overflows a float beyond about 709
+
+
 @register
 class WWDPSGD(Method):
     name = "ww_dp_sgd"
@@ -177,7 +180,7 @@ class WWDPSGD(Method):
         error = (self.zeta_hat - opts["zeta_star"]) / opts["r"]
         self.signal = max(-1.0, min(1.0, error))
         self.log_c += opts["kappa"] * self.signal
-        c = math.exp(self.log_c)
+        c = math.exp(min(self.log_c, MAX_LOG_C))  # u may wind far without anti-windup
         if opts["clamp"]:
             if c < opts["c_min"]:
                 c, self.clamp_hits["min"] = opts["c_min"], self.clamp_hits["min"] + 1

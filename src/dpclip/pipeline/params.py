@@ -45,8 +45,20 @@ def parse_params(raw: dict | None) -> Params:
     try:
         params = Params.model_validate(raw)
     except ValidationError as exc:
+        # as each section's own validators did: a family's checks of a section that is valid
+        # on its own still run (every problem at once); methods' options need the model's
+        # layers, so with an invalid schema only their names are checked
         problems += problems_of(exc)
-        params = _valid_sections(raw)  # the families' checks still run: every problem at once
+        valid = _valid_sections(raw)
+        if "data" in valid:
+            problems += sources.params_problems(valid["data"])
+        if "attack" in valid:
+            problems += attacks.params_problems(valid["attack"])
+        names = (raw.get("train") or {}).get("methods") if isinstance(raw.get("train"), dict) \
+            else None
+        if isinstance(names, list):
+            problems += methods.unknown_names([n for n in names if isinstance(n, str)])
+        raise ConfigError(list(dict.fromkeys(problems)))
     problems += sources.params_problems(params.data)
     problems += attacks.params_problems(params.attack)
     options, method_problems = methods.read_params(methods_raw, params)
@@ -56,16 +68,16 @@ def parse_params(raw: dict | None) -> Params:
     return params.model_copy(update={"methods": options})
 
 
-def _valid_sections(raw: dict) -> Params:
-    """The sections of ``raw`` that are valid on their own, the defaults for the others: what
-    the families check when the whole mapping is not valid."""
+def _valid_sections(raw: dict) -> dict:
+    """The sections of ``raw`` that are valid on their own (name -> model): what the families
+    check when the whole mapping is not valid."""
     sections = {}
     for name, field in Params.model_fields.items():
         try:
             sections[name] = field.annotation.model_validate(raw.get(name) or {})
         except (ValidationError, AttributeError):  # invalid (listed already), or no model
             pass
-    return Params(**sections)
+    return sections
 
 
 def load_params(path: str | Path = "params.yaml", overrides: dict | None = None) -> Params:

@@ -101,6 +101,8 @@ class Finding:
     worst_baseline: tuple | None = None  # (configuration, ours, the paper's) furthest below
     preconditions: list[str] = field(default_factory=list)
     ablation: list[str] = field(default_factory=list)
+    metric_text: str = ""  # what the differences are of (a range over variants, for spreads)
+    excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -261,9 +263,10 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> 
         row["seeds_to_hold"] = seeds_needed(spread, target) if target and target > 0 else None
         # contradicted: the interval at 5% / m falls below the paper's effect (-margin) when
         # the observed difference is the true one
-        bar = null if margin is not None else favourable_effect
+        bar = null if margin is not None or favourable_effect is None else \
+            max(null, favourable_effect)
         observed = sign * row["difference"]
-        gap = bar - observed if bar is not None and not math.isnan(observed) else None
+        gap = None if math.isnan(observed) else bar - observed
         row["seeds_to_contradict"] = seeds_needed(spread, gap, family=family) \
             if gap and gap > 0 else None
         counts = [n for n in (row["seeds_to_hold"], row["seeds_to_contradict"]) if n]
@@ -531,7 +534,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         reason = "; ".join(
             f"{r['label']}: the difference {r['difference']:+.3g} over {r['seeds']} seeds, "
             f"[{_number(r['contradiction_interval'][0])}, "
-            f"{_number(r['contradiction_interval'][1])}] at 5% / {len(rows)}, lies below "
+            f"{_number(r['contradiction_interval'][1])}] at 5% / {len(rows)}, lies "
+            + ("below " if sign > 0 else "above ")
             + (f"the margin (-{margin:g})" if margin is not None else
                f"the paper's effect ({r['paper_effect']:+.3g})"
                if r.get("paper_effect") is not None else "no effect")
@@ -539,8 +543,12 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     else:
         verdict = INCONCLUSIVE
         open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
-        counts = [r.get("seeds_needed") for r in open_rows]
-        needed = None if None in counts else max(counts)
+        # held needs every open configuration to hold, contradicted any one to contradict
+        to_hold = [r.get("seeds_to_hold") for r in open_rows]
+        to_contradict = [n for n in (r.get("seeds_to_contradict") for r in open_rows) if n]
+        counts = [n for n in (None if None in to_hold else max(to_hold),
+                              min(to_contradict, default=None)) if n]
+        needed = min(counts) if counts else None
         reason = ("; ".join(r["label"] for r in open_rows) + ": the interval contains both "
                   + ("a loss of the margin" if margin is not None else "no effect")
                   + " and the paper's effect")
@@ -558,7 +566,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                    + ", ".join(_label(dict(zip(by, key))) for key in excluded)
                    + " (a precondition fails there)")
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
-                   [line for _, line, _ in checked])
+                   [line for _, line, _ in checked], metric_text=metric_text,
+                   excluded=[_label(dict(zip(by, key))) for key in excluded]
+                   if not failed else [])
 
 
 def ablation_lines(claim: dict, results: Path) -> list[str]:
@@ -649,7 +659,9 @@ def first_screen(findings: list[Finding]) -> list[str]:
     held = [f for f in decided if f.verdict == HELD]
     lines = ["## What the runs show", "",
              (f"**Which method?** {len(held)} of {len(findings)} claims held: "
-              + "; ".join(f"{f.claim['id']} ({_claim_text(f)})" for f in held) + "."
+              + "; ".join(f"{f.claim['id']} ({_claim_text(f)}"
+                          + (f"; only where the mechanism acts, not in {', '.join(f.excluded)}"
+                             if f.excluded else "") + ")" for f in held) + "."
               if held else
               f"**Which method?** No claim of an advantage is held (0 of {len(findings)}): no "
               "alternative to DP-SGD has a shown advantage in our runs, so DP-SGD is the "
@@ -666,16 +678,18 @@ def first_screen(findings: list[Finding]) -> list[str]:
                   "with 6 once in 32):", ""]
         for f, r in clear[:CLEAR]:
             lines.append(f"- {f.claim['id']}, {r['label']}: {f.claim['method']} minus "
-                         f"{r['baseline']} in {f.claim['metric']} is {r['difference']:+.3g} "
+                         f"{r['baseline']} in {f.metric_text or f.claim['metric']} is "
+                         f"{r['difference']:+.3g} "
                          f"on {r['seeds']} of {r['seeds']} seeds ({_per_seed(r)})"
                          + (f"; the paper's difference {r['paper_effect']:+.3g}"
                             if r.get("paper_effect") is not None else "")
                          + f" (verdict: {f.verdict})")
-    lines += ["", "| claim | verdict | configuration | ours: method minus baseline, mean [95% "
-              "interval] (per seed) | the paper's |", "|---|---|---|---|---|"]
+    lines += ["", "| claim | verdict | configuration | of | ours: method minus baseline, mean "
+              "[95% interval] (per seed) | the paper's |", "|---|---|---|---|---|---|"]
     for f, r in compared:
         paper = "" if r.get("paper_effect") is None else f"{r['paper_effect']:+.3g}"
         lines.append(f"| {f.claim['id']} | {f.verdict} | {r['label']} | "
+                     f"{f.metric_text or f.claim['metric']} | "
                      f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
                      f" ({_per_seed(r)}) | {paper} |")
     return lines + [""]
