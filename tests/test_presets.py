@@ -171,6 +171,10 @@ def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
         10.0 * power["seeds"] + calls_made)
     saved = read_json(project / "results" / "presets" / "toy" / "preset.json")
     assert saved["power"] == power
+    # a plain run with another number of seeds drops the power record (it described those)
+    record = presets.run_preset("toy", project=project, seeds=3)
+    saved = read_json(project / "results" / "presets" / "toy" / "preset.json")
+    assert "power" not in record and "power" not in saved
 
 
 def test_params_only_writes_each_variant_as_a_project_the_flow_can_run(tmp_path, capsys):

@@ -147,7 +147,7 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     out = project / RESULTS / name
     record_path = out / "preset.json"
     record = {"name": name, "source": preset["source"], "description": preset["description"],
-              "deviations": preset["deviations"], "variants": {}, "power": None}
+              "deviations": preset["deviations"], "variants": {}}
     if record_path.is_file():  # variants run earlier keep their times; a power record is
         # rewritten by seeds_by_power alone (another number of seeds would make it stale)
         record["variants"] = read_json(record_path).get("variants", {})

@@ -282,8 +282,9 @@ def unreachable(seeds: int, configurations: int) -> str:
     to_contradict = minimum_exact_seeds(CONFIDENCE, configurations)
     if seeds < to_hold:
         return (f"; at {seeds} seeds neither {HELD} nor {CONTRADICTED} can be reached: the exact "
-                f"test needs {to_hold} seeds to reach 5%, and {to_contradict} to reach 5% / "
-                f"{configurations} (a contradiction in any of {configurations} configurations)")
+                f"test needs {to_hold} seeds to reach 5%"
+                + (f", and {to_contradict} to reach 5% / {configurations} (a contradiction in "
+                   f"any of {configurations} configurations)" if configurations > 1 else ""))
     if seeds < to_contradict:
         return (f"; {CONTRADICTED} cannot be reached at {seeds} seeds: over {configurations} "
                 f"configurations the exact test needs {to_contradict} seeds to reach 5% / "
