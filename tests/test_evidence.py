@@ -485,8 +485,8 @@ def test_each_clamp_in_the_claims_is_the_one_its_preset_runs():
             if condition["kind"] != "clip_moves":
                 continue
             preset = yaml.safe_load((PROJECT / "presets" / f"{claim['preset']}.yaml").read_text())
-            options = {**get_method(condition["method"]).default_options(),
-                       **((preset["params"].get("methods") or {}).get(condition["method"]) or {})}
+            options = get_method(condition["method"]).default_options().model_dump() | (
+                (preset["params"].get("methods") or {}).get(condition["method"]) or {})
             assert condition.get("clamp") == ([options["c_min"], options["c_max"]]
                                               if options["clamp"] else None), claim["id"]
 

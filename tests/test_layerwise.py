@@ -29,7 +29,8 @@ MODES = ("private", "public", "batch")
 def _lm(mode, names, clip=1.0, r=2.0, error_rates=None, shares=None, batch=8.0):
     options = {"weights": mode, "r": r, "sigma_w_ratio": 5.0, "w_floor": 0.01}
     method = get_method("lm_dp_sgd")(MethodContext(
-        clip, names, expected_batch=batch, options=options,
+        clip, names, expected_batch=batch,
+        options=get_method("lm_dp_sgd").parse_options(options),
         shadow_risk=shadow_risk_for(names, error_rates, shares)))
     method.bind_noise(1.0, 1.05)
     return method

@@ -156,7 +156,8 @@ def test_tail_exponent_falls_back_to_top_k_on_small_spectra():
 def _ww(**options):
     model = torch.nn.Sequential()
     model.add_module("fc1", torch.nn.Linear(40, 30))
-    ctx = MethodContext(1.0, ["fc1"], options={"probe": "fc1", **options}, model=model)
+    ctx = MethodContext(1.0, ["fc1"], options=get_method("ww_dp_sgd").parse_options(
+        {"probe": "fc1", **options}), model=model)
     return WWDPSGD(ctx)
 
 
@@ -260,7 +261,8 @@ def test_adaclip_controller_by_hand():
 
 def test_adaclip_release_is_the_centred_count_over_the_expected_batch():
     ada = get_method("adaclip")(MethodContext(1.0, ["fc1"], expected_batch=4.0,
-                                              options={"count_noise_fraction": 1e-12}))
+                                              options=get_method("adaclip").parse_options(
+                                                  {"count_noise_fraction": 1e-12})))
     norms = torch.tensor([[0.5], [0.9], [2.0]])  # two unclipped of three, B = 4
     released = ada.release_extras(norms, NoiseSources.seeded(0))
     # ((1 - .5) + (1 - .5) + (0 - .5)) / 4 + .5 = 0.625 (not 2/3: |L_t| stays private)
@@ -299,13 +301,13 @@ def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
 def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
     with pytest.warns(FutureWarning, match=r"read from methods\.dc_sgd as before"):
         params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12, "p": 0.25}}))
-    assert params.method_options("dc_sgd_p")["bins"] == 12
-    assert params.method_options("dc_sgd_p")["p"] == 0.25
-    assert params.method_options("dc_sgd_e")["bins"] == 12
-    assert "p" not in params.method_options("dc_sgd_e")  # the E rule has no quantile
+    assert params.method_options("dc_sgd_p").bins == 12
+    assert params.method_options("dc_sgd_p").p == 0.25
+    assert params.method_options("dc_sgd_e").bins == 12
+    assert "p" not in params.method_options("dc_sgd_e").model_fields  # the E rule has no quantile
     # a method's own section wins over the old shared one
     params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30}}))
-    assert params.method_options("dc_sgd_e")["bins"] == 30
+    assert params.method_options("dc_sgd_e").bins == 30
     # with every reader's own section set, the old one would be ignored: refused by name
     with pytest.raises(ConfigError, match=r"methods\.dc_sgd: \{'bins': 12\} is superseded by "
                                           r"methods\.dc_sgd_e and methods\.dc_sgd_p"):
@@ -323,8 +325,8 @@ def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
 def test_adaclip_opacus_still_reads_adaclip_s_section_when_its_own_is_absent(tiny_raw):
     with pytest.warns(FutureWarning, match=r"methods\.adaclip_opacus is absent"):
         params = parse_params(tiny_raw(methods={"adaclip": {"clip_lr": 0.2}}))
-    assert params.method_options("adaclip_opacus")["clip_lr"] == 0.2
-    assert params.method_options("adaclip")["clip_lr"] == 0.2
+    assert params.method_options("adaclip_opacus").clip_lr == 0.2
+    assert params.method_options("adaclip").clip_lr == 0.2
 
 
 def test_adaclip_moves_c_on_an_empty_batch_from_the_released_count_alone():

@@ -192,3 +192,22 @@ def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, 
     tune_module.tune(params, layout, progress=False)  # adds auto_s, rewrites tuned.json
     assert TRAIN.is_current(params, RunKey("dp_sgd", 8, "iid", 0), layout)
     assert not TRAIN.is_current(params, RunKey("auto_s", 8, "iid", 0), layout)
+
+
+def test_a_run_reads_its_tuned_values_once(tmp_path, tiny_raw, write_params, monkeypatch):
+    """One resolution of a run: training, its record and its provenance take the same values,
+    read from tuned/tuned.json once (three reads of the file, twice each, before)."""
+    import dpclip.pipeline.tuned as tuned_module
+    from dpclip.stages.train import train
+
+    base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
+    params = parse_params(tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1}, tune=TUNE))
+    reads = []
+    real = tuned_module.read_json
+    monkeypatch.setattr(tuned_module, "read_json",
+                        lambda path: reads.append(path) or real(path))
+    record = train(params, "dp_sgd", 8, "iid", 0, layout, progress=False)
+    assert reads == [layout.tuned]
+    assert record["tuned"] == read_json(layout.tuned)["runs"]["dp_sgd"]["eps8"]["values"]
+    provenance = read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "provenance.json")
+    assert provenance["inputs"]["tuned"] == record["tuned"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, StrictBool, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, Field, SerializeAsAny, StrictBool,
+                      field_validator, model_validator)
 
 from dpclip.errors import bad_value
 from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, Real, Section,
@@ -232,14 +233,22 @@ class Params(Section):
     tune: TuneParams = TuneParams()
     schedule: ScheduleParams = ScheduleParams()
     tracking: TrackingParams = TrackingParams()
-    methods: dict[str, dict] = {}  # method -> its validated options (methods.base)
+    # method -> its options, validated by the method's own model (dpclip.methods.base)
+    methods: dict[str, SerializeAsAny[BaseModel]] = {}
 
     def to_dict(self) -> dict:
         return self.model_dump()
 
-    def method_options(self, method: str) -> dict:
-        """The validated options of one method (its section of ``methods:``)."""
-        return dict(self.methods.get(method, {}))
+    def method_options(self, method: str) -> BaseModel | None:
+        """The validated options of one method (its section of ``methods:``); None when the
+        parameters were not read through :func:`dpclip.pipeline.params.parse_params` (the
+        method's defaults then apply)."""
+        return self.methods.get(method)
+
+
+def option_values(options: BaseModel | None) -> dict:
+    """A method's validated options as plain values (what records and fingerprints hold)."""
+    return {} if options is None else options.model_dump()
 
 
 def with_overrides(raw: dict, overrides: dict) -> dict:

@@ -9,13 +9,25 @@ member, so it costs no privacy (the public-data assumption).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-# the defaults of the pre-training (``sanitize``'s options of the same names)
-PUBLIC_PRETRAINING = {"public_steps": 1000, "public_patience": 5, "public_check_every": 50,
-                      "public_lr": 0.003}
+
+
+@dataclass(frozen=True)
+class PublicPretraining:
+    """How :func:`pretrain` runs; ``sanitize``'s options carry the same four names, so its
+    validated options are passed as they are."""
+
+    public_steps: int = 1000
+    public_patience: int = 5
+    public_check_every: int = 50
+    public_lr: float = 0.003
+
+
+PUBLIC_PRETRAINING = PublicPretraining()  # the defaults (train.public_init uses them)
 # held-out public records checked during the pre-training (a fixed seeded subset)
 HELD_OUT_CHECK = 2000
 
@@ -42,7 +54,7 @@ def accuracy_on(model: nn.Module, records: tuple[torch.Tensor, torch.Tensor]) ->
         return float((model(records[0]).argmax(1) == records[1]).float().mean())
 
 
-def pretrain(model: nn.Module, loss_fn, public, options: dict, batch: int,
+def pretrain(model: nn.Module, loss_fn, public, options: PublicPretraining, batch: int,
              generator: torch.Generator, device) -> dict:
     """Adam on the public train split for at most ``public_steps`` steps, in shuffled passes;
     with a public held-out split (``public.held_out``), its loss (on at most
@@ -52,9 +64,9 @@ def pretrain(model: nn.Module, loss_fn, public, options: dict, batch: int,
     x = torch.as_tensor(public[0], dtype=torch.float32, device=device)
     y = torch.as_tensor(public[1], dtype=torch.int64, device=device)
     held = held_out_check(public, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=options["public_lr"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=options.public_lr)
     best, best_state, since_best, step = math.inf, None, 0, 0
-    while step < options["public_steps"] and since_best < options["public_patience"]:
+    while step < options.public_steps and since_best < options.public_patience:
         order = torch.randperm(len(x), generator=generator).to(device)
         for k in range(math.ceil(len(x) / batch)):
             idx = order[k * batch:(k + 1) * batch]
@@ -62,7 +74,7 @@ def pretrain(model: nn.Module, loss_fn, public, options: dict, batch: int,
             loss_fn(model(x[idx]), y[idx]).mean().backward()
             optimizer.step()
             step += 1
-            if held is not None and step % options["public_check_every"] == 0:
+            if held is not None and step % options.public_check_every == 0:
                 with torch.no_grad():
                     held_loss = float(loss_fn(model(held[0]), held[1]).mean())
                 if held_loss < best:
@@ -70,7 +82,7 @@ def pretrain(model: nn.Module, loss_fn, public, options: dict, batch: int,
                     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 else:
                     since_best += 1
-            if step >= options["public_steps"] or since_best >= options["public_patience"]:
+            if step >= options.public_steps or since_best >= options.public_patience:
                 break
     if best_state is not None:
         model.load_state_dict(best_state)

@@ -221,7 +221,7 @@ def check_tuning_space(name: str, tiny_raw) -> None:
         for value in (t.low, t.high):
             tuned = with_values(params, {key: int(value) if t.integer else value})
             section, *rest = key.split(".")
-            got = tuned.method_options(name)[rest[-1]] if section == "methods" else \
+            got = getattr(tuned.method_options(name), rest[-1]) if section == "methods" else \
                 getattr(tuned.train, rest[0])
             assert got == value
 

@@ -37,12 +37,12 @@ class AdaClip(Method):
     TUNED_OPTIONS = ADACLIP_TUNED
 
     @classmethod
-    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+    def check_options(cls, values, prefix: str, layer_names: list[str]) -> list[str]:
         return check_clip_range(values, prefix)
 
     @property
     def count_std(self) -> float:
-        return self.options["count_noise_fraction"] * self.context.expected_batch
+        return self.options.count_noise_fraction * self.context.expected_batch
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         return [ExtraQuery("unclipped", 0.5, self.count_std,
@@ -67,8 +67,8 @@ class AdaClip(Method):
     def update(self, release: StepRelease) -> None:
         fraction = release.extras["unclipped_fraction"]
         opts = self.options
-        c = self.clip_threshold * math.exp(-opts["clip_lr"] * (fraction - opts["target_quantile"]))
-        self.clip_threshold = min(max(c, opts["c_min"]), opts["c_max"])
+        c = self.clip_threshold * math.exp(-opts.clip_lr * (fraction - opts.target_quantile))
+        self.clip_threshold = min(max(c, opts.c_min), opts.c_max)
         self._fraction = fraction
 
     def trace_row(self) -> dict:

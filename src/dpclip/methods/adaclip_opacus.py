@@ -34,15 +34,12 @@ class AdaClipOpacus(Method):
     OLD_SECTIONS = ("adaclip",)  # read adaclip's section once: still, when its own is absent
 
     @classmethod
-    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+    def check_options(cls, values, prefix: str, layer_names: list[str]) -> list[str]:
         return check_clip_range(values, prefix)
-
-    def _option(self, name):
-        return self.options[name]
 
     @property
     def count_std(self) -> float:
-        return self._option("count_noise_fraction") * self.context.expected_batch
+        return self.options.count_noise_fraction * self.context.expected_batch
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         # Opacus's own split: the count taken to have sensitivity 1/2 (see the module note)
@@ -60,9 +57,9 @@ class AdaClipOpacus(Method):
         wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
         dp_optimizer = AdaClipDPOptimizer(
             optimizer, noise_multiplier=self.sigma_eff,
-            target_unclipped_quantile=self._option("target_quantile"),
-            clipbound_learning_rate=self._option("clip_lr"),
-            max_clipbound=self._option("c_max"), min_clipbound=self._option("c_min"),
+            target_unclipped_quantile=self.options.target_quantile,
+            clipbound_learning_rate=self.options.clip_lr,
+            max_clipbound=self.options.c_max, min_clipbound=self.options.c_min,
             unclipped_num_std=self.count_std, max_grad_norm=self.clip_threshold,
             expected_batch_size=self.context.expected_batch, loss_reduction="mean",
             generator=noise_gen)

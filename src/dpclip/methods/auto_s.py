@@ -18,4 +18,4 @@ class AutoS(Method):
     TUNED_OPTIONS = {"gamma": Tunable(0.001, 1.0, log=True)}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        return self.clip_threshold / (total_norms(layer_norms) + self.options["gamma"])
+        return self.clip_threshold / (total_norms(layer_norms) + self.options.gamma)

@@ -109,7 +109,9 @@ class MethodContext:
     layer_names: list[str]
     n_params: int = 0
     expected_batch: float = 1.0
-    options: dict = field(default_factory=dict)
+    # the validated ``methods.<name>`` section (an instance of the method's options model);
+    # None: every option at its default
+    options: BaseModel | None = None
     model: nn.Module | None = None
     shadow_risk: dict | None = None  # the shadow stage's risk file, for methods that need it
 
@@ -146,20 +148,37 @@ class Method:
     # dpclip tune: the method's own knobs it searches, beside the learning rate and C (C_0)
     TUNED_OPTIONS: ClassVar[dict[str, Tunable]] = {}
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._options_model = None
+        cls.options_model()  # built with the class: unpickling an options instance needs it
+
     def __init__(self, context: MethodContext):
         self.context = context
-        self.options = {**self.default_options(), **context.options}
+        self.options = self.typed_options(context.options)
         self.clip_threshold = float(context.clip_norm)  # C_t, read before each step
         self.layer_names = list(context.layer_names)
         self.sigma_eff = self.sigma_train = None
 
     @classmethod
-    def model_hidden(cls, options: dict, hidden) -> list[int]:
+    def typed_options(cls, options: BaseModel | None) -> BaseModel:
+        """``options`` as validated once by :func:`read_method_options` (None: the defaults).
+        A mapping is refused: options reach a method typed, never re-merged from raw values."""
+        model = cls.options_model()
+        if options is None:
+            return model()
+        if not isinstance(options, model):
+            raise TypeError(f"{cls.name}: options must be a {model.__name__} (validated by "
+                            f"{cls.__name__}.options_model()), not {type(options).__name__}")
+        return options
+
+    @classmethod
+    def model_hidden(cls, options: BaseModel, hidden) -> list[int]:
         """The hidden widths of the model this method trains (``train.hidden`` by default)."""
         return list(hidden)
 
     @classmethod
-    def needs_public_data(cls, options: dict) -> bool:
+    def needs_public_data(cls, options: BaseModel) -> bool:
         """True: training needs the public shadow train split (e.g. to pre-train a frozen
         encoder on it)."""
         return False
@@ -180,31 +199,44 @@ class Method:
         if own is not None:
             return own
         if cls.__dict__.get("_options_model") is None:
-            cls._options_model = create_model(
+            model = create_model(
                 f"{cls.__name__}Options", __config__=ConfigDict(extra="forbid", frozen=True),
+                __module__=cls.__module__,
                 **{name: option.field() for name, option in cls.OPTIONS.items()})
+            # named where it lives, so pickle finds the same class in another process (a
+            # Dask worker of the flow): options there are still instances of the model
+            model.__qualname__ = f"{cls.__qualname__}._options_model"
+            cls._options_model = model
         return cls._options_model
 
     @classmethod
-    def default_options(cls) -> dict:
+    def default_options(cls) -> BaseModel:
         """Every option at its default (what an empty ``methods.<name>`` section gives)."""
-        return cls.options_model().model_validate({}).model_dump()
+        return cls.options_model()()
 
     @classmethod
-    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+    def parse_options(cls, section: dict | None) -> BaseModel:
+        """``section`` (a ``methods.<name>`` mapping) validated by the options model; raises
+        pydantic's ``ValidationError`` (tools and tests build a run from loose values)."""
+        return cls.options_model().model_validate(section or {})
+
+    @classmethod
+    def check_options(cls, values: BaseModel, prefix: str,
+                      layer_names: list[str]) -> list[str]:
         """Problems of the options taken together (one line each, naming ``prefix.<option>``
         and the value), beyond each option's own range; ``layer_names`` are the model's."""
         return []
 
     @classmethod
-    def params_problems(cls, options: dict, params) -> list[str]:
+    def params_problems(cls, options: BaseModel, params) -> list[str]:
         """This method's rules across sections of params.yaml: its validated ``options``
         against the rest of ``params`` (checked when ``train.methods`` names it), one line each
         naming the key; none by default."""
         return []
 
     @classmethod
-    def tuning_space(cls, options: dict, lr: Tunable, clip_norm: Tunable) -> dict[str, Tunable]:
+    def tuning_space(cls, options: BaseModel, lr: Tunable,
+                     clip_norm: Tunable) -> dict[str, Tunable]:
         """What ``dpclip tune`` searches for this method, by dotted params.yaml key: the
         learning rate ``train.lr`` (range ``lr``), C (or C_0) ``train.clip_norm`` for a private
         method (range ``clip_norm``), and ``methods.<name>.<option>`` for each of
@@ -335,7 +367,7 @@ def read_method_options(raw: object, layer_names: list[str], problems: list[str]
                          for k, v in retired.items()]
             section = {k: v for k, v in section.items() if k not in retired}
         try:
-            values = cls.options_model().model_validate(section or {}).model_dump()
+            values = cls.parse_options(section)
         except ValidationError as exc:
             problems += problems_of(exc, ("methods", key))
             continue

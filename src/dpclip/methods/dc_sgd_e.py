@@ -19,5 +19,5 @@ class DCSGDError(DynamicClipping):
     name = "dc_sgd_e"
 
     def next_threshold(self, noisy_counts):
-        return error_threshold(noisy_counts, self.options["b_max"], self.sigma_train,
+        return error_threshold(noisy_counts, self.options.b_max, self.sigma_train,
                                self.context.n_params, self.context.expected_batch)

@@ -33,4 +33,4 @@ class DCSGDPercentile(DynamicClipping):
     TUNED_OPTIONS = {**DynamicClipping.TUNED_OPTIONS, "p": Tunable(0.1, 0.9)}
 
     def next_threshold(self, noisy_counts):
-        return percentile_threshold(noisy_counts, self.options["b_max"], self.options["p"])
+        return percentile_threshold(noisy_counts, self.options.b_max, self.options.p)

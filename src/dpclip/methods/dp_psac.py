@@ -21,5 +21,5 @@ class DPPSAC(Method):
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         norms = total_norms(layer_norms)
-        r = self.options["r"]
+        r = self.options.r
         return self.clip_threshold / (norms + r / (norms + r))

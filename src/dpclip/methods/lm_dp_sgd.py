@@ -97,8 +97,8 @@ class LMDPSGD(Method):
                               f"{self.layer_names}")
         self.error_rates = [float(risk["layers"][n]["error_rate"]) for n in self.layer_names]
         self.public_shares = [float(risk["layers"][n]["norm_share"]) for n in self.layer_names]
-        self._risk = risk_factors(self.error_rates, self.options["r"])
-        self.source = self.options["weights"]
+        self._risk = risk_factors(self.error_rates, self.options.r)
+        self.source = self.options.weights
         self.dp_guarantee = self.source != "batch"
         self._set_weights(self.public_shares)
 
@@ -127,7 +127,7 @@ class LMDPSGD(Method):
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
         if self.source != "private":
             return []
-        return [ExtraQuery("layer_shares", 1.0, self.options["sigma_w_ratio"] * sigma_eff,
+        return [ExtraQuery("layer_shares", 1.0, self.options.sigma_w_ratio * sigma_eff,
                            option="methods.lm_dp_sgd.sigma_w_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
@@ -144,13 +144,13 @@ class LMDPSGD(Method):
             return {}
         totals = self.total_norms(layer_norms)
         shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).sum(dim=0)
-        shares += torch.normal(0.0, self.options["sigma_w_ratio"] * self.sigma_eff,
+        shares += torch.normal(0.0, self.options.sigma_w_ratio * self.sigma_eff,
                                size=shares.shape, generator=rng.noise, device=shares.device)
         return {"layer_shares": shares.tolist()}
 
     def update(self, release: StepRelease) -> None:
         if self.source == "private":
-            batch, floor = self.context.expected_batch, self.options["w_floor"]
+            batch, floor = self.context.expected_batch, self.options.w_floor
             self._set_weights([max(v / batch, floor) for v in release.extras["layer_shares"]])
 
     @classmethod

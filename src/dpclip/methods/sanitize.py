@@ -237,15 +237,15 @@ class Sanitize(Method):
         "t": Option(0.05, low=0.0, low_open=True, help="the constant t of the adaptive C"),
         "encoder": Option("frozen", choices=ENCODER_MODES,
                           help="frozen (trained on public data; sound) | joint (literal)"),
-        "public_steps": Option(PUBLIC_PRETRAINING["public_steps"], low=1, integer=True,
+        "public_steps": Option(PUBLIC_PRETRAINING.public_steps, low=1, integer=True,
                                help="frozen: most Adam steps of the public pre-training"),
-        "public_patience": Option(PUBLIC_PRETRAINING["public_patience"], low=1, integer=True,
+        "public_patience": Option(PUBLIC_PRETRAINING.public_patience, low=1, integer=True,
                                   help="frozen: held-out checks without improvement before "
                                        "the pre-training stops (the best weights are kept)"),
-        "public_check_every": Option(PUBLIC_PRETRAINING["public_check_every"], low=1,
+        "public_check_every": Option(PUBLIC_PRETRAINING.public_check_every, low=1,
                                      integer=True,
                                      help="frozen: steps between held-out public checks"),
-        "public_lr": Option(PUBLIC_PRETRAINING["public_lr"], low=0.0, low_open=True,
+        "public_lr": Option(PUBLIC_PRETRAINING.public_lr, low=0.0, low_open=True,
                             help="frozen: Adam learning rate of the public pre-training"),
         "head_fit": Option("class_means", choices=HEAD_FITS,
                            help="frozen: class_means (nearest class mean of the sanitized "
@@ -275,8 +275,8 @@ class Sanitize(Method):
     def params_problems(cls, options, params):
         """keep_public_head scores heads on the public holdout split, which only says anything
         of the private task when the public split is of the same dataset."""
-        if (params.data.shadow_dataset and options["encoder"] == "frozen"
-                and options["keep_public_head"]):
+        if (params.data.shadow_dataset and options.encoder == "frozen"
+                and options.keep_public_head):
             return [bad_value(f"methods.{cls.name}.keep_public_head", True,
                               f"would choose the head on another dataset's task "
                               f"(data.shadow_dataset: {params.data.shadow_dataset}): set it "
@@ -288,39 +288,38 @@ class Sanitize(Method):
         """The width n and the activation clip C; not train.lr nor train.clip_norm, which this
         method's run never reads. The head's learning rate when a head is trained by SGD."""
         space = {f"methods.{cls.name}.{name}": t for name, t in cls.TUNED_OPTIONS.items()}
-        if options["head_fit"] == "sgd" or options["encoder"] == "joint":
+        if options.head_fit == "sgd" or options.encoder == "joint":
             space[f"methods.{cls.name}.head_lr"] = Tunable(lr.low / 100, lr.high / 100,
                                                            log=True)
         return space
 
     def __init__(self, context):
         super().__init__(context)
-        self.clip_threshold = float(self.options["clip"])
+        self.clip_threshold = float(self.options.clip)
         # joint: the encoder sees raw private features; paper accounting: amplification that
         # shuffled batches do not give. Either way the epsilon is not one the run gives.
-        self.dp_guarantee = (self.options["encoder"] == "frozen"
-                             and self.options["accounting"] == "releases")
-        if self.options["accounting"] == "paper":  # the notion the paper's accounting claims
+        self.dp_guarantee = (self.options.encoder == "frozen"
+                             and self.options.accounting == "releases")
+        if self.options.accounting == "paper":  # the notion the paper's accounting claims
             self.adjacency = "add_remove"
 
     def data_use(self) -> dict[str, str]:
         encoder = ("the public shadow_train split (pre-trained without noise, stopped on the "
                    "public shadow_holdout split, then frozen)"
-                   if self.options["encoder"] == "frozen" else
+                   if self.options.encoder == "frozen" else
                    "members' raw features without noise (joint mode: no DP for the encoder)")
         clip = ("the sanitization layer's released weights (post-processing)"
-                if self.options["adaptive"] else "nothing: C is constant")
-        fit = ("class means of " if self.options["encoder"] == "frozen" and
-               self.options["head_fit"] == "class_means" else "")
+                if self.options.adaptive else "nothing: C is constant")
+        fit = ("class means of " if self.options.encoder == "frozen" and
+               self.options.head_fit == "class_means" else "")
         return {"encoder": encoder,
                 "head": f"{fit}members' sanitized activations (clipped, masked, noised per "
                         f"record) and their labels in the clear (public by the threat model)",
                 "clip_threshold": clip}
 
     @classmethod
-    def model_hidden(cls, options: dict, hidden) -> list[int]:
-        return funnel_widths(int({**cls.default_options(),
-                                  **options}["n"]))
+    def model_hidden(cls, options, hidden) -> list[int]:
+        return funnel_widths(int(options.n))
 
     @classmethod
     def rebuild_for_evaluation(cls, model, architecture: dict):
@@ -329,5 +328,5 @@ class Sanitize(Method):
         return with_sanitizer(model, sanitizer["after"], SanitizationLayer(sanitizer["clip"]))
 
     @classmethod
-    def needs_public_data(cls, options: dict) -> bool:
-        return {**cls.default_options(), **options}["encoder"] == "frozen"
+    def needs_public_data(cls, options) -> bool:
+        return options.encoder == "frozen"

@@ -131,12 +131,12 @@ class WWDPSGD(Method):
                     "ww_clamp_hits_max")
 
     @classmethod
-    def check_options(cls, values: dict, prefix: str, layer_names: list[str]) -> list[str]:
+    def check_options(cls, values, prefix: str, layer_names: list[str]) -> list[str]:
         problems = []
-        if values["c_min"] >= values["c_max"]:
-            problems.append(f"{prefix}.c_min: {values['c_min']!r} must be below "
-                            f"{prefix}.c_max ({values['c_max']!r})")
-        for name in probe_layers(values["probe"]):
+        if values.c_min >= values.c_max:
+            problems.append(f"{prefix}.c_min: {values.c_min!r} must be below "
+                            f"{prefix}.c_max ({values.c_max!r})")
+        for name in probe_layers(values.probe):
             if name not in layer_names:
                 problems.append(f"{prefix}.probe: {name!r} is not a layer of the model "
                                 f"(layers: {layer_names})")
@@ -146,9 +146,9 @@ class WWDPSGD(Method):
         super().__init__(context)
         opts = self.options
         modules = dict(context.model.named_modules()) if context.model is not None else {}
-        self.probes = [modules[name] for name in probe_layers(opts["probe"]) if name in modules]
+        self.probes = [modules[name] for name in probe_layers(opts.probe) if name in modules]
         self.log_c = math.log(self.clip_threshold)
-        self.zeta_hat = opts["zeta_star"]
+        self.zeta_hat = opts.zeta_star
         self.zeta = math.nan
         self.signal = 0.0
         self.clamp_hits = {"min": 0, "max": 0}
@@ -159,7 +159,7 @@ class WWDPSGD(Method):
         return clip_factors(layer_norms, self.clip_threshold)
 
     def update(self, release: StepRelease) -> None:
-        self._probed = release.step % self.options["probe_every"] == 0
+        self._probed = release.step % self.options.probe_every == 0
         if self._probed:
             tic = time.perf_counter()
             self.control(self.measure())
@@ -168,7 +168,7 @@ class WWDPSGD(Method):
     def measure(self) -> float:
         """zeta of the probe layers now (median over several)."""
         opts = self.options
-        return float(np.median([tail_exponent(spectrum(m), opts["min_tail"], opts["top_k"])
+        return float(np.median([tail_exponent(spectrum(m), opts.min_tail, opts.top_k)
                                 for m in self.probes]))
 
     def control(self, zeta: float) -> None:
@@ -176,22 +176,22 @@ class WWDPSGD(Method):
         opts = self.options
         self.zeta = zeta
         if math.isfinite(zeta):
-            self.zeta_hat = opts["beta"] * self.zeta_hat + (1 - opts["beta"]) * zeta
-        error = (self.zeta_hat - opts["zeta_star"]) / opts["r"]
+            self.zeta_hat = opts.beta * self.zeta_hat + (1 - opts.beta) * zeta
+        error = (self.zeta_hat - opts.zeta_star) / opts.r
         self.signal = max(-1.0, min(1.0, error))
-        self.log_c += opts["kappa"] * self.signal
+        self.log_c += opts.kappa * self.signal
         c = math.exp(min(self.log_c, MAX_LOG_C))  # u may wind far without anti-windup
-        if opts["clamp"]:
-            if c < opts["c_min"]:
-                c, self.clamp_hits["min"] = opts["c_min"], self.clamp_hits["min"] + 1
-            elif c > opts["c_max"]:
-                c, self.clamp_hits["max"] = opts["c_max"], self.clamp_hits["max"] + 1
-            if opts["anti_windup"]:  # u follows the clamped C; else u winds on (Algorithm 1)
+        if opts.clamp:
+            if c < opts.c_min:
+                c, self.clamp_hits["min"] = opts.c_min, self.clamp_hits["min"] + 1
+            elif c > opts.c_max:
+                c, self.clamp_hits["max"] = opts.c_max, self.clamp_hits["max"] + 1
+            if opts.anti_windup:  # u follows the clamped C; else u winds on (Algorithm 1)
                 self.log_c = math.log(c)
         self.clip_threshold = c
 
     def probe_cost(self) -> dict:
-        return {"every": self.options["probe_every"], "seconds": self.probe_seconds}
+        return {"every": self.options.probe_every, "seconds": self.probe_seconds}
 
     def trace_row(self) -> dict:
         return {"ww_zeta": self.zeta if self._probed else math.nan, "ww_zeta_ema": self.zeta_hat,

@@ -1,6 +1,9 @@
-"""What one run trains from: its members, the data's shape, its configuration (with the values
-``dpclip tune`` chose) and the public data it needs; read by the train stage and by the stages
-that train the run's configuration again (audit, reference, tune) and the benchmark."""
+"""What one run trains from, resolved once: its members, the data's shape, its configuration
+(with the values ``dpclip tune`` chose) and the public data it needs. The train stage, the
+stages that train the run's configuration again (audit, reference) and provenance all take
+this one resolution (:func:`run_inputs`); ``tuned/tuned.json`` is read once per run. The
+training library (:mod:`dpclip.train`) gets only the :class:`~dpclip.train.TrainConfig` and
+arrays, and reads no file."""
 
 from __future__ import annotations
 
@@ -16,20 +19,24 @@ from dpclip.methods import get_method
 from dpclip.models import layer_names
 from dpclip.naming import RunKey
 from dpclip.train import PublicData, TrainConfig
-from dpclip.pipeline.tuned import tuned_params
+from dpclip.pipeline.tuned import tuned_values, with_values
+
 
 def train_config(params: Params, method: str, epsilon, seed: int,
-                 layout: Layout | None = None, tuned: bool = True) -> TrainConfig:
-    """The loop's configuration of one run, with the values ``dpclip tune`` chose for it when
-    tuning is on and ``tuned`` (:mod:`dpclip.pipeline.tuned`). A method that needs the shadow stage's
-    risks gets them from ``layout``, checked against the model first."""
-    if tuned:
-        params = tuned_params(params, layout or Layout(), method, epsilon)
+                 layout: Layout | None = None, tuned: bool | dict | None = True) -> TrainConfig:
+    """The loop's configuration of one run. ``tuned``: True reads the values ``dpclip tune``
+    chose for it when tuning is on (:mod:`dpclip.pipeline.tuned`); a mapping is those values
+    already read (None or False: params.yaml's). A method that needs the shadow stage's risks
+    gets them from ``layout``, checked against the model first."""
+    layout = layout or Layout()
+    values = tuned_values(params, layout, method, epsilon) if tuned is True else tuned or None
+    if values:
+        params = with_values(params, values)
     t = params.train
     risk = None
     if get_method(method).needs_shadow_risk:
-        meta = read_json((layout or Layout()).prepared_meta)
-        risk = load_risk(layout or Layout(), params, meta, layer_names(t.model, t.hidden))
+        risk = load_risk(layout, params, read_json(layout.prepared_meta),
+                         layer_names(t.model, t.hidden))
     target = float(epsilon) if get_method(method).private else None
     return TrainConfig(method, target, int(seed), t, params.privacy,
                        params.method_options(method), risk)
@@ -52,6 +59,7 @@ class RunInputs:
     meta: dict
     cfg: TrainConfig
     public: PublicData | None
+    tuned: dict | None = None  # the values dpclip tune chose (None: params.yaml's)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,17 +71,21 @@ class RunInputs:
 
 
 def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
+    """The run resolved once: its tuned values (read here, the one read of the run), its
+    configuration with them set, its members and the public data it needs."""
     x, y, _ = load_split(layout, "target_train")
     members = load_partition(layout, key.alpha)["positions"]
-    cfg = train_config(params, key.method, key.epsilon, key.seed, layout)
+    tuned = tuned_values(params, layout, key.method, key.epsilon)
+    cfg = train_config(params, key.method, key.epsilon, key.seed, layout, tuned=tuned)
     return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
-                     load_public(layout) if needs_public(cfg) else None)
+                     load_public(layout) if needs_public(cfg) else None, tuned)
 
 
 def needs_public(cfg: TrainConfig) -> bool:
     """Whether the run reads public data: a method's own use (a public pre-training) or early
     stopping's watched series."""
-    return get_method(cfg.method).needs_public_data(cfg.method_options) or \
+    method = get_method(cfg.method)
+    return method.needs_public_data(method.typed_options(cfg.method_options)) or \
         cfg.train.early_stopping.rule != "none" or cfg.train.public_init
 
 

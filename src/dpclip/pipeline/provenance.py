@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from dpclip.attacks import get_attack
 from dpclip.code_closure import PACKAGE, closure_files, package_modules
+from dpclip.config import option_values
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_json
 from dpclip.layout import Layout
@@ -39,6 +40,9 @@ def _lookup(tree: dict, dotted: str):
     for part in dotted.split("."):
         tree = tree[part]
     return tree
+
+
+READ = object()  # RunStage.inputs: read the run's tuned values (none were given)
 
 
 @dataclass(frozen=True)
@@ -81,15 +85,16 @@ class RunStage:
                       for m in modules if m not in inside})
         return files
 
-    def inputs(self, params, key, layout: Layout) -> dict:
+    def inputs(self, params, key, layout: Layout, tuned=READ) -> dict:
         """The run's inputs: parameter values and file hashes (``key``: a
-        :class:`~dpclip.naming.RunKey`)."""
+        :class:`~dpclip.naming.RunKey`). ``tuned``: the run's tuned values when the caller has
+        resolved the run already (:func:`dpclip.pipeline.inputs.run_inputs`); read otherwise."""
         tree = params.to_dict()
         values = {k: _lookup(tree, k) for k in self.params}
         if "train.threads" in values:  # results depend on the count, not on the setting
             values["train.threads"] = thread_count(values["train.threads"])
         if self.reads_method_options:
-            values[f"methods.{key.method}"] = params.method_options(key.method)
+            values[f"methods.{key.method}"] = option_values(params.method_options(key.method))
         files = {label: file_hash(path)
                  for label, path in self.code_files(key.method, params).items()}
         files.update({label: file_hash(path) for label, path in self.data(layout, key).items()})
@@ -97,7 +102,8 @@ class RunStage:
                "seed": key.seed}
         inputs = {"run": run, "params": values, "files": files}
         if self.reads_tuned_values:  # the run's own entry of tuned/tuned.json (dpclip.pipeline.tuned):
-            inputs["tuned"] = tuned_values(params, layout, key.method, key.epsilon)
+            inputs["tuned"] = tuned_values(params, layout, key.method, key.epsilon) \
+                if tuned is READ else tuned
         # JSON round trip: the values compare equal to what a provenance file holds
         return json.loads(json.dumps(inputs, default=str))
 

@@ -1,5 +1,5 @@
 """The tuned-params file ``tuned/tuned.json``: what ``dpclip tune`` chose for each (method,
-target epsilon), and how a run's parameters take it (:func:`tuned_params`).
+target epsilon) (:func:`tuned_values`), and how a run's parameters take them (:func:`with_values`).
 
 The search itself is :mod:`dpclip.stages.tune`. This module is what the train, audit and
 reference stages read, so it imports no training code. With ``tune.trials: 0`` nothing is read
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from dpclip.config import Params, with_overrides
+from dpclip.config import Params, option_values, with_overrides
 from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
 from dpclip.io import read_json
@@ -44,7 +44,7 @@ def fingerprint(params: Params, method: str) -> str:
     privacy settings, the method's options and the ``tune`` section."""
     basis = {"train": params.train.model_dump(exclude=UNTUNED_TRAIN_KEYS),
              "privacy": params.privacy.model_dump(exclude={"target_epsilons"}),
-             "tune": params.tune.model_dump(), "method": params.method_options(method)}
+             "tune": params.tune.model_dump(), "method": option_values(params.method_options(method))}
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -58,7 +58,8 @@ def tuned_values(params: Params, layout: Layout, method: str, epsilon) -> dict |
     if not path.is_file():
         raise DpclipError(f"{path} is missing but tune.trials is {params.tune.trials}: run "
                           f"`dpclip tune` first (or set tune.trials: 0)")
-    entry = read_json(path).get("runs", {}).get(method, {}).get(epsilon_tag(epsilon))
+    record = read_json(path)
+    entry = record.get("runs", {}).get(method, {}).get(epsilon_tag(epsilon))
     if entry is None:
         raise DpclipError(f"{path} has no tuned values for {method} at "
                           f"{epsilon_tag(epsilon)}: run `dpclip tune` again")
@@ -66,17 +67,10 @@ def tuned_values(params: Params, layout: Layout, method: str, epsilon) -> dict |
         raise DpclipError(f"{path}: the values for {method} at {epsilon_tag(epsilon)} were "
                           f"searched under other train, privacy, tune or methods.{method} "
                           f"parameters: run `dpclip tune` again")
-    searched_on = (read_json(path).get("inputs") or {}).get("files", {})
+    searched_on = (record.get("inputs") or {}).get("files", {})
     for label, current in (("data/prepared", layout.prepared),
                            ("shadow/risk.json", layout.shadow_risk)):
         if label in searched_on and searched_on[label] != file_hash(current):
             raise DpclipError(f"{path}: the values were searched on another {label} than the "
                               f"one there now: run `dpclip tune` again")
     return dict(entry["values"])
-
-
-def tuned_params(params: Params, layout: Layout, method: str, epsilon) -> Params:
-    """The parameters one run trains with: ``params`` with its tuned values set (unchanged when
-    tuning is off)."""
-    values = tuned_values(params, layout, method, epsilon)
-    return params if values is None else with_values(params, values)

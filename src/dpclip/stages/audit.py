@@ -36,7 +36,7 @@ from dpclip.pipeline.provenance import AUDIT
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import build_run
-from dpclip.pipeline.inputs import run_inputs
+from dpclip.pipeline.inputs import RunInputs, run_inputs
 
 KINDS = ("whitebox", "blackbox")
 
@@ -61,10 +61,13 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
           ) -> dict:
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
-    inputs = AUDIT.inputs(params, key, layout)
-    use_threads(params.train.threads)
     a = params.audit
     reason = why_not_audited(params, method)
+    # what the run's training reads, resolved once for every kind and the provenance
+    data = run_inputs(params, key, layout) if reason is None and a.kinds else None
+    inputs = AUDIT.inputs(params, key, layout,
+                          **({} if data is None else {"tuned": data.tuned}))
+    use_threads(params.train.threads)
     results = {}
     for kind in KINDS:
         if kind not in a.kinds:
@@ -72,15 +75,15 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         elif reason is not None:
             results[kind] = not_applicable(kind, reason)
         else:
-            results[kind] = _audit_kind(params, key, kind, layout)
+            results[kind] = _audit_kind(params, key, kind, layout, data)
     write_json(layout.audit(run), results)
     AUDIT.record(layout, key, inputs)
     return results
 
 
-def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout) -> dict:
+def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout,
+                data: RunInputs) -> dict:
     a = params.audit
-    data = run_inputs(params, key, layout)  # what the run's training reads
     seed = canary_seed(params, key.name, kind)
     name = f"{key.name} ({kind} audit)"
     confidence = kind_confidence(params)

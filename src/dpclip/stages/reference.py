@@ -106,10 +106,10 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
               layout: Layout = Layout()) -> dict:
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
-    inputs = REFERENCE.inputs(params, key, layout)
+    data = run_inputs(params, key, layout)  # the run's members, configuration, public data
+    inputs = REFERENCE.inputs(params, key, layout, tuned=data.tuned)
     use_threads(params.train.threads)
     a = params.attack
-    data = run_inputs(params, key, layout)  # the run's members, configuration, public data
     x_out, y_out, _ = load_split(layout, "target_holdout")
     n_m, n_h = len(data.x), len(x_out)
     # the target's plan: q = B / n and its T steps (train_model plans the target alike)

@@ -30,16 +30,16 @@ from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.pipeline.inputs import checkpoint_of, run_inputs
-from dpclip.pipeline.tuned import tuned_values
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
           progress: bool = True) -> dict:
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
-    inputs = TRAIN.inputs(params, key, layout)  # before training: what this run was made from
+    data = run_inputs(params, key, layout)  # the run resolved once (tuned values included)
+    # before training: what this run was made from
+    inputs = TRAIN.inputs(params, key, layout, tuned=data.tuned)
     threads = use_threads(params.train.threads)
-    data = run_inputs(params, key, layout)
     meta, cfg = data.meta, data.cfg
     result = train_model(data.x, data.y, data.shape, data.n_classes, cfg, progress=progress,
                          desc=run, checkpoint_path=layout.checkpoint(run),
@@ -53,7 +53,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         "privacy": result.privacy, "training": result.training, "device": result.time["device"],
         "weights_sha256": weights_sha256(checkpoint["state_dict"]),
         "n_members": int(len(data.x)), "threads": threads, "numerics": kernels_in_use(),
-        "tuned": tuned_values(params, layout, method, epsilon),  # None: params.yaml's values
+        "tuned": data.tuned,  # None: params.yaml's values
     }
     result.privacy["data_use"] = data_use(result.privacy.get("data_use", {}), cfg, meta,
                                           len(data.x), alpha, tuned=record["tuned"] is not None)

@@ -143,8 +143,8 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tune = params.tune
     cls = get_method(method)
-    space = cls.tuning_space(params.method_options(method), Tunable(*tune.lr, log=True),
-                             Tunable(*tune.clip_norm, log=True))
+    space = cls.tuning_space(cls.typed_options(params.method_options(method)),
+                             Tunable(*tune.lr, log=True), Tunable(*tune.clip_norm, log=True))
     defaults = {key: _current(params, key) for key in space}
     sampler = optuna.samplers.TPESampler(seed=tune.seed,
                                          n_startup_trials=min(10, max(2, tune.trials // 2)))

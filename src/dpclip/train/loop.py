@@ -41,18 +41,19 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
-    hidden = method_cls.model_hidden(dict(cfg.method_options), cfg.train.hidden)
+    options = method_cls.typed_options(cfg.method_options)
+    hidden = method_cls.model_hidden(options, cfg.train.hidden)
     model = build_model(cfg.train.model, feature_shape, n_classes, hidden).to(device)
     # a method that pre-trains on public data itself (sanitize's frozen encoder) is not
     # pre-trained twice: both then have the same public pre-training
-    own = method_cls.needs_public_data(dict(cfg.method_options))
+    own = method_cls.needs_public_data(options)
     public_fit = _public_init(model, cfg, public, device) \
         if cfg.train.public_init and not own else {}
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size,
                                                  cfg.train.epochs, cfg.sample_rate)
     groups = LayerGroups.of(model)
     method = method_cls(MethodContext(cfg.train.clip_norm, groups.names, count_parameters(model),
-                                      q * n_records, dict(cfg.method_options), model,
+                                      q * n_records, options, model,
                                       cfg.shadow_risk))
     loss_fn = nn.CrossEntropyLoss(reduction="none")
     run = run_class(method_cls.run_kind)(RunSetup(

@@ -8,10 +8,12 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 from torch import nn
 
-from dpclip.config import PrivacyParams, TrainParams
+from dpclip.config import PrivacyParams, TrainParams, option_values
 from dpclip.errors import DpclipError
+from dpclip.methods import get_method
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,8 @@ class TrainConfig:
     seed: int
     train: TrainParams
     privacy: PrivacyParams
-    method_options: dict = field(default_factory=dict)  # params.yaml methods.<method>
+    # params.yaml methods.<method>, validated by the method's options model (None: defaults)
+    method_options: BaseModel | None = None
     shadow_risk: dict | None = None  # the shadow stage's risk record, for methods that need it
     # the Poisson rate q when it is not train.batch_size / n: a reference model trained with
     # another run's q (so its steps and noise match that run's) on a set of another size
@@ -32,17 +35,19 @@ class TrainConfig:
 
     @classmethod
     def of(cls, method: str, target_epsilon: float | None, seed: int = 0, *,
-           method_options: dict | None = None, shadow_risk: dict | None = None,
+           method_options: dict | BaseModel | None = None, shadow_risk: dict | None = None,
            **fields) -> "TrainConfig":
         """A run from loose ``train.*`` and ``privacy.*`` fields (validated like
-        params.yaml; tools and tests use it)."""
+        params.yaml, the method's options by its options model; tools and tests use it)."""
         train = {k: v for k, v in fields.items() if k in TrainParams.model_fields}
         privacy = {k: v for k, v in fields.items() if k in PrivacyParams.model_fields}
         unknown = set(fields) - set(train) - set(privacy)
         if unknown:
             raise TypeError(f"not train.* or privacy.* fields: {sorted(unknown)}")
         return cls(method, target_epsilon, seed, TrainParams.model_validate(train),
-                   PrivacyParams.model_validate(privacy), dict(method_options or {}),
+                   PrivacyParams.model_validate(privacy),
+                   method_options if isinstance(method_options, BaseModel) or method_options is None
+                   else get_method(method).parse_options(method_options),
                    shadow_risk)
 
     def identity(self) -> dict:
@@ -51,7 +56,7 @@ class TrainConfig:
         belongs to (train.methods, train.seeds, privacy.target_epsilons) nor how often it is
         checkpointed, so growing the matrix keeps a crashed run's checkpoint usable."""
         identity = {"method": self.method, "target_epsilon": self.target_epsilon,
-                    "seed": self.seed, "method_options": self.method_options,
+                    "seed": self.seed, "method_options": option_values(self.method_options),
                     "shadow_risk": self.shadow_risk,
                     "train": self.train.model_dump(exclude={"methods", "seeds",
                                                             "checkpoint_every"}),

@@ -18,11 +18,11 @@ ADACLIP_OPTIONS = {
     "c_max": Option(100.0, low=0.0, low_open=True),
 }
 
-def check_clip_range(values: dict, prefix: str) -> list[str]:
+def check_clip_range(values, prefix: str) -> list[str]:
     """c_min must lie below c_max."""
-    if values["c_min"] >= values["c_max"]:
-        return [f"{prefix}.c_min: {values['c_min']!r} must be below {prefix}.c_max "
-                f"({values['c_max']!r})"]
+    if values.c_min >= values.c_max:
+        return [f"{prefix}.c_min: {values.c_min!r} must be below {prefix}.c_max "
+                f"({values.c_max!r})"]
     return []
 
 # dpclip tune: the quantile and the controller's step (train.clip_norm is C_0)

@@ -83,7 +83,7 @@ class DynamicClipping(Method):
         self._hist_row: dict = {}
 
     def extra_queries(self, sigma_eff: float) -> list[ExtraQuery]:
-        return [ExtraQuery("hist", 1.0, self.options["sigma_h_ratio"] * sigma_eff,
+        return [ExtraQuery("hist", 1.0, self.options.sigma_h_ratio * sigma_eff,
                            option=f"methods.{self.name}.sigma_h_ratio")]
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
@@ -91,11 +91,11 @@ class DynamicClipping(Method):
 
     def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
         """max(c_k + N(0, sigma_H^2), 0) for the counts c_k of ``norm_histogram``'s bins."""
-        bins = self.options["bins"]
-        std = self.options["sigma_h_ratio"] * self.sigma_eff
+        bins = self.options.bins
+        std = self.options.sigma_h_ratio * self.sigma_eff
         noisy = torch.normal(0.0, std, size=(bins,), dtype=torch.float64,
                              generator=rng.extras).numpy()
-        noisy += norm_histogram(self.total_norms(layer_norms), bins, self.options["b_max"])
+        noisy += norm_histogram(self.total_norms(layer_norms), bins, self.options.b_max)
         return {"hist": np.maximum(noisy, 0.0, out=noisy)}
 
     def update(self, release: StepRelease) -> None:
@@ -104,7 +104,7 @@ class DynamicClipping(Method):
         if new is not None:
             self.clip_threshold = new
         self._hist_row = {}
-        if release.step % self.options["hist_every"] == 0:
+        if release.step % self.options.hist_every == 0:
             self._hist_row = {"noisy_histogram": ";".join(f"{c:.2f}" for c in noisy.tolist())}
 
     def next_threshold(self, noisy_counts: torch.Tensor) -> float | None:

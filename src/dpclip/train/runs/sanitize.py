@@ -36,18 +36,18 @@ class SanitizeRun(Run):
     def __init__(self, setup: RunSetup):
         method, n_records = setup.method, setup.n_records
         opts = method.options
-        cfg = setup.cfg.with_train(epochs=opts["epochs"],  # the method's own epochs and batch
-                                   batch_size=opts["batch_size"] or setup.cfg.train.batch_size)
+        cfg = setup.cfg.with_train(epochs=opts.epochs,  # the method's own epochs and batch
+                                   batch_size=opts.batch_size or setup.cfg.train.batch_size)
         batch = min(cfg.train.batch_size, n_records)
         steps_per_epoch = math.ceil(n_records / batch)
         # the paper's accounting: one Poisson-subsampled use per step (not what the run gives)
-        paper = opts["accounting"] == "paper"
+        paper = opts.accounting == "paper"
         self.sample_rate = batch / n_records if paper else 1.0
         self.uses_per_epoch = steps_per_epoch if paper else 1
         self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.privacy.delta,
                                               cfg.train.epochs * self.uses_per_epoch,
                                               cfg.privacy.epsilon_tolerance, self.sample_rate)
-        self.sanitizer = SanitizationLayer(method.clip_threshold, opts["drop_p"], self.sigma)
+        self.sanitizer = SanitizationLayer(method.clip_threshold, opts.drop_p, self.sigma)
         self.after = f"act{len(setup.hidden)}"  # the n-wide layer's ReLU
         self.san_layer = f"fc{len(setup.hidden)}"
         model = with_sanitizer(setup.model, self.after, self.sanitizer)
@@ -61,7 +61,7 @@ class SanitizeRun(Run):
         self.class_means: ClassMeans | None = None  # head_fit class_means (frozen encoder)
         self.encoded: torch.Tensor | None = None  # the frozen encoder's output, per record
         self.public_check = None  # frozen: public holdout records that choose the head
-        if opts["encoder"] == "frozen":
+        if opts.encoder == "frozen":
             tic = time.perf_counter()
             self._pretrain_and_freeze(setup.public)
             self.public_pretrain_s = round(time.perf_counter() - tic, 4)
@@ -75,8 +75,8 @@ class SanitizeRun(Run):
     def _private_cfg(self):
         """train.* with the method's learning rate (and optimizer, unless ``train``) for the
         layers trained on private data."""
-        optimizer = self.method.options["optimizer"]
-        return self.cfg.with_train(lr=self.method.options["head_lr"], **(
+        optimizer = self.method.options.optimizer
+        return self.cfg.with_train(lr=self.method.options.head_lr, **(
             {} if optimizer == "train" else {"optimizer": optimizer}))
 
     # --- frozen encoder --------------------------------------------------------------------
@@ -96,8 +96,8 @@ class SanitizeRun(Run):
             param.requires_grad_(name.startswith("head."))
         self.optimizer = make_optimizer(self._private_cfg(), [p for p in self.model.parameters()
                                                               if p.requires_grad])
-        if self.method.options["head_fit"] == "class_means":
-            self.class_means = ClassMeans(self.model.head, 1.0 - self.method.options["drop_p"])
+        if self.method.options.head_fit == "class_means":
+            self.class_means = ClassMeans(self.model.head, 1.0 - self.method.options.drop_p)
 
     # --- training --------------------------------------------------------------------------
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
@@ -131,7 +131,7 @@ class SanitizeRun(Run):
     def finish(self) -> None:
         """``keep_public_head``: release the better of the private head and the public
         pre-training's head, by accuracy on the public holdout split (public data only)."""
-        if self.public_check is None or not self.method.options["keep_public_head"]:
+        if self.public_check is None or not self.method.options.keep_public_head:
             return
         private_head = {k: v.detach().clone() for k, v in self.model.head.state_dict().items()}
         private = accuracy_on(self.model, self.public_check)
@@ -166,9 +166,9 @@ class SanitizeRun(Run):
                               self.sample_rate)
 
     def _adapt_clip(self) -> None:
-        if self.method.options["adaptive"]:
+        if self.method.options.adaptive:
             weight = dict(self.model.named_modules())[self.san_layer].weight.detach()
-            self.method.clip_threshold = self.method.options["t"] * float(weight.norm())
+            self.method.clip_threshold = self.method.options.t * float(weight.norm())
         self.sanitizer.clip = self.method.clip_threshold
 
     # --- records ---------------------------------------------------------------------------
@@ -178,7 +178,7 @@ class SanitizeRun(Run):
     def privacy_record(self) -> dict:
         epochs, planned = self.epochs_run(), self.cfg.train.epochs
         epsilon = self._epsilon(epochs)
-        paper = self.method.options["accounting"] == "paper"
+        paper = self.method.options.accounting == "paper"
         record = {"dp_guarantee": bool(self.method.dp_guarantee),
                   "accountant": "rdp-poisson-as-the-paper" if paper else "rdp-per-record",
                   "target_epsilon": self.cfg.target_epsilon,
@@ -196,7 +196,7 @@ class SanitizeRun(Run):
             record["epsilon_covers"] = ("nothing the run gives: the paper's accounting claims "
                                         "Poisson amplification for shuffled batches, "
                                         + ("and the encoder sees raw features"
-                                           if self.method.options["encoder"] == "joint" else
+                                           if self.method.options.encoder == "joint" else
                                            "with a public encoder"))
         if self.stopped_epoch is not None:
             record.update(early_stop_privacy(
@@ -206,7 +206,7 @@ class SanitizeRun(Run):
         return record
 
     def training_extras(self) -> dict:
-        return {"encoder": self.method.options["encoder"], **self.public_fit,
+        return {"encoder": self.method.options.encoder, **self.public_fit,
                 **super().training_extras()}
 
     def timing_extras(self) -> dict:
