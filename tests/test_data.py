@@ -216,3 +216,21 @@ def test_a_target_map_merges_label_values_like_heart_num_above_zero(tmp_path):
     assert table.labels.tolist() == ["0", "1", "0", "1", "1"]  # "3" is absent: allowed
     with pytest.raises(DpclipError, match="data.target_map: none of"):
         read_source("csv", str(path), parse_params({"data": {**raw, "target_map": {7: 1}}}).data)
+
+
+def test_the_csv_sources_keys_are_its_options_and_read_back_as_written():
+    """``data.target`` and the other CSV keys belong to the csv source's Options model: the
+    schema (dpclip.config) has none of them; they survive a round trip through the parsed
+    parameters (what tuning's with_values does) and are shown under their written names."""
+    from dpclip.config import DataParams
+    from dpclip.pipeline.tuned import with_values
+
+    assert not {"target", "categories", "missing_values"} & set(DataParams.model_fields)
+    params = parse_params({"data": {"dataset": "csv", "path": "bc.csv", "target": "num",
+                                    "target_map": {2: 1}}})
+    assert params.data.options["csv"]["target_map"] == {"2": "1"}  # levels as text
+    again = with_values(params, {"train.lr": 0.1})
+    assert again.data.options == params.data.options and again.train.lr == 0.1
+    written = params.data.as_written()
+    assert written["target"] == "num" and "options" not in written
+    assert "target" not in parse_params({}).data.as_written()  # digits has no CSV keys

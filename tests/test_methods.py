@@ -341,3 +341,16 @@ def test_adaclip_moves_c_on_an_empty_batch_from_the_released_count_alone():
         "adaclip", method_options={"count_noise_fraction": 0.2}))
     run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
     assert run.method.clip_threshold != 1.0
+
+
+def test_options_reach_a_method_typed_once_and_a_raw_mapping_is_refused():
+    import pickle
+
+    cls = get_method("ww_dp_sgd")
+    with pytest.raises(TypeError, match="WWDPSGDOptions"):
+        cls(MethodContext(1.0, ["fc1"], options={"kappa": 0.1}))
+    options = cls.parse_options({"kappa": 0.1})
+    assert cls(MethodContext(1.0, ["fc1"], options=options)).options.kappa == 0.1
+    # a Dask worker unpickles the parameters: still an instance of the method's own model
+    assert isinstance(pickle.loads(pickle.dumps(options)), cls.options_model())
+    assert cls(MethodContext(1.0, ["fc1"])).options == cls.default_options()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, BeforeValidator, Field, SerializeAsAny, StrictBool,
+from pydantic import (BaseModel, Field, SerializeAsAny, StrictBool,
                       field_validator, model_validator)
 
 from dpclip.errors import bad_value
@@ -19,15 +19,6 @@ from dpclip.param_types import (IID, NUMBER, Alpha, Count, Fraction, Positive, R
                                 Seed, Text, unique_list)
 
 
-
-def _level(value) -> str:
-    """A category level as text (YAML may read 3 or 1.5); true / false are no level."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"{value!r} is not a level (text or a number)")
-    return str(value)
-
-
-Level = Annotated[str, BeforeValidator(_level)]
 CLASSIFIERS = ("logistic", "gbdt")  # per-layer membership classifiers
 RISK_EVALS = ("cv", "train")  # shadow risk: held-out folds | the paper's literal protocol
 EARLY_STOPPING_RULES = ("slope", "linear_trend")
@@ -51,6 +42,11 @@ class SplitFractions(Section):
 
 
 class DataParams(Section):
+    """The keys every dataset shares. A source's own keys (the csv source's ``data.target``,
+    ``data.categories`` ...) are written beside them in params.yaml and validated by that
+    source's ``Options`` model at the source registry
+    (:func:`dpclip.data.sources.read_sections`), which moves them into ``options``."""
+
     dataset: Text = "digits"  # a source of dpclip.data.sources
     path: Text | None = None
     seed: Seed = 0
@@ -58,29 +54,20 @@ class DataParams(Section):
     # at most this many records of the dataset (and of the shadow dataset), a stratified seeded
     # subset drawn before the splits (None: all); a quicker run on a large file
     max_records: Annotated[int, Field(ge=10), NUMBER] | None = None
-    target: Text | None = None  # csv: the label column
-    # csv: rename label values before anything reads them ({"2": "1"}: merge classes; Heart's
-    # num > 0, Adult's ">50K." of its test file); values not listed stay as they are
-    target_map: dict[Level, Level] | None = None
-    columns: list[str] | None = None
-    numeric_columns: list[str] | None = None
-    categorical_columns: list[str] | None = None
-    missing_values: list[str] = ["", "?", "NA", "NaN", "nan"]
     shadow_dataset: Text | None = None  # a separate public dataset (a source as well)
     shadow_path: Text | None = None
     shadow_max_shared: Fraction = 0.01  # of the shadow records that may equal a main record
-    # csv: the public schema {column: [levels]}; the target's entry is the class list
-    categories: dict[str, Annotated[list[Level], Field(min_length=1)]] | None = None
     split: SplitFractions = SplitFractions()
+    # source -> its validated options (the data.<key> that its Options model declares)
+    options: dict[str, dict] = {}
 
-    @field_validator("categories")
-    @classmethod
-    def _levels_once(cls, value):
-        for col, levels in (value or {}).items():
-            if len(set(levels)) != len(levels):
-                raise ValueError(bad_value(f"data.categories.{col}", levels,
-                                           "has repeated levels"))
-        return value
+    def as_written(self) -> dict:
+        """The section as params.yaml writes it: the shared keys and the own keys of the
+        sources it names (``data.target``, not ``data.options.csv.target``)."""
+        out = self.model_dump(exclude={"options"})
+        for name in (self.dataset, self.shadow_dataset):
+            out.update(self.options.get(name) or {})
+        return out
 
 
 class PartitionParams(Section):

@@ -60,6 +60,16 @@ Real = Annotated[float, NUMBER, Field(allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1)]
 
 
+def _level(value) -> str:
+    """A category level as text (YAML may read 3 or 1.5); true / false are no level."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{value!r} is not a level (text or a number)")
+    return str(value)
+
+
+Level = Annotated[str, BeforeValidator(_level)]
+
+
 def unique_list(item, *, min_length: int = 1):
     return Annotated[list[item], BeforeValidator(_unique_list), Field(min_length=min_length)]
 

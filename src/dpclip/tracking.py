@@ -303,7 +303,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
                           run_name=f"pipeline-{stamp}" + (f"@{exp_name}" if exp_name else ""),
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
                                **source_tags(commit)}) as parent:
-        mlflow.log_params(_flatten("", params.to_dict(), {}))
+        mlflow.log_params(_flatten("", {**params.to_dict(), "data": params.data.as_written()}, {}))
         roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
         for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
                      "clip_thresholds.png", *roc_figures,

@@ -47,6 +47,22 @@ def test_the_documented_source_is_read_split_trained_and_evaluated(breast_cancer
     assert read_json(layout.prepared_meta)["dataset"] == breast_cancer
 
 
+def test_the_documented_sources_option_is_validated_by_name_and_reaches_it_typed(
+        breast_cancer, tiny_raw):
+    from dpclip.data import read_source
+
+    with pytest.raises(ConfigError, match=r"data\.log_offset: 0 .*greater than 0"):
+        parse_params(tiny_raw(data={"dataset": breast_cancer, "log_offset": 0}))
+    with pytest.raises(ConfigError, match=r"data\.log_ofset: 1 is not a known key"):
+        parse_params(tiny_raw(data={"dataset": breast_cancer, "log_ofset": 1}))
+    default = read_source(breast_cancer, None,
+                          parse_params(tiny_raw(data={"dataset": breast_cancer})).data)
+    shifted = read_source(breast_cancer, None, parse_params(tiny_raw(
+        data={"dataset": breast_cancer, "log_offset": 1.0})).data)
+    # log(v + 1) / 10 >= 0 for v >= 0; with 0.001 a zero feature gives log(0.001) / 10 < 0
+    assert shifted.x.min() >= 0 > default.x.min()
+
+
 def test_a_source_whose_data_is_not_of_its_kind_is_refused(plugin, tiny_raw):
     """The kind decides the encoding (a table's is fitted on public rows only): a source that
     declares ``table`` and reads arrays is stopped, naming both."""

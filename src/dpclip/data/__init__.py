@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dpclip.data.dataset import Dataset
-from dpclip.data.sources import get_source
+from dpclip.data.sources import get_source, open_source
 from dpclip.data.tabular import CsvEncoder, CsvTable, fit_encoder
 from dpclip.errors import DpclipError
 
@@ -14,7 +14,7 @@ def read_source(name: str, path: str | None, data_params, key: str = "data.path"
     come back unencoded (see :mod:`dpclip.data.tabular`); ``key`` is the parameter that named
     ``path`` (``data.shadow_path`` for the public one)."""
     source = get_source(name)
-    data = source().read(path, data_params, key)
+    data = open_source(name, data_params).read(path, data_params, key)
     # the kind decides the encoding (a table's is fitted on public rows): it must be the truth
     expected = {"arrays": Dataset, "table": CsvTable}[source.kind]
     if not isinstance(data, expected):

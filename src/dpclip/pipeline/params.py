@@ -7,7 +7,9 @@ message listing every bad key (full dotted name) and its value; unknown keys are
 * ``attack.<name>``: each registered attack's options, by the attack's ``Options`` model
   (:func:`dpclip.attacks.read_sections`), then the attacks' cross-checks
   (:func:`dpclip.attacks.params_problems`);
-* ``data.dataset`` / ``data.shadow_dataset``: registered sources, with what each needs
+* ``data.<key>`` of a source's own (``data.target`` of the csv source ...): by the source's
+  ``Options`` model (:func:`dpclip.data.sources.read_sections`); ``data.dataset`` /
+  ``data.shadow_dataset``: registered sources, with what each needs
   (:func:`dpclip.data.sources.params_problems`);
 * ``train.methods`` and ``methods.<name>``: registered methods, each one's options by its own
   model, and a method's rules across sections (:func:`dpclip.methods.read_params`).
@@ -39,6 +41,9 @@ def parse_params(raw: dict | None) -> Params:
     raw = dict(raw or {})
     methods_raw = raw.pop("methods", None)
     problems: list[str] = []
+    if isinstance(raw.get("data"), dict):
+        raw["data"], data_problems = sources.read_sections(raw["data"])
+        problems += data_problems
     if isinstance(raw.get("attack"), dict) or raw.get("attack") is None:
         raw["attack"], attack_problems = attacks.read_sections(raw.get("attack"))
         problems += attack_problems
@@ -116,6 +121,11 @@ def json_schema() -> dict:
     data = schema["$defs"]["DataParams"]["properties"]
     data["dataset"] = {**data["dataset"], "enum": sources.available_sources()}
     data["shadow_dataset"]["anyOf"][0]["enum"] = sources.available_sources()
+    data.pop("options")  # written as each source's own data.<key>
+    for name in sources.available_sources():
+        own = sources.get_source(name).Options.model_json_schema()
+        schema["$defs"].update(own.pop("$defs", {}))
+        data.update(own.get("properties", {}))
     attack = schema["$defs"]["AttackParams"]["properties"]
     attack.pop("options")  # written as attack.<name> sections
     attack.update({name: attacks.get_attack(name).Options.model_json_schema()

@@ -26,6 +26,7 @@ import numpy as np
 from dpclip.config import Params
 from dpclip.data import CsvTable, Dataset, fit_encoder, read_source
 from dpclip.data.public import refuse_same_content, refuse_same_source
+from dpclip.data.sources import options_of
 from dpclip.data.splits import stratified_split
 from dpclip.errors import DpclipError
 from dpclip.io import atomic_dir, write_json, write_npz
@@ -97,6 +98,12 @@ def _check_columns(params: Params, main: CsvTable, public: CsvTable) -> None:
                           f"must have the same columns")
 
 
+def table_schema(params: Params):
+    """The table source's options: its label column (``target``) and public schema
+    (``categories``), which the encoding reads."""
+    return options_of(params.data, params.data.dataset)
+
+
 def _no_public_rows(params: Params) -> DpclipError:
     return DpclipError(
         f"data.split.shadow_train: {params.data.split.shadow_train!r} leaves the public "
@@ -110,8 +117,9 @@ def _refuse_unknown_labels(params: Params, encoder, sources: dict[str, tuple]) -
     """A record whose label is outside the class list cannot be encoded; a private one would
     otherwise teach the model a class that only members hold. The message names the labels of
     public splits only: for a private split it gives the count, never the members' labels."""
-    target = params.data.target
-    origin = (f"data.categories.{target}" if target in (params.data.categories or {})
+    schema = table_schema(params)
+    target = schema.target
+    origin = (f"data.categories.{target}" if target in (schema.categories or {})
               else "the public shadow_train rows")
     for name, (table, idx) in sources.items():
         unknown = encoder.unknown_labels(table, idx)
@@ -133,7 +141,7 @@ def _csv(params: Params, sources: dict[str, tuple]) -> tuple[dict[str, Split], d
     table, rows = sources["shadow_train"]
     if len(rows) == 0:
         raise _no_public_rows(params)
-    encoder = fit_encoder(table, rows, params.data.categories,
+    encoder = fit_encoder(table, rows, table_schema(params).categories,
                           f"public shadow_train split of {table.path.name}")
     _refuse_unknown_labels(params, encoder, sources)
     splits = {}
