@@ -16,7 +16,7 @@ from dpclip.pipeline.spec import (BY_NAME, DECLARED, ONCE, PER_ALPHA, PER_RUN, S
 def test_the_edges_are_the_outputs_each_stage_reads():
     edges = {stage.name: [u.name for u in upstream(stage)] for stage in STAGES}
     assert edges == {
-        "prepare": [], "partition": ["prepare"], "shadow": ["prepare"],
+        "check": [], "prepare": ["check"], "partition": ["prepare"], "shadow": ["prepare"],
         "tune": ["prepare", "shadow"],
         "train": ["prepare", "partition", "shadow", "tune"],
         "audit": ["prepare", "partition", "shadow", "tune"],
@@ -29,8 +29,8 @@ def test_the_order_comes_from_the_edges_not_from_the_declaration():
     shuffled = in_pipeline_order(tuple(reversed(DECLARED)))
     for i, stage in enumerate(shuffled):
         assert all(shuffled.index(u) < i for u in upstream(stage)), stage.name
-    assert shuffled[0].name == "prepare" and shuffled[-1].name == "report"
-    assert [s.name for s in STAGES] == ["prepare", "partition", "shadow", "tune", "train",
+    assert shuffled[0].name == "check" and shuffled[-1].name == "report"
+    assert [s.name for s in STAGES] == ["check", "prepare", "partition", "shadow", "tune", "train",
                                         "audit", "reference", "evaluate", "report"]
 
 

@@ -96,6 +96,8 @@ def render_stage(stage: Stage, package: Path = PACKAGE) -> list[str]:
     if stage.scope == PER_ALPHA:
         lines += ["    matrix:", "      alpha: ${partition.alphas}"]
     lines.append(f"    cmd: {stage.command}")
+    if stage.always_changed:
+        lines.append("    always_changed: true")
     lines.append("    deps:")
     lines += [f"      - {dep}{_note(stage.notes.get(dep, ''))}" for dep in stage.deps]
     lines.append(f"      - {LOCK_FILE}")

@@ -70,6 +70,8 @@ class Stage:
     tidy: str = ""  # per run: sets aside the outputs of runs no longer configured
     skipped: str = ""  # per run: why nothing runs (None: it runs), from params
     provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
+    # DVC runs it on every `dvc repro`: it reads what DVC cannot list (files params.yaml names)
+    always_changed: bool = False
 
     @property
     def module(self) -> str:
@@ -100,7 +102,17 @@ _PER_RUN_CACHING = ("Per-run caching as in train.")
 # every stage, in any order: STAGES below puts them in the order their inputs give
 DECLARED: tuple[Stage, ...] = (
     Stage(
+        name="check", scope=ONCE, always_changed=True,
+        help="check params.yaml and fingerprint the data files it names",
+        comment="runs on every dvc repro and goes first: a bad parameter stops the pipeline "
+                "here, before DVC deletes any other stage's outputs, and the SHA-256 of the "
+                "files data.path and data.shadow_path name (your CSV) go to data/sources.json, "
+                "which prepare reads, so an edited file re-runs prepare and what follows",
+        outs=(Output("data/sources.json", persist=True,
+                     note="kept when a check fails: rewritten whole when it passes"),)),
+    Stage(
         name="prepare", scope=ONCE, help="build the target and shadow splits",
+        deps=("data/sources.json",), notes={"data/sources.json": "the files params.yaml names"},
         params=("data",), outs=(Output("data/prepared"),), runs=("data.sources",)),
     Stage(
         name="partition", scope=PER_ALPHA, help="Dirichlet label skew for one alpha",

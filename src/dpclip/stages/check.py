@@ -1,0 +1,51 @@
+"""check: the parameters checked and the data files they name fingerprinted, before any other
+stage runs.
+
+DVC cannot list a file that params.yaml names (``data.path``, ``data.shadow_path``: a CSV of
+your own, a folder of MNIST files) as a dependency, since its path is a parameter. This stage
+runs on every ``dvc repro`` (``always_changed``) and writes ``data/sources.json``: the SHA-256
+of each named file or folder (:func:`dpclip.hashing.file_hash`, as DVC hashes its own
+dependencies). The prepare stage depends on that file, so an edited CSV re-runs prepare and
+everything after it, and an unchanged one leaves them up to date.
+
+It also goes first for bad parameters: the ``dpclip`` command refuses them before the stage
+function runs, so DVC stops here, before it deletes any other stage's outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpclip.config import Params
+from dpclip.errors import DpclipError, bad_value
+from dpclip.hashing import file_hash
+from dpclip.io import write_json
+from dpclip.layout import Layout
+
+NAMED_FILES = ("data.path", "data.shadow_path")
+SOURCES = "data/sources.json"  # under the project root
+
+
+def check(params: Params, layout: Layout = Layout()) -> dict:
+    """{key: {"path": as written, "sha256": of the file or folder}} for each key of
+    :data:`NAMED_FILES` that params.yaml sets; a path that names nothing is refused."""
+    record = {}
+    for key in NAMED_FILES:
+        path = getattr(params.data, key.split(".")[1])
+        if path is None:
+            continue
+        digest = file_hash(Path(path))
+        if digest is None:
+            raise DpclipError(bad_value(key, path, "names no file or folder"))
+        record[key] = {"path": path, "sha256": digest}
+    write_json(layout.root / SOURCES, record)
+    return record
+
+
+def describe(record: dict, layout: Layout) -> str:
+    """The line ``dpclip check`` prints."""
+    if not record:
+        return "parameters valid; no data file named (the source finds its own)"
+    return "parameters valid; " + ", ".join(f"{key} {entry['path']} sha256 "
+                                            f"{entry['sha256'][:12]}"
+                                            for key, entry in record.items())
