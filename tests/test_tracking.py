@@ -9,6 +9,7 @@ import logging
 import re
 
 import pandas as pd
+import yaml
 import pytest
 
 from conftest import prepared_project
@@ -275,3 +276,41 @@ def test_an_epsilon_without_a_guarantee_stays_out_of_the_epsilon_columns(tmp_pat
     assert summary["dp_guarantee"] is False and summary["adjacency_add_remove"] is True
     assert "tags.`dp_guarantee`" in json.loads(json.loads(headline_view())["state"])[
         "selectedColumns"]
+
+
+def test_a_copied_project_writes_its_artifacts_into_the_copy(tmp_path, tiny_raw, write_params,
+                                                             monkeypatch):
+    """MLflow stores an experiment's artifact folder as an absolute path: a copied project
+    used to log its runs into the original's folder. The copy's experiment is made anew in
+    the copy; the original's runs stay, in the renamed experiment that points at them."""
+    import shutil
+
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    original = tmp_path / "original"
+    original.mkdir()
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1}, evaluate={"ir_attack": False},
+                   audit={"kinds": []}, attack={"references": 0})
+    params = original / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    for stage in ("prepare", "train", "evaluate", "report"):
+        args = ["--params", str(params), "--root", str(original), "--quiet", stage]
+        if stage == "train":
+            assert main(["--params", str(params), "--root", str(original), "--quiet",
+                         "partition", "--alpha", "iid"]) == 0
+        assert main(args) == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    assert main(["--params", str(copy / "params.yaml"), "--root", str(copy), "--quiet",
+                 "report"]) == 0
+    mlflow.set_tracking_uri(f"sqlite:///{copy / 'mlflow' / 'mlflow.db'}")
+    experiments = {e.name: e for e in mlflow.search_experiments()}
+    current = experiments["dpclip-digits"]
+    assert current.artifact_location.startswith((copy / "mlflow" / "artifacts").as_uri())
+    runs = mlflow.search_runs([current.experiment_id], output_format="list")
+    assert runs and all(r.info.artifact_uri.startswith(copy.as_uri()) for r in runs)
+    moved = [e for name, e in experiments.items() if name.startswith("dpclip-digits (artifacts")]
+    assert len(moved) == 1 and str(original) in moved[0].name  # the original's runs, kept
+    assert mlflow.search_runs([moved[0].experiment_id], output_format="list")

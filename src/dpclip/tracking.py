@@ -47,6 +47,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import urllib.parse
 import warnings
 from pathlib import Path
 
@@ -151,9 +152,16 @@ def project_home(root: Path) -> Path:
     return root
 
 
+# the URIs this process gave mlflow.set_tracking_uri, which also exports them as
+# MLFLOW_TRACKING_URI: that variable names the user's store only when it holds none of these
+_SET_HERE: set[str] = set()
+
+
 def tracking_uri(root: Path) -> str:
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+    """The user's MLFLOW_TRACKING_URI, else the SQLite store in the project's ``mlflow/``."""
+    chosen = os.environ.get("MLFLOW_TRACKING_URI")
+    if chosen and chosen not in _SET_HERE:
+        return chosen
     home = project_home(root) / "mlflow"
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'mlflow.db'}"
@@ -192,11 +200,37 @@ def _flatten(prefix: str, value, out: dict) -> dict:
     return out
 
 
+def _stored_elsewhere(experiment, artifact_root: Path | None) -> bool:
+    """Whether ``experiment`` keeps its artifacts outside ``artifact_root``: the project's
+    database was copied or moved with the project, and MLflow stores an experiment's artifact
+    folder as an absolute path that it never changes."""
+    if artifact_root is None:
+        return False
+    location = experiment.artifact_location
+    if location.startswith("file://"):
+        location = urllib.parse.unquote(urllib.parse.urlparse(location).path)
+    elif "://" in location:  # a store of another kind: not this project's folder
+        return False
+    return not Path(location).resolve().is_relative_to(artifact_root.resolve())
+
+
 def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     """The experiment's id, created when missing, with the tags the UI reads (the kind, a
     description, the headline view) set where they are missing or were written by an older
-    version of this module; tags a user set stay."""
+    version of this module; tags a user set stay.
+
+    An experiment whose artifacts live outside ``artifact_root`` came with a copied or moved
+    project: it is renamed ``<name> (artifacts in <its folder>)``, its runs kept as they are,
+    and a new one is made here, so this project's runs write their artifacts into its own
+    folder, never into the one it was copied from."""
     found = mlflow.get_experiment_by_name(name)
+    if found is not None and _stored_elsewhere(found, artifact_root):
+        client = mlflow.tracking.MlflowClient()
+        moved = f"{name} (artifacts in {found.artifact_location})"
+        if mlflow.get_experiment_by_name(moved) is not None:
+            moved = f"{moved} #{found.experiment_id}"
+        client.rename_experiment(found.experiment_id, moved)
+        found = None
     if found is None:
         location = (artifact_root / name).as_uri() if artifact_root else None
         return mlflow.create_experiment(name, artifact_location=location,
@@ -295,6 +329,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
     root = layout.root.resolve()
     uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
+    _SET_HERE.add(uri)
     experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root(uri))
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
