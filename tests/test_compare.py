@@ -82,3 +82,22 @@ def test_an_epsilon_without_a_guarantee_or_of_another_notion_is_marked():
     shown = {line.split()[0]: line.split()[2] for line in lines
              if line.split() and line.split()[0] in marked}
     assert shown == {"no": "8.00!", "other": "8.00*", "sound": "8.00"}
+
+
+def test_experiments_on_different_data_are_never_differenced():
+    """What a user saw: an experiment on their CSV printed as +0.0629 against the digits
+    baseline. Each data set now gets its own table, under a line that says why."""
+    shown = _shown()
+    csv = shown[1]["experiments"][0]["revs"][0]
+    csv["data"]["params"]["params.yaml"]["data"]["data"] = {"dataset": "csv", "path": "bc.csv"}
+    for baseline in (shown[0], shown[1]):  # the workspace holds the baseline
+        baseline["data"]["params"]["params.yaml"]["data"]["data"] = {"dataset": "digits",
+                                                                      "path": None}
+    text = compare_text(experiments_from_json(shown))
+    assert text.startswith("Not comparable: these experiments ran on 2 different data sets")
+    assert "data.dataset, data.path differ" in text
+    assert "== data.dataset='digits', data.path=None ==" in text
+    assert "== data.dataset='csv', data.path='bc.csv' ==" in text
+    assert "+0.03" not in text  # no difference across the two
+    same = compare_text(experiments_from_json(_shown()))
+    assert "Not comparable" not in same and "+0.0300" in same

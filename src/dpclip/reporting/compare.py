@@ -10,6 +10,10 @@ parameters whose values differ between the experiments shown.
 The experiments are read with DVC's own API (``Repo.experiments.show``, what ``dvc exp show
 --json`` prints): the committed baseline (its branch name or short SHA), its experiments (their
 names) and the workspace, which is left out when it holds what the baseline holds.
+
+Experiments on different data (any ``data.*`` parameter differs: another dataset, file, split
+or seed of the split) measure different things: they are never differenced against each other.
+Each group of experiments on the same data gets its own table, under a line that says so.
 """
 
 from __future__ import annotations
@@ -122,6 +126,16 @@ def changed_params(experiments: list[Experiment]) -> dict[str, list]:
             if len({repr(e.params.get(k)) for e in experiments}) > 1}
 
 
+def data_groups(experiments: list[Experiment]) -> list[list[Experiment]]:
+    """The experiments grouped by their data (every ``data.*`` parameter), in order of first
+    appearance: only experiments of one group are comparable."""
+    groups: dict[str, list[Experiment]] = {}
+    for e in experiments:
+        key = repr(sorted((k, repr(v)) for k, v in e.params.items() if k.startswith("data.")))
+        groups.setdefault(key, []).append(e)
+    return list(groups.values())
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
@@ -186,6 +200,18 @@ def compare_text(experiments: list[Experiment], only_changed: bool = False,
     """What ``dpclip compare`` prints: the differing parameters, then the table."""
     if not experiments:
         return "No DVC experiments to compare (dvc exp run creates them)."
+    groups = data_groups(experiments)
+    if len(groups) > 1:
+        data_keys = [k for k in changed_params(experiments) if k.startswith("data.")]
+        parts = [textwrap.fill(
+            f"Not comparable: these experiments ran on {len(groups)} different data sets "
+            f"({', '.join(data_keys)} differ), and a difference across data sets measures the "
+            f"data, not the method. Each group is compared within itself.", width)]
+        for group in groups:
+            label = ", ".join(f"{k}={group[0].params.get(k)!r}" for k in data_keys)
+            parts += ["", _cut(f"== {label} ==", width),
+                      compare_text(group, only_changed, width)]
+        return "\n".join(parts)
     names = ", ".join(e.name for e in experiments)
     lines = [_cut(f"Experiments: {names}", width)]
     changed = changed_params(experiments)
