@@ -28,6 +28,19 @@ def test_the_t_interval_by_hand():
     assert mean_interval([1.0, None, 3.0])[0] == 2.0  # missing values are left out
 
 
+def test_an_interval_stays_inside_the_metrics_range():
+    """What a user saw: ECE [-0.0695, 0.263]. ECE 0, 0 and 0.3 over three seeds: mean 0.1, sd
+    0.1732, t(0.975, 2) 4.302653: 0.1 +- 0.4303, cut to [0, 0.5303]."""
+    mean, low, high = mean_interval([0.0, 0.0, 0.3], bounds=(0.0, 1.0))
+    assert (mean, low) == (pytest.approx(0.1), 0.0)
+    assert high == pytest.approx(0.1 + 4.302653 * 0.1732051 / 3 ** 0.5, abs=1e-5)
+    rows = [[f"m-{s}", "m", 8.0, "iid", s, 0.99 + 0.01 * (s == 0), e, 0.5, 0.0, None, None]
+            for s, e in enumerate([0.0, 0.0, 0.3])]
+    summary = seed_summary(_table(rows)).iloc[0]
+    assert summary["ece_low"] == 0.0 and summary["accuracy_high"] == 1.0
+    assert summary["attack_tpr_at_low_fpr_low"] == 0.0
+
+
 def test_holm_by_hand():
     # sorted 0.01, 0.03, 0.04 (m = 3): 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04)
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])

@@ -59,12 +59,20 @@ BASELINE = "dp_sgd"
 HEADLINE = {"accuracy": True, "ece": False, "attack_auc": False,
             "attack_tpr_at_low_fpr": False, "audit_epsilon": None}
 CONFIGURATION = ["target_epsilon", "alpha", "method"]
+# the values a headline metric can take: its mean's interval is cut to them (an interval of
+# the mean of values in [0, 1] that reaches below 0 says nothing more than one that stops at
+# 0, and it reads as a negative ECE)
+RANGES = {"accuracy": (0.0, 1.0), "ece": (0.0, 1.0), "attack_auc": (0.0, 1.0),
+          "attack_tpr_at_low_fpr": (0.0, 1.0)}
 
 
-def mean_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float | None,
-                                                                   float | None]:
+def mean_interval(values, confidence: float = CONFIDENCE,
+                  bounds: tuple[float, float] | None = None) -> tuple[float, float | None,
+                                                                      float | None]:
     """(mean, lower, upper) of the Student t interval of the mean; no interval for fewer than
-    two values, and a zero-width one when they are all equal."""
+    two values, and a zero-width one when they are all equal. With ``bounds`` (the values'
+    range), the interval is intersected with it: the mean lies in the range, so the coverage
+    is unchanged."""
     from scipy import stats
 
     values = np.asarray([v for v in values if v is not None and not pd.isna(v)], dtype=float)
@@ -75,7 +83,10 @@ def mean_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float 
         return mean, None, None
     half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * values.std(ddof=1)
                  / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return mean, low, high
 
 
 def holm(pvalues) -> np.ndarray:
@@ -117,7 +128,7 @@ def seed_summary(table: pd.DataFrame, confidence: float = CONFIDENCE) -> pd.Data
                 row[f"{metric}_max"] = float(values.max()) if len(values) else math.nan
                 continue
             row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean_interval(
-                group[metric], confidence)
+                group[metric], confidence, RANGES.get(metric))
         rows.append(row)
     return pd.DataFrame(rows)
 
