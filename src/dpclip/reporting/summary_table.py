@@ -29,7 +29,8 @@ SHORT_NAMES = {"accuracy": "acc", "ece": "ECE", "attack_auc": "AUC",
 COLUMNS = ["method", "target_epsilon", "alpha", "seeds", "epsilon", "adjacency", "dp_guarantee",
            "accuracy",
            "accuracy_low", "accuracy_high", "ece", "attack", "attack_auc",
-           "attack_tpr_at_low_fpr", "audit_epsilon_min", "audit_epsilon_max", "vs_dp_sgd"]
+           "attack_tpr_at_low_fpr", "attack_low_fpr", "audit_epsilon_min", "audit_epsilon_max",
+           "vs_dp_sgd"]
 
 
 def _missing(v) -> bool:
@@ -77,6 +78,9 @@ def summary_frame(table: pd.DataFrame, seeds: pd.DataFrame,
                         else table["target_epsilon"] == record["target_epsilon"])]
         spent = runs["epsilon"].astype(float).dropna()  # the largest: a privacy claim
         attacks = runs["attack"].dropna().unique()
+        # the FPR the TPR is read at: set by the holdout's size, the same for every seed
+        fprs = runs["attack_low_fpr"].astype(float).dropna() if "attack_low_fpr" in runs \
+            else pd.Series(dtype=float)
         rows.append({**{c: record[c] for c in CONFIGURATION}, "seeds": record["seeds"],
                      "epsilon": float(spent.max()) if len(spent) else math.nan,
                      "adjacency": "/".join(map(str, runs["adjacency"].dropna().unique())) or None,
@@ -86,6 +90,7 @@ def summary_frame(table: pd.DataFrame, seeds: pd.DataFrame,
                          "accuracy", "accuracy_low", "accuracy_high", "ece", "attack_auc",
                          "attack_tpr_at_low_fpr", "audit_epsilon_min", "audit_epsilon_max")},
                      "attack": "/".join(map(str, attacks)) if len(attacks) else None,
+                     "attack_low_fpr": float(fprs.max()) if len(fprs) else math.nan,
                      "vs_dp_sgd": vs_baseline(paired, configuration, record["seeds"])})
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -109,7 +114,10 @@ def _accuracy(row) -> str:
 def _attack(row) -> str:
     if _missing(row["attack_auc"]):
         return "—"
-    return f"{row['attack'] or '?'} {row['attack_auc']:.3f} / {_number(row['attack_tpr_at_low_fpr'])}"
+    fpr = row.get("attack_low_fpr")
+    at = "" if _missing(fpr) else f" @{100 * fpr:.2g}%"
+    return (f"{row['attack'] or '?'} {row['attack_auc']:.3f} / "
+            f"{_number(row['attack_tpr_at_low_fpr'])}{at}")
 
 
 def _audit(row) -> str:
@@ -134,7 +142,7 @@ def _target(v) -> str:
 
 HEADERS = {"method": "method", "target": "target", "alpha": "alpha", "seeds": "seeds",
            "epsilon": "eps", "accuracy": "accuracy", "ece": "ECE",
-           "attack": "attack AUC / TPR", "audit": "audit eps>=",
+           "attack": "attack AUC / TPR @FPR", "audit": "audit eps>=",
            "verdict": f"vs {BASELINE}"}
 
 
@@ -179,8 +187,9 @@ def markdown_table(summary: pd.DataFrame) -> str:
 
 LEGEND = (f"target: the target epsilon; eps: the epsilon spent (the largest over seeds), * = another neighbouring notion than add/remove one record (not comparable "
           f"as the same number), ! = no DP guarantee (a paper's literal rule). accuracy: mean over seeds ± half the 95% interval (two or more seeds). attack: the "
-          f"attack chosen in advance (attack.headline), its AUC and its TPR at the lowest FPR "
-          f"that allows 10 false positives. audit eps>=: the one-run audit's lower bound on "
+          f"attack chosen in advance (attack.headline), its AUC and its TPR at the FPR shown "
+          f"(@: the lowest FPR that allows 10 false positives among the holdout records; a "
+          f"smaller holdout gives a larger one). audit eps>=: the one-run audit's lower bound on "
           f"epsilon (the range over seeds; — = no audit: no DP claim or another neighbouring "
           f"notion). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction over "
           f"the methods compared (acc, ECE, AUC, TPR; else \"not distinguishable\"); the exact "
