@@ -168,7 +168,7 @@ LAYERS = (
     ("outputs", {"artifacts", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
     ("stages", {"stages", "tracking"}),
-    ("tools", {"cli", "commands", "presets", "bench"}),
+    ("tools", {"cli", "commands", "presets", "bench", "advise"}),
 )
 
 

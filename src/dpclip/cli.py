@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="experiments of this many commits back (dvc exp show -n)")
     cmp.add_argument("--only-changed", action="store_true",
                      help="only runs whose numbers differ between the experiments")
+    adv = sub.add_parser("advise", help="which DP method for your data and budget: train the "
+                                        "candidates over the seeds the paired test needs and "
+                                        "print the ranked answer with intervals")
+    adv.add_argument("--methods", nargs="*", help="the candidates (default: train.methods; "
+                                                  "dp_sgd is always the baseline)")
+    adv.add_argument("--seeds", type=int, help="default: the fewest at which the accuracy "
+                                               "comparison can reach 5%% after Holm")
+    adv.add_argument("--out", default="advice", help="its project folder, under --root "
+                                                     "(runs there are reused)")
     ver = sub.add_parser("verify", help="compare this run's summaries with a commit's, per "
                                         "metric within stated tolerances (exit 1 if any differs)")
     ver.add_argument("--against", default="HEAD", help="the revision (default HEAD)")
@@ -170,7 +179,7 @@ def _dispatch(args, params, layout) -> int:
     if args.command == "validate":
         print("params.yaml is valid")
         return 0
-    if args.command in ("bench", "verify"):
+    if args.command in ("bench", "verify", "advise"):
         return _tool(args.command)(args, params, layout)
     return run_stage(BY_NAME[args.command], args, params, layout)
 

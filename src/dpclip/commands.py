@@ -1,5 +1,5 @@
 """The ``dpclip`` commands that are no pipeline stage: ``preset``, ``compare``, ``evidence``,
-``bench`` and ``verify``. The CLI loads this module by name when one of them runs, so that no
+``advise``, ``bench`` and ``verify``. The CLI loads this module by name when one of them runs, so that no
 stage's command executes (and no stage depends on) their code."""
 
 from __future__ import annotations
@@ -48,6 +48,19 @@ def preset(args) -> int:
     for variant, facts in record["variants"].items():
         print(f"{args.name} {variant}: {facts['wall_s']:.0f} s -> results/presets/{args.name}/"
               f"{variant}/reports/comparison.md")
+    return 0
+
+
+def advise(args, params, layout) -> int:
+    """``dpclip advise``: the ranked answer to "which method?" on the user's data."""
+    from dpclip.advise import run_advice
+
+    if args.seeds is not None and args.seeds < 2:
+        print(f"dpclip: error: --seeds: {args.seeds} is too few: a paired comparison needs "
+              f"at least 2", file=sys.stderr)
+        return 2
+    print(run_advice(Path(args.params), layout.root / args.out, seeds=args.seeds,
+                     methods=args.methods, progress=not args.quiet))
     return 0
 
 

@@ -1,0 +1,198 @@
+"""``dpclip advise``: which DP method to use on your data at your budget, with the evidence.
+
+It trains the candidate methods (``train.methods`` of your params.yaml, with ``dp_sgd``, the
+baseline, added where missing, and ``non_private`` left out) at every target epsilon, over as
+many seeds as the question needs, in a project folder of its own (``advice/`` by default: runs
+already there are reused, through their provenance), and answers from the report's
+``comparison.csv`` with the statistics of :mod:`dpclip.reporting.seed_stats`:
+
+* **the primary question**: each method's accuracy against ``dp_sgd``, paired by seed; the
+  exact sign-flip test and its interval, Holm's correction over the methods compared (one
+  family per target epsilon). The seeds default to the fewest at which that family can reach
+  5% (m 2^(1-n) <= 0.05: 6 seeds for one method, 9 for eight), so a difference the data show
+  on every seed is decided, and "indistinguishable" means the interval says so;
+* **the secondary questions**: ECE, the headline attack's AUC and its TPR at the FPR shown,
+  each its own Holm family, and the audited lower bound on epsilon (its range over seeds);
+  reported beside the ranking, never mixed into the primary correction.
+
+A method without a DP guarantee, or whose epsilon counts another neighbouring notion, is listed
+but never recommended.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from dpclip.config import with_overrides
+from dpclip.errors import DpclipError
+from dpclip.reporting.seed_stats import (BASELINE, mean_interval, minimum_exact_seeds,
+                                         paired_comparison)
+
+DEFAULT_ROOT = Path("advice")
+WIDTH = 120
+SECONDARY = {"ece": "ECE", "attack_auc": "attack AUC", "attack_tpr_at_low_fpr": "TPR"}
+
+
+def candidates(raw: dict) -> list[str]:
+    """The methods compared: params.yaml's private ones, ``dp_sgd`` first."""
+    from dpclip.methods import get_method
+
+    named = list(((raw.get("train") or {}).get("methods")) or [BASELINE])
+    private = [m for m in named if get_method(m).private and m != BASELINE]
+    return [BASELINE, *dict.fromkeys(private)]
+
+
+def seeds_for(compared: int) -> int:
+    """The fewest seeds at which Holm's family of ``compared`` methods can reach 5%."""
+    return minimum_exact_seeds(family=max(1, compared))
+
+
+def advice_params(raw: dict, methods: list[str], seeds: int) -> dict:
+    """The user's parameters with the methods and seeds of the question."""
+    return with_overrides(raw, {"train": {"methods": methods, "seeds": list(range(seeds))}})
+
+
+def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None = None,
+               methods: list[str] | None = None, progress: bool = True) -> str:
+    """Train what the question needs into ``root`` (printing the expected training time
+    first) and return the answer's text."""
+    from dpclip.presets import run_variant
+
+    if not params_path.is_file():
+        raise DpclipError(f"--params: {str(params_path)!r} does not exist")
+    raw = yaml.safe_load(params_path.read_text()) or {}
+    chosen = methods or candidates(raw)
+    if BASELINE not in chosen:
+        chosen = [BASELINE, *chosen]
+    n = seeds or seeds_for(len(chosen) - 1)
+    if n < 2:
+        raise DpclipError(f"--seeds: {n} is too few: a paired comparison needs at least 2")
+    if progress:
+        print(f"advise: {len(chosen)} methods ({', '.join(chosen)}) x {n} seeds x every "
+              f"target epsilon, into {root}/ (runs already there are reused)", flush=True)
+    seconds = run_variant(advice_params(raw, chosen, n), root, progress=progress)
+    table = pd.read_csv(root / "reports" / "comparison.csv")
+    data = raw.get("data") or {}
+    dataset = str(data.get("dataset") or "digits") + (f" ({data['path']})" if data.get("path")
+                                                      else "")
+    return answer(table, dataset) + f"\n\n(advise took {seconds / 60:.1f} min; every run: " \
+                                    f"{root}/reports/comparison.md)"
+
+
+def _interval(low, high, digits: int = 3, signed: bool = False) -> str:
+    if low is None or high is None or any(map(math.isnan, (low, high))):
+        return "[no interval]"
+    form = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    return f"[{form.format(low)}, {form.format(high)}]"
+
+
+def _eligible(runs: pd.DataFrame) -> bool:
+    """A recommendation needs a DP guarantee under add/remove adjacency on every seed."""
+    guarantee = runs["dp_guarantee"] if "dp_guarantee" in runs else pd.Series([True])
+    adjacency = runs["adjacency"] if "adjacency" in runs else pd.Series(["add_remove"])
+    return bool(all(v is True or v == 1 for v in guarantee)
+                and set(adjacency.dropna()) <= {"add_remove"})
+
+
+def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
+    """The ranked answer per (target epsilon, alpha), from a report's comparison table (one
+    row per run)."""
+    table = table[table["method"] != "non_private"]
+    paired = paired_comparison(table)
+    out = []
+    for (epsilon, alpha), group in table.groupby(["target_epsilon", "alpha"], sort=True,
+                                                 dropna=False):
+        methods = list(dict.fromkeys(group["method"]))
+        if BASELINE not in methods:
+            raise DpclipError(f"no {BASELINE} run at target epsilon {epsilon:g}: the answer "
+                              f"compares every method with it")
+        mine = paired[(paired["target_epsilon"] == epsilon) & (paired["alpha"] == alpha)]
+        accuracy = mine[mine["metric"] == "accuracy"].set_index("method")
+        seeds = int(group["seed"].nunique())
+        m = len(methods) - 1
+        out.append(textwrap.fill(
+            f"At epsilon {epsilon:g} (alpha {alpha}) on {dataset}, {seeds} "
+            f"seed{'s' * (seeds != 1)}: accuracy against {BASELINE}, paired by seed (exact "
+            f"sign-flip test, Holm over {m} method{'s' * (m != 1)}, 5%; {seeds_for(m)} seeds "
+            f"can decide)", WIDTH))
+        ranked = []
+        for method in methods:
+            runs = group[group["method"] == method]
+            mean, low, high = mean_interval(runs["accuracy"], bounds=(0.0, 1.0))
+            ranked.append((mean, method, low, high, _eligible(runs)))
+        ranked.sort(key=lambda r: (-r[0], r[1]))
+        width = max(len(r[1]) for r in ranked)
+        same, worse, better, unsound = [], [], [], []
+        for rank, (mean, method, low, high, eligible) in enumerate(ranked, 1):
+            line = f"  {rank}. {method.ljust(width)}  {mean:.3f} {_interval(low, high)}"
+            if method == BASELINE:
+                line += "  (the baseline)"
+            else:
+                r = accuracy.loc[method]
+                line += (f"  Δ {r['difference']:+.3f} "
+                         f"{_interval(r['difference_low'], r['difference_high'], signed=True)}"
+                         f"  {_verdict_words(r['verdict'], r['p_holm'])}")
+                {"better": better, "worse": worse}.get(r["verdict"], same).append(method)
+            if not eligible:
+                line += "  (no DP guarantee under add/remove: not recommended)"
+                unsound.append(method)
+            out.append(line)
+        out.append(textwrap.fill(_recommendation(better, same, worse, unsound), WIDTH,
+                                 initial_indent="  ", subsequent_indent="  "))
+        out += _secondary(group, mine, methods)
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _verdict_words(verdict: str, p_holm: float) -> str:
+    if verdict in ("better", "worse"):
+        return f"{verdict} (p Holm {p_holm:.3g})"
+    return "indistinguishable at these seeds"
+
+
+def _recommendation(better: list, same: list, worse: list, unsound: list) -> str:
+    sound = lambda names: [m for m in names if m not in unsound]  # noqa: E731
+    if sound(better):
+        text = f"Use {' or '.join(sound(better))}: more accurate than {BASELINE} on every test."
+    elif sound(same):
+        text = (f"Use {BASELINE} or {', '.join(sound(same))}: no accuracy difference shows "
+                f"at these seeds (choose on the secondary numbers below).")
+    else:
+        text = f"Use {BASELINE}: no method beats it."
+    if sound(worse):
+        text += f" Avoid {', '.join(sound(worse))}: less accurate than {BASELINE}."
+    return text
+
+
+def _secondary(group: pd.DataFrame, mine: pd.DataFrame, methods: list[str]) -> list[str]:
+    """ECE, attack AUC, TPR at the FPR shown (each its own Holm family) and the audit's range."""
+    lines = ["  secondary (each metric its own Holm family): method: ECE, attack AUC, TPR @FPR, "
+             "audit eps>="]
+    width = max(len(m) for m in methods)
+    for method in methods:
+        runs = group[group["method"] == method]
+        parts = []
+        for metric, name in SECONDARY.items():
+            if metric not in runs or runs[metric].isna().all():
+                parts.append(f"{name} —")
+                continue
+            mean, low, high = mean_interval(runs[metric], bounds=(0.0, 1.0))
+            text = f"{name} {mean:.3f} {_interval(low, high)}"
+            if metric == "attack_tpr_at_low_fpr" and "attack_low_fpr" in runs:
+                fpr = runs["attack_low_fpr"].astype(float).max()
+                text += "" if math.isnan(fpr) else f" @{100 * fpr:.2g}%"
+            row = mine[(mine["method"] == method) & (mine["metric"] == metric)]
+            if len(row) and row["verdict"].iloc[0] in ("better", "worse"):
+                text += f" ({row['verdict'].iloc[0]})"
+            parts.append(text)
+        audits = runs[[c for c in ("audit_whitebox", "audit_blackbox") if c in runs]]
+        audit = audits.astype(float).max(axis=1).dropna() if len(audits.columns) else \
+            pd.Series(dtype=float)
+        parts.append(f"audit {audit.min():.2f}–{audit.max():.2f}" if len(audit) else "audit —")
+        lines.append(f"    {method.ljust(width)}  " + "; ".join(parts))
+    return lines
