@@ -328,8 +328,9 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
 
     root = layout.root.resolve()
     uri = tracking_uri(root)
+    if os.environ.get("MLFLOW_TRACKING_URI") != uri:  # exported by us, not chosen by the user
+        _SET_HERE.add(uri)
     mlflow.set_tracking_uri(uri)
-    _SET_HERE.add(uri)
     experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root(uri))
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,104 @@
+"""The end-to-end tests that change the project: a new method, then a commit, a repro from
+scratch and a DVC experiment. A project of their own (tests/test_e2e.py makes the same), so
+that pytest-xdist runs them beside the other end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from test_e2e import BIN, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, make_dvc_project
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def dvc_project(tmp_path_factory):
+    return make_dvc_project(tmp_path_factory)
+
+
+def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
+    """The train and evaluate stages run every configuration in one process, but a run whose
+    inputs did not change is not run again (dpclip.pipeline.provenance). Last in this module: it
+    adds a configuration to this module's project (only the commit-and-compare test follows)."""
+    _, project, env, _ = dvc_project
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["train"]["methods"] = ["non_private", "dp_sgd", "auto_s"]
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
+    for stage_runs in (out.split("Running stage 'train'")[1].split("Running stage")[0],
+                       out.split("Running stage 'evaluate'")[1].split("Running stage")[0]):
+        assert "[1/3] non_private-eps8-iid-seed0: up to date" in stage_runs
+        assert "[2/3] dp_sgd-eps8-iid-seed0: up to date" in stage_runs
+        assert "[3/3] auto_s-eps8-iid-seed0: up to date" not in stage_runs
+    assert (project / "metrics" / "auto_s-eps8-iid-seed0.json").exists()
+    status = _sh([str(BIN / "dvc"), "status"], project, env)
+    assert status.split() == ["check:", "always", "changed"]  # it runs on every repro
+    # removing it again: its evaluation leaves `dvc metrics show`, its trained model stays
+    raw["train"]["methods"] = ["non_private", "dp_sgd"]
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert "Running stage 'train'" in out and "[2/2] dp_sgd-eps8-iid-seed0: up to date" in out
+    shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
+    assert "auto_s" not in shown and "dp_sgd-eps8-iid-seed0" in shown
+    # its trained model waits outside DVC's outputs (runs/ holds the configured runs only)
+    assert not (project / "runs" / "auto_s-eps8-iid-seed0").exists()
+    assert not (project / "traces" / "auto_s-eps8-iid-seed0.csv").exists()
+    retired = project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0"
+    assert (retired / "run" / "model.pt").exists() and (retired / "trace.csv").exists()
+    assert (retired / "audit" / "audit.json").exists()
+    assert (retired / "references" / "signals.npz").exists()
+    assert not (project / "audits" / "auto_s-eps8-iid-seed0").exists()
+
+
+def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiments(dvc_project):
+    """Like DVC's example-get-started: dvc.lock, the summaries and the overlay tables are
+    committed; a repro from scratch gives the same bytes (git status stays clean: no time in a
+    hashed output, no temporary name in a model file, nothing missing from .gitignore); an
+    experiment then compares with the commit in `dvc exp show`, `dvc metrics diff` and
+    `dvc plots diff`."""
+    _, project, env, _ = dvc_project
+    _sh(["git", "add", "-A"], project, env)
+    _sh(["git", "commit", "-q", "-m", "pipeline"], project, env)
+    tracked = _sh(["git", "ls-files"], project, env).split()
+    assert "dvc.lock" in tracked and f"summary/{RUNS[1]}.json" in tracked
+    assert {f"overlays/{name}" for name in OVERLAYS} <= set(tracked)
+    assert not [f for f in tracked if f.split("/")[0] in UNTRACKED_OUTPUTS]
+    for name in UNTRACKED_OUTPUTS + ["summary", "overlays"]:
+        shutil.rmtree(project / name, ignore_errors=True)
+    _sh([str(BIN / "dvc"), "repro"], project, env)
+    assert _sh(["git", "status", "--porcelain"], project, env) == ""
+    # another training length: new models (an evaluation change may leave an underfit
+    # model's summary as it was: ECE with 5 or 10 bins is the same when every confidence
+    # falls into one bin)
+    _sh([str(BIN / "dvc"), "exp", "run", "-S", "train.epochs=3", "-n", "epochs3"], project, env)
+    shown = _sh([str(BIN / "dvc"), "exp", "show", "--json"], project, env)
+    (commit,) = [r for r in json.loads(shown[shown.index("["):]) if r["rev"] != "workspace"]
+    rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]
+    assert len(rows) == 2 and commit["experiments"][0]["name"] == "epochs3"
+    for row in rows:  # real numbers for the commit and the experiment
+        summary = row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"]
+        assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["ece"] <= 1
+    # the same comparison as a long, narrow table: every run under both names
+    compared = _sh([str(BIN / "dpclip"), "compare"], project, env)
+    assert max(len(line) for line in compared.splitlines()) <= 120
+    assert "train.epochs: " in compared and "epochs3=3" in compared
+    for run in RUNS:
+        (line,) = [x for x in compared.splitlines() if x.startswith(run)]
+        following = compared.splitlines()[compared.splitlines().index(line) + 1]
+        assert following.lstrip().startswith("epochs3")  # the experiment's row follows
+    only = _sh([str(BIN / "dpclip"), "compare", "epochs3", "--only-changed"], project, env)
+    assert "Experiments: epochs3" in only
+    diff = _sh([str(BIN / "dvc"), "metrics", "diff", "HEAD", "--json"], project, env)
+    changed = json.loads(diff[diff.index("{"):])
+    for run in RUNS:
+        assert {"accuracy", "ece"} & set(changed[f"summary/{run}.json"]), run
+    _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "-o", "diff_plots"], project, env)
+    plots = _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "--json"], project, env)
+    reliability = json.loads(plots[plots.index("{"):])["data"]["overlays/reliability.csv"]
+    revisions = {row["rev"] for row in reliability[0]["content"]["layer"][-1]["data"]["values"]}
+    assert revisions == {"HEAD", "workspace"}
