@@ -314,3 +314,19 @@ def test_a_copied_project_writes_its_artifacts_into_the_copy(tmp_path, tiny_raw,
     moved = [e for name, e in experiments.items() if name.startswith("dpclip-digits (artifacts")]
     assert len(moved) == 1 and str(original) in moved[0].name  # the original's runs, kept
     assert mlflow.search_runs([moved[0].experiment_id], output_format="list")
+
+
+def test_each_csv_file_gets_its_own_experiment():
+    """What a user saw: every CSV dataset in one experiment, "dpclip-csv"."""
+    from dpclip.pipeline.params import parse_params
+    from dpclip.tracking import experiment_name
+
+    def params(**data):
+        return parse_params({"data": data})
+
+    assert experiment_name(params()) == "dpclip-digits"
+    assert experiment_name(params(dataset="csv", path="data/heart.csv", target="num")) == \
+        "dpclip-csv-heart"
+    assert experiment_name(params(dataset="csv", path="other/adult.data", target="y")) == \
+        "dpclip-csv-adult"
+    assert experiment_name(params(dataset="mnist", path="datasets/mnist")) == "dpclip-mnist"

@@ -56,6 +56,7 @@ import pandas as pd
 from dpclip.artifacts import load_model, load_split
 from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
+from dpclip.data.sources import get_source
 from dpclip.hashing import file_hash
 from dpclip.io import read_json
 from dpclip.layout import Layout
@@ -200,6 +201,15 @@ def _flatten(prefix: str, value, out: dict) -> dict:
     return out
 
 
+def experiment_name(params: Params) -> str:
+    """``dpclip-<dataset>``; a table of your own (a ``table`` source: the csv one) also names
+    its file (``dpclip-csv-heart``), so that two CSVs never share an experiment."""
+    name = f"dpclip-{params.data.dataset}"
+    if params.data.path is not None and get_source(params.data.dataset).kind == "table":
+        name += f"-{Path(params.data.path).stem}"
+    return name
+
+
 def _stored_elsewhere(experiment, artifact_root: Path | None) -> bool:
     """Whether ``experiment`` keeps its artifacts outside ``artifact_root``: the project's
     database was copied or moved with the project, and MLflow stores an experiment's artifact
@@ -331,7 +341,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
     if os.environ.get("MLFLOW_TRACKING_URI") != uri:  # exported by us, not chosen by the user
         _SET_HERE.add(uri)
     mlflow.set_tracking_uri(uri)
-    experiment_id = _experiment_id(mlflow, f"dpclip-{params.data.dataset}", artifact_root(uri))
+    experiment_id = _experiment_id(mlflow, experiment_name(params), artifact_root(uri))
     commit = git_commit(root)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     exp_name = os.environ.get("DVC_EXP_NAME")
