@@ -211,3 +211,33 @@ def test_a_run_reads_its_tuned_values_once(tmp_path, tiny_raw, write_params, mon
     assert record["tuned"] == read_json(layout.tuned)["runs"]["dp_sgd"]["eps8"]["values"]
     provenance = read_json(layout.run_dir("dp_sgd-eps8-iid-seed0") / "provenance.json")
     assert provenance["inputs"]["tuned"] == record["tuned"]
+
+
+def test_shared_tuning_gives_every_method_the_baselines_learning_rate_and_c(
+        tmp_path, tiny_raw, write_params, capsys):
+    """tune.shared: one schedule for every method (a paper's protocol): dp_sgd is searched
+    first, the others train with the learning rate and C it chose and search only their own
+    knobs, so a difference between methods is not one of tuning."""
+    raw = tiny_raw(train={"methods": ["non_private", "dc_sgd_p", "dp_sgd", "auto_s"],
+                          "epochs": 1}, tune={**TUNE, "shared": True})
+    base = prepared_project(tmp_path, raw, write_params)
+    assert main([*base, "tune"]) == 0
+    layout = Layout(tmp_path)
+    runs = read_json(layout.tuned)["runs"]
+    chosen = runs["dp_sgd"]["eps8"]["values"]
+    assert set(chosen) >= {"train.lr", "train.clip_norm"}
+    shared = {k: chosen[k] for k in ("train.lr", "train.clip_norm")}
+    for method in ("dc_sgd_p", "auto_s"):
+        entry = runs[method]["eps8"]
+        assert entry["shared"] == shared
+        assert {k: entry["values"][k] for k in shared} == shared
+    assert "methods.dc_sgd_p.p" in runs["dc_sgd_p"]["eps8"]["values"]  # its own knob
+    trials = pd.read_csv(layout.tuning_trials)
+    dc = trials[trials["method"] == "dc_sgd_p"]
+    assert len(dc) == TUNE["trials"] and set(dc["train.lr"]) == {shared["train.lr"]}
+    assert "shared" not in runs["non_private"]["eps8"] or \
+        runs["non_private"]["eps8"]["shared"] == {}  # no privacy: its own search
+    raw = tiny_raw(train={"methods": ["auto_s"], "epochs": 1}, tune={**TUNE, "shared": True})
+    params = write_params(raw)
+    assert main(["--params", str(params), "--root", str(tmp_path), "--quiet", "tune"]) == 2
+    assert "tune.shared: true gives every method dp_sgd's" in capsys.readouterr().err

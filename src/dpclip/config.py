@@ -178,6 +178,9 @@ class TuneParams(Section):
     lr: Annotated[list[Positive], Field(min_length=2, max_length=2)] = [0.01, 2.0]  # log range
     clip_norm: Annotated[list[Positive], Field(min_length=2, max_length=2)] = [0.1, 10.0]
     epochs: Count | None = None  # each trial's epochs (None: train.epochs)
+    # true: the learning rate and C searched on dp_sgd at each target epsilon and given to every
+    # other private method, which searches only its own knobs (one schedule for all methods)
+    shared: StrictBool = False
 
     @model_validator(mode="after")
     def _ranges_increase(self):

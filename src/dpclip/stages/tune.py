@@ -6,6 +6,12 @@ runs ``tune.trials`` trials over the method's tuning space
 own knobs). The first trial is always params.yaml's own values, so the search reports what
 tuning gained over them on the same footing.
 
+With ``tune.shared: true`` the learning rate and C are one schedule for every method, as a
+paper that tunes its baseline and gives every method its schedule does: ``dp_sgd`` is searched
+first at each target epsilon, every other private method trains with the learning rate and C
+(C_0) it chose and searches only its own knobs (one trial, scoring the shared values, when it
+has none), so a difference between methods is not a difference of tuning.
+
 A trial trains the method, with its real DP mechanism at the run's target epsilon, on the
 public ``shadow_train`` split standing in for the members, and scores the model's accuracy on
 a quarter of the public ``shadow_holdout`` split (the selection quarter: the search maximises
@@ -51,6 +57,9 @@ from dpclip.pipeline.inputs import checkpoint_of, needs_public, train_config
 from dpclip.pipeline.tuned import fingerprint, with_values
 
 OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"
+BASELINE = "dp_sgd"
+# tune.shared: what the baseline's search chooses for every private method
+SHARED = ("train.lr", "train.clip_norm")
 
 
 @dataclass
@@ -135,9 +144,11 @@ def _current(params: Params, key: str):
 
 
 def search(params: Params, method: str, epsilon, data: TuningData, layout: Layout,
-           progress: bool = True) -> tuple[dict, list[dict]]:
+           progress: bool = True, given: dict | None = None) -> tuple[dict, list[dict]]:
     """``tune.trials`` TPE trials for (method, epsilon), the first at params.yaml's values;
-    (the tuned entry, one row per trial)."""
+    (the tuned entry, one row per trial). ``given``: values chosen elsewhere (the baseline's
+    learning rate and C under ``tune.shared``), set and left out of the search; with nothing
+    left to search, one trial scores them."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -145,13 +156,18 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     cls = get_method(method)
     space = cls.tuning_space(cls.typed_options(params.method_options(method)),
                              Tunable(*tune.lr, log=True), Tunable(*tune.clip_norm, log=True))
+    given = {key: value for key, value in (given or {}).items() if key in space}
+    if given:
+        params = with_values(params, given)
+        space = {key: t for key, t in space.items() if key not in given}
+    trials = tune.trials if space else 1
     defaults = {key: _current(params, key) for key in space}
     sampler = optuna.samplers.TPESampler(seed=tune.seed,
                                          n_startup_trials=min(10, max(2, tune.trials // 2)))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.enqueue_trial(defaults, skip_if_exists=False)
     rows: list[dict] = []
-    bar = tqdm(total=tune.trials, desc=f"tune {method} {epsilon_tag(epsilon)}",
+    bar = tqdm(total=trials, desc=f"tune {method} {epsilon_tag(epsilon)}",
                disable=not progress, leave=False)
 
     def objective(trial) -> float:
@@ -159,11 +175,11 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
         try:
             trial_params = with_values(params, values)
         except ConfigError as exc:  # a combination the method refuses (e.g. c_min > C)
-            rows.append({**values, "trial": trial.number, "state": "refused",
+            rows.append({**given, **values, "trial": trial.number, "state": "refused",
                          "accuracy": None, "reason": str(exc)})
             raise optuna.TrialPruned(str(exc)) from exc
         accuracy, held_out = trial_accuracy(trial_params, method, epsilon, data, layout)
-        rows.append({**values, "trial": trial.number, "state": "complete",
+        rows.append({**given, **values, "trial": trial.number, "state": "complete",
                      "accuracy": accuracy, "heldout_accuracy": held_out, "reason": ""})
         return accuracy  # the search sees the selection records only
 
@@ -173,7 +189,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
         if best:
             bar.set_postfix(best=f"{max(best):.4f}")
 
-    study.optimize(objective, n_trials=tune.trials, callbacks=[advance])
+    study.optimize(objective, n_trials=trials, callbacks=[advance])
     bar.close()
     complete = [r for r in rows if r["state"] == "complete"]
     if not complete:
@@ -181,9 +197,10 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
                            f"refused; first reason: {rows[0]['reason']}"])
     best = max(complete, key=lambda r: (r["accuracy"], -r["trial"]))  # ties: the earlier
     default = rows[0]
-    entry = {"values": {key: best[key] for key in space}, "accuracy": best["accuracy"],
-             "trial": best["trial"], "default_values": defaults,
-             "default_accuracy": default["accuracy"], "trials": tune.trials,
+    entry = {"values": {**given, **{key: best[key] for key in space}},
+             "accuracy": best["accuracy"], "trial": best["trial"],
+             "default_values": {**given, **defaults}, "shared": given,
+             "default_accuracy": default["accuracy"], "trials": trials,
              "heldout_accuracy": best.get("heldout_accuracy"),
              "default_heldout_accuracy": default.get("heldout_accuracy"),
              "fingerprint": fingerprint(params, method)}
@@ -224,12 +241,14 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
         use_threads(params.train.threads)
         data = tuning_data(params, layout)
         record["data"] = data.sizes()
-        for method in params.train.methods:
+        for method in _search_order(params):
             record["runs"][method] = {}
             searched = None
             for epsilon in params.privacy.target_epsilons:
                 tag = epsilon_tag(epsilon)
-                if method in kept and tag in kept[method]:
+                given = _shared_values(params, method, record["runs"].get(BASELINE, {}).get(tag))
+                if method in kept and tag in kept[method] and \
+                        kept[method][tag].get("shared", {}) == given:
                     record["runs"][method][tag] = kept[method][tag]
                     kept_trials = kept_rows[(kept_rows["method"] == method) &
                                             (kept_rows["epsilon"] == tag)].to_dict("records")
@@ -242,7 +261,8 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
                     rows += [{**r, "epsilon": tag} for r in searched[1]]
                     continue
                 started = time.perf_counter()
-                entry, trial_rows = search(params, method, epsilon, data, layout, progress)
+                entry, trial_rows = search(params, method, epsilon, data, layout, progress,
+                                           given)
                 seconds[f"{method}-{tag}"] = round(time.perf_counter() - started, 3)
                 record["runs"][method][tag] = entry
                 rows += trial_rows
@@ -257,6 +277,27 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
     write_json(layout.tuned, record)
     write_json(layout.root / "timings" / "tune.json", {"seconds": seconds})
     return record
+
+
+def _search_order(params: Params) -> list[str]:
+    """The configured methods, the baseline first under ``tune.shared`` (the others take its
+    learning rate and C)."""
+    methods = list(params.train.methods)
+    if not params.tune.shared:
+        return methods
+    if BASELINE not in methods:
+        raise ConfigError([f"tune.shared: true gives every method {BASELINE}'s learning rate "
+                           f"and C, but train.methods {methods} has no {BASELINE}"])
+    return [BASELINE, *(m for m in methods if m != BASELINE)]
+
+
+def _shared_values(params: Params, method: str, baseline_entry: dict | None) -> dict:
+    """Under ``tune.shared``, the learning rate and C the baseline's search chose at this
+    epsilon, for every other private method; nothing otherwise."""
+    if not params.tune.shared or method == BASELINE or not get_method(method).private:
+        return {}
+    values = (baseline_entry or {}).get("values", {})
+    return {key: values[key] for key in SHARED if key in values}
 
 
 def _reusable(layout: Layout, inputs: dict) -> tuple[dict, pd.DataFrame | None]:
