@@ -516,3 +516,11 @@ def test_a_spread_claim_is_described_as_a_range_on_the_first_screen():
     text = evidence_markdown([finding], Path("results/presets"), "dpclip evidence")
     assert "in range of accuracy over the variants is" in text
     assert "| range of accuracy over the variants |" in text
+
+
+def test_a_variant_named_after_its_epsilon_is_not_repeated_in_the_label():
+    from dpclip.reporting.evidence import _label
+
+    assert _label({"target_epsilon": 0.5, "alpha": "iid", "variant": "eps0.5"}) == "eps 0.5"
+    assert _label({"target_epsilon": 8.0, "alpha": "iid", "variant": "heart"}) == "eps 8, heart"
+    assert _label({"target_epsilon": 8.33, "alpha": "iid", "variant": "main"}) == "eps 8.33"

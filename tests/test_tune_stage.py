@@ -237,6 +237,9 @@ def test_shared_tuning_gives_every_method_the_baselines_learning_rate_and_c(
     assert len(dc) == TUNE["trials"] and set(dc["train.lr"]) == {shared["train.lr"]}
     assert "shared" not in runs["non_private"]["eps8"] or \
         runs["non_private"]["eps8"]["shared"] == {}  # no privacy: its own search
+    assert main([*base, "train"]) == 0  # the runs take the values (fingerprints match)
+    record = read_json(layout.run_dir("auto_s-eps8-iid-seed0") / "record.json")
+    assert {k: record["tuned"][k] for k in shared} == shared
     raw = tiny_raw(train={"methods": ["auto_s"], "epochs": 1}, tune={**TUNE, "shared": True})
     params = write_params(raw)
     assert main(["--params", str(params), "--root", str(tmp_path), "--quiet", "tune"]) == 2

@@ -173,7 +173,8 @@ def _label(key: dict) -> str:
     parts = [f"eps {key['target_epsilon']:g}"]
     if str(key.get("alpha")) not in ("iid", "nan"):
         parts.append(f"alpha {key['alpha']}")
-    if key.get("variant") not in (None, "main"):
+    # a variant named after its epsilon (table10's eps0.5) says nothing the first part does not
+    if key.get("variant") not in (None, "main", f"eps{key['target_epsilon']:g}"):
         parts.append(str(key["variant"]))
     return ", ".join(parts)
 

@@ -157,6 +157,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     space = cls.tuning_space(cls.typed_options(params.method_options(method)),
                              Tunable(*tune.lr, log=True), Tunable(*tune.clip_norm, log=True))
     given = {key: value for key, value in (given or {}).items() if key in space}
+    searched_under = fingerprint(params, method)  # params.yaml's, as a run checks it
     if given:
         params = with_values(params, given)
         space = {key: t for key, t in space.items() if key not in given}
@@ -203,7 +204,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
              "default_accuracy": default["accuracy"], "trials": trials,
              "heldout_accuracy": best.get("heldout_accuracy"),
              "default_heldout_accuracy": default.get("heldout_accuracy"),
-             "fingerprint": fingerprint(params, method)}
+             "fingerprint": searched_under}
     return entry, [{"method": method, "epsilon": epsilon_tag(epsilon), **r} for r in rows]
 
 
