@@ -524,3 +524,14 @@ def test_a_variant_named_after_its_epsilon_is_not_repeated_in_the_label():
     assert _label({"target_epsilon": 0.5, "alpha": "iid", "variant": "eps0.5"}) == "eps 0.5"
     assert _label({"target_epsilon": 8.0, "alpha": "iid", "variant": "heart"}) == "eps 8, heart"
     assert _label({"target_epsilon": 8.33, "alpha": "iid", "variant": "main"}) == "eps 8.33"
+
+
+def test_a_claims_means_keep_their_intervals_inside_zero_and_one():
+    """The README's figure showed an accuracy interval up to 1.07 (two seeds, 0.906 and 0.930)."""
+    from dpclip.reporting.evidence import _paired_row
+
+    mine = pd.Series([0.930, 0.906], index=[0, 1])
+    theirs = pd.Series([0.9304, 0.9088], index=[0, 1])
+    row = _paired_row({"target_epsilon": 0.5}, "dp_sgd", mine, theirs)
+    assert row["method_mean"][2] == 1.0 and row["baseline_mean"][2] == 1.0
+    assert 0.0 <= row["method_mean"][1] < 0.918
