@@ -69,3 +69,4 @@ def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, w
     assert "non_private" not in out.split("At epsilon 8")[1]  # no privacy: not a candidate
     assert "(the baseline)" in out and "auto_s" in out and "advise took" in out
     assert (tmp_path / "advice" / "reports" / "comparison.csv").exists()
+    assert (tmp_path / "advice" / ".gitignore").read_text() == "*\n"  # members' data inside

@@ -234,3 +234,14 @@ def test_the_csv_sources_keys_are_its_options_and_read_back_as_written():
     written = params.data.as_written()
     assert written["target"] == "num" and "options" not in written
     assert "target" not in parse_params({}).data.as_written()  # digits has no CSV keys
+
+
+def test_a_bad_csv_option_is_named_alone():
+    """A failed csv option left the source without options, and the check then also claimed
+    that data.target was missing."""
+    from dpclip.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        parse_params({"data": {"dataset": "csv", "path": "x.csv", "target": "y",
+                               "missing_values": "NA"}})
+    assert "data.missing_values" in str(err.value) and "data.target" not in str(err.value)

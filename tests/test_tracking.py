@@ -330,3 +330,17 @@ def test_each_csv_file_gets_its_own_experiment():
     assert experiment_name(params(dataset="csv", path="other/adult.data", target="y")) == \
         "dpclip-csv-adult"
     assert experiment_name(params(dataset="mnist", path="datasets/mnist")) == "dpclip-mnist"
+
+
+def test_logging_leaves_the_tracking_variable_as_it_was(monkeypatch):
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI: a process started after the report
+    (another project's dvc repro) would log into this project's store."""
+    import os
+
+    from dpclip import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(tracking, "_log_pipeline",
+                        lambda *a: os.environ.__setitem__("MLFLOW_TRACKING_URI", "sqlite:///x"))
+    tracking.log_pipeline(None, None, [])
+    assert "MLFLOW_TRACKING_URI" not in os.environ

@@ -240,7 +240,5 @@ def test_shared_tuning_gives_every_method_the_baselines_learning_rate_and_c(
     assert main([*base, "train"]) == 0  # the runs take the values (fingerprints match)
     record = read_json(layout.run_dir("auto_s-eps8-iid-seed0") / "record.json")
     assert {k: record["tuned"][k] for k in shared} == shared
-    raw = tiny_raw(train={"methods": ["auto_s"], "epochs": 1}, tune={**TUNE, "shared": True})
-    params = write_params(raw)
-    assert main(["--params", str(params), "--root", str(tmp_path), "--quiet", "tune"]) == 2
-    assert "tune.shared: true gives every method dp_sgd's" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"tune\.shared: True gives every method dp_sgd's"):
+        parse_params(tiny_raw(train={"methods": ["auto_s"]}, tune={**TUNE, "shared": True}))

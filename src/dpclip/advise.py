@@ -75,6 +75,9 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     if progress:
         print(f"advise: {len(chosen)} methods ({', '.join(chosen)}) x {n} seeds x every "
               f"target epsilon, into {root}/ (runs already there are reused)", flush=True)
+    # the folder holds the prepared members and the trained models: never for git
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".gitignore").write_text("*\n")
     seconds = run_variant(advice_params(raw, chosen, n), root, progress=progress)
     table = pd.read_csv(root / "reports" / "comparison.csv")
     data = raw.get("data") or {}

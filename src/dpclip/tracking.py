@@ -203,7 +203,8 @@ def _flatten(prefix: str, value, out: dict) -> dict:
 
 def experiment_name(params: Params) -> str:
     """``dpclip-<dataset>``; a table of your own (a ``table`` source: the csv one) also names
-    its file (``dpclip-csv-heart``), so that two CSVs never share an experiment."""
+    its file (``dpclip-csv-heart``), so that CSVs of different names never share an
+    experiment."""
     name = f"dpclip-{params.data.dataset}"
     if params.data.path is not None and get_source(params.data.dataset).kind == "table":
         name += f"-{Path(params.data.path).stem}"
@@ -333,7 +334,20 @@ def source_tags(commit: str) -> dict:
 
 
 def log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
-    """Log one pipeline execution; returns the parent run id and what was new or reused."""
+    """Log one pipeline execution; returns the parent run id and what was new or reused.
+    ``MLFLOW_TRACKING_URI`` is put back as it was after (mlflow.set_tracking_uri exports it),
+    so a process this one starts later does not log into this project's store."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        return _log_pipeline(params, layout, runs)
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey]) -> dict:
     import mlflow
 
     root = layout.root.resolve()

@@ -41,6 +41,7 @@ def parse_params(raw: dict | None) -> Params:
     raw = dict(raw or {})
     methods_raw = raw.pop("methods", None)
     problems: list[str] = []
+    data_problems: list[str] = []
     if isinstance(raw.get("data"), dict):
         raw["data"], data_problems = sources.read_sections(raw["data"])
         problems += data_problems
@@ -55,7 +56,7 @@ def parse_params(raw: dict | None) -> Params:
         # layers, so with an invalid schema only their names are checked
         problems += problems_of(exc)
         valid = _valid_sections(raw)
-        if "data" in valid:
+        if "data" in valid and not data_problems:
             problems += sources.params_problems(valid["data"])
         if "attack" in valid:
             problems += attacks.params_problems(valid["attack"])
@@ -64,8 +65,13 @@ def parse_params(raw: dict | None) -> Params:
         if isinstance(names, list):
             problems += methods.unknown_names([n for n in names if isinstance(n, str)])
         raise ConfigError(list(dict.fromkeys(problems)))
-    problems += sources.params_problems(params.data)
+    if not data_problems:  # a source whose options failed has none to check against
+        problems += sources.params_problems(params.data)
     problems += attacks.params_problems(params.attack)
+    if params.tune.shared and "dp_sgd" not in params.train.methods:
+        problems.append(bad_value("tune.shared", True, f"gives every method dp_sgd's learning "
+                                  f"rate and C, but train.methods {params.train.methods} has "
+                                  f"no dp_sgd"))
     options, method_problems = methods.read_params(methods_raw, params)
     problems += method_problems + _device_problems(params)
     if problems:  # a shared old section is read by several methods: its problems once

@@ -143,6 +143,14 @@ def _current(params: Params, key: str):
     return node
 
 
+def tuning_space(params: Params, method: str) -> dict[str, Tunable]:
+    """What a search for ``method`` varies (:meth:`dpclip.methods.base.Method.tuning_space`)."""
+    cls = get_method(method)
+    return cls.tuning_space(cls.typed_options(params.method_options(method)),
+                            Tunable(*params.tune.lr, log=True),
+                            Tunable(*params.tune.clip_norm, log=True))
+
+
 def search(params: Params, method: str, epsilon, data: TuningData, layout: Layout,
            progress: bool = True, given: dict | None = None) -> tuple[dict, list[dict]]:
     """``tune.trials`` TPE trials for (method, epsilon), the first at params.yaml's values;
@@ -153,9 +161,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tune = params.tune
-    cls = get_method(method)
-    space = cls.tuning_space(cls.typed_options(params.method_options(method)),
-                             Tunable(*tune.lr, log=True), Tunable(*tune.clip_norm, log=True))
+    space = tuning_space(params, method)
     given = {key: value for key, value in (given or {}).items() if key in space}
     searched_under = fingerprint(params, method)  # params.yaml's, as a run checks it
     if given:
@@ -286,10 +292,14 @@ def _search_order(params: Params) -> list[str]:
     methods = list(params.train.methods)
     if not params.tune.shared:
         return methods
-    if BASELINE not in methods:
-        raise ConfigError([f"tune.shared: true gives every method {BASELINE}'s learning rate "
-                           f"and C, but train.methods {methods} has no {BASELINE}"])
+    if BASELINE not in methods:  # refused with the parameters (dpclip.pipeline.params)
+        raise ConfigError([shared_problem(methods)])
     return [BASELINE, *(m for m in methods if m != BASELINE)]
+
+
+def shared_problem(methods: list[str]) -> str:
+    return (f"tune.shared: true gives every method {BASELINE}'s learning rate and C, but "
+            f"train.methods {methods} has no {BASELINE}")
 
 
 def _shared_values(params: Params, method: str, baseline_entry: dict | None) -> dict:
@@ -298,7 +308,8 @@ def _shared_values(params: Params, method: str, baseline_entry: dict | None) -> 
     if not params.tune.shared or method == BASELINE or not get_method(method).private:
         return {}
     values = (baseline_entry or {}).get("values", {})
-    return {key: values[key] for key in SHARED if key in values}
+    space = tuning_space(params, method)  # sanitize never reads train.lr nor C
+    return {key: values[key] for key in SHARED if key in values and key in space}
 
 
 def _reusable(layout: Layout, inputs: dict) -> tuple[dict, pd.DataFrame | None]:
