@@ -21,6 +21,11 @@ class Layout:
         return self.prepared / f"{name}.npz"
 
     @property
+    def sources(self) -> Path:
+        """The check stage's fingerprints of the data files params.yaml names."""
+        return self.root / "data" / "sources.json"
+
+    @property
     def prepared_meta(self) -> Path:
         return self.prepared / "meta.json"
 

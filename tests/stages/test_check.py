@@ -20,7 +20,7 @@ from conftest import PROJECT, merged, tiny_project_params
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.pipeline.params import parse_params
-from dpclip.stages.check import SOURCES, check
+from dpclip.stages.check import check
 
 BIN = Path(sys.executable).parent
 
@@ -49,7 +49,7 @@ def test_check_fingerprints_the_named_files_and_refuses_a_path_that_names_nothin
 
     expected = hashlib.sha256((tmp_path / "mine.csv").read_bytes()).hexdigest()
     assert record == {"data.path": {"path": str(tmp_path / "mine.csv"), "sha256": expected}}
-    assert json.loads((tmp_path / SOURCES).read_text()) == record
+    assert json.loads(Layout(tmp_path).sources.read_text()) == record
     assert check(parse_params({}), Layout(tmp_path)) == {}  # digits: no file named
     raw["data"]["path"] = str(tmp_path / "gone.csv")
     with pytest.raises(DpclipError, match=r"data\.path: .*gone\.csv' names no file"):

@@ -23,7 +23,6 @@ from dpclip.io import write_json
 from dpclip.layout import Layout
 
 NAMED_FILES = ("data.path", "data.shadow_path")
-SOURCES = "data/sources.json"  # under the project root
 
 
 def check(params: Params, layout: Layout = Layout()) -> dict:
@@ -38,7 +37,7 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
         if digest is None:
             raise DpclipError(bad_value(key, path, "names no file or folder"))
         record[key] = {"path": path, "sha256": digest}
-    write_json(layout.root / SOURCES, record)
+    write_json(layout.sources, record)
     return record
 
 
