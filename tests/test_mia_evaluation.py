@@ -17,7 +17,7 @@ from dpclip.artifacts import load_partition, load_split
 from dpclip.attacks.common.membership import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
-from dpclip.errors import DpclipError
+from dpclip.errors import ConfigError, DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.models import build_model
@@ -223,3 +223,58 @@ def test_an_impossible_ir_attack_is_reported_per_layer(tiny_raw, caplog):
                      {"dp_guarantee": False, "epsilon": None}, "fake-run")
     assert free["dp_bound"] == {"checked": False, "reason": "non-private: no finite epsilon"}
     assert all(v["dp_bound_margin"] is None for v in free["layers"].values())
+
+
+def test_the_train_scored_ir_attack_measures_memorisation_and_claims_no_dp_bound(tiny_raw,
+                                                                                 caplog):
+    # members and non-members from one distribution: nothing to infer, so held-out folds give
+    # about a guess, while a boosted-tree classifier scored on its own training records (the
+    # LM-DP-SGD paper's protocol) looks far better than a guess; that score bounds nothing, so
+    # it is never checked against the run's (tiny) epsilon
+    raw = tiny_raw()
+    raw["attack"] = {**raw.get("attack", {}), "classifier": "gbdt"}
+    params = parse_params(raw)
+    rng = np.random.default_rng(0)
+    x_in, x_out = (rng.normal(size=(200, 1, 8, 8)).astype(np.float32) for _ in range(2))
+    labels = np.repeat(np.arange(4), 50)
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 4, [16]).eval()
+    claim = {"dp_guarantee": True, "epsilon": 0.1, "delta": 1e-5, "adjacency": "add_remove"}
+    held_out = ir_attack(params, model, x_in, labels, x_out, labels, np.random.default_rng(1),
+                         claim, "fake-run")
+    with caplog.at_level(logging.ERROR):
+        trained = ir_attack(params, model, x_in, labels, x_out, labels,
+                            np.random.default_rng(1), claim, "fake-run", evaluation="train")
+    assert held_out["evaluation"] == "cv" and trained["evaluation"] == "train"
+    assert abs(held_out["peak_accuracy"] - 0.5) < 0.1
+    assert trained["peak_accuracy"] > 0.9
+    assert trained["n_each"] == held_out["n_each"] == 200
+    assert trained["dp_bound"] == {"checked": False,
+                                   "reason": "scored on the classifier's own training records"}
+    assert "PRIVACY BUG" not in caplog.text
+
+
+def test_train_scoring_without_the_ir_attack_is_refused(tiny_raw):
+    raw = tiny_raw()
+    raw["evaluate"] = {"ir_attack": False, "ir_train_scoring": True}
+    with pytest.raises(ConfigError, match="ir_train_scoring"):
+        parse_params(raw)
+
+
+def test_train_scoring_attacks_the_same_records_and_changes_nothing_else(skewed_project,
+                                                                        tmp_path):
+    from dpclip.stages.report import table_row
+
+    layout = Layout(tmp_path)
+    _write_prior_run(layout, {"dp_guarantee": True, "epsilon": 0.5, "delta": 1e-5,
+                              "target_epsilon": 8.0, "noise_multiplier": 1.0})
+    plain = evaluate(skewed_project, "dp_sgd", 8, 0.1, 0, layout)
+    raw = skewed_project.to_dict()
+    raw["evaluate"]["ir_train_scoring"] = True
+    both = evaluate(parse_params(raw), "dp_sgd", 8, 0.1, 0, layout)
+    assert "ir_train" not in plain["mia"]
+    assert {k: v for k, v in both["mia"].items() if k != "ir_train"} == plain["mia"]
+    ir, trained = both["mia"]["ir"], both["mia"]["ir_train"]
+    assert trained["n_each"] == ir["n_each"] and list(trained["layers"]) == list(ir["layers"])
+    assert table_row(both)["peak_ir_mia_train"] == trained["peak_accuracy"]
+    assert table_row(plain)["peak_ir_mia_train"] is None

@@ -111,6 +111,16 @@ class TrainParams(Section):
 class EvaluateParams(Section):
     ece_bins: Count = 15
     ir_attack: StrictBool = True  # layer-wise membership inference on representations
+    # also score each layer's classifier on the records it was fitted on (the LM-DP-SGD
+    # paper's protocol), reported beside the held-out score as peak_ir_mia_train
+    ir_train_scoring: StrictBool = False
+
+    @model_validator(mode="after")
+    def _train_scoring_needs_the_attack(self):
+        if self.ir_train_scoring and not self.ir_attack:
+            raise ValueError("ir_train_scoring: true scores the layer-wise attack, which "
+                             "ir_attack: false turns off")
+        return self
 
 
 class ShadowParams(Section):

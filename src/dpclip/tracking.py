@@ -79,6 +79,7 @@ SUMMARY_METRICS = {  # MLflow name -> path in the metrics file
     "mia_tpr_at_fpr_1pct": ("mia", "loss", "tpr_at_fpr_1pct"),
     "ir_mia_peak_accuracy": ("mia", "ir", "peak_accuracy"),
     "ir_mia_peak_auc": ("mia", "ir", "peak_auc"),
+    "ir_mia_train_peak_accuracy": ("mia", "ir_train", "peak_accuracy"),
     "mia_label_only_auc": ("mia", "label_only", "auc"),
     "mia_label_only_auc_unmatched": ("mia", "label_only", "auc_unmatched"),
     "mia_n_members": ("mia", "matching", "n_members"),

@@ -117,7 +117,7 @@ class Attack(ABC):
 # ``scores/<run>.csv`` and prefixes of the comparison table's other columns
 RESERVED_NAMES = frozenset({
     "kinds", "classifier", "folds", "max_features", "max_records", "references", "mode",
-    "population", "headline", "options", "mia", "ir", "label_only", "matching", "not_run",
+    "population", "headline", "options", "mia", "ir", "ir_train", "label_only", "matching", "not_run",
     "dp_bound_family", "split", "position", "label", "member", "strongest", "attack", "test",
     "audit", "peak_ir", "epsilon", "dp_bound", "tpr_bound"})
 

@@ -82,6 +82,7 @@ VERDICT_MEANINGS = {
 RULES = ("better", "lowest", "within", "smaller_spread")
 # the direction of each metric a claim may name: True = higher is better
 HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False,
+                    "peak_ir_mia_train": False,
                     "mia_auc": False, "attack_auc": False, "attack_tpr_at_low_fpr": False}
 CONFIGURATION = ["target_epsilon", "alpha", "variant"]
 

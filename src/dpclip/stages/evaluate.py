@@ -159,10 +159,15 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     if layout.audit(run).exists():  # the audit stage's lower bounds (audit.<kind>)
         metrics["audit"] = read_json(layout.audit(run))
     if params.evaluate.ir_attack:
+        same_records = copy.deepcopy(rng)  # the train-scored attack subsamples the same records
         metrics["mia"]["ir"] = ir_attack(params, model, x_attacked_in, y_in[pick_in],
                                          x_out[pick_out], y_out[pick_out], rng, privacy, run,
                                          confidence)
         _write_ir_plots(layout, run, metrics["mia"]["ir"])
+        if params.evaluate.ir_train_scoring:
+            metrics["mia"]["ir_train"] = ir_attack(
+                params, model, x_attacked_in, y_in[pick_in], x_out[pick_out], y_out[pick_out],
+                same_records, evaluation="train")
     _write_plots(layout, run, rocs, probs_out, y_out, params.evaluate.ece_bins, trace, metrics,
                  baseline_attack().name)
     write_json(layout.metrics(run), metrics)
@@ -364,10 +369,14 @@ def _log_violation(run: str, attack: str, check: dict) -> None:
 def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
               y_members: np.ndarray, x_nonmembers: np.ndarray, y_nonmembers: np.ndarray,
               rng: np.random.Generator, privacy: dict | None = None, run: str = "",
-              confidence: float = RUN_CONFIDENCE) -> dict:
+              confidence: float = RUN_CONFIDENCE, evaluation: str = "cv") -> dict:
     """Layer-wise membership inference on intermediate representations (docs/attacks.md,
     "Membership evaluation"): per layer, a classifier of members vs non-members scored on
     held-out folds; accuracy and AUC per layer and the peak over layers.
+
+    ``evaluation="train"`` scores each classifier on the records it was fitted on instead (the
+    LM-DP-SGD paper's protocol, ``evaluate.ir_train_scoring``): a score of the classifier's
+    capacity as much as of the model's leakage, so no DP-bound check applies to it.
 
     The inputs are the class-matched evaluation sets; when they exceed ``attack.max_records``
     per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier
@@ -383,10 +392,11 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
                                               max_per_side=a.max_records)
     reps_in = layer_representations(model, x_members[keep_in], a.max_features)
     reps_out = layer_representations(model, x_nonmembers[keep_out], a.max_features)
-    results = attack_every_layer(reps_in, reps_out, classifier=a.classifier, evaluation="cv",
-                                 folds=a.folds, max_records=a.max_records, seed=params.data.seed,
-                                 return_scores=True)
-    skipped = dp_bound_unchecked(privacy or {})
+    results = attack_every_layer(reps_in, reps_out, classifier=a.classifier,
+                                 evaluation=evaluation, folds=a.folds, max_records=a.max_records,
+                                 seed=params.data.seed, return_scores=True)
+    skipped = dp_bound_unchecked(privacy or {}) if evaluation == "cv" else {
+        "checked": False, "reason": "scored on the classifier's own training records"}
     layers, checks = {}, {}
     for name, r in results.items():
         layers[name] = {k: r[k] for k in ("accuracy", "auc", "features")}
@@ -404,7 +414,8 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
         bound = skipped
     return {"layers": layers, "peak_accuracy": layers[peak]["accuracy"], "peak_layer": peak,
             "peak_auc": max(v["auc"] for v in layers.values()), "classifier": a.classifier,
-            "folds": a.folds, "n_each": results[peak]["n_each"], "dp_bound": bound}
+            "folds": a.folds, "evaluation": evaluation, "n_each": results[peak]["n_each"],
+            "dp_bound": bound}
 
 
 def _write_ir_plots(layout: Layout, run: str, ir: dict) -> None:

@@ -46,7 +46,7 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
            "audit_status", "strongest_auc", "test_auc",
            "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
-           "attack_tpr_at_zero_fp", "c_initial", "c_median"]
+           "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -87,7 +87,8 @@ def table_row(m: dict) -> dict:
             "label_only_auc_unmatched": label_only.get("auc_unmatched"),
             **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p),
             "test_auc": u.get("auc"), "c_initial": m["clip"]["c_initial"],
-            "c_median": m["clip"].get("c_median")}
+            "c_median": m["clip"].get("c_median"),
+            "peak_ir_mia_train": (m["mia"].get("ir_train") or {}).get("peak_accuracy")}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
@@ -424,7 +425,10 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
              "(class-matched, so label skew is not counted as membership).",
              "`peak_ir_mia`: the highest held-out accuracy of the per-layer attacks on "
              "intermediate representations (0.5 is a guess), and the layer where it peaks, on "
-             "the same class-matched sets.",
+             "the same class-matched sets. `peak_ir_mia_train` (`evaluate.ir_train_scoring`): "
+             "the same attacks scored on the records each classifier was fitted on, the "
+             "LM-DP-SGD paper's protocol (it measures the classifier's capacity to memorise as "
+             "much as the model's leakage).",
              *ADDED_NOTES, *attack_notes(attacks_in(metrics)),
              f"Which data each component of each run saw: [data_use.md]({DATA_USE})."]
     notes += _shadow_notes(layout)
