@@ -71,6 +71,42 @@ def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):
     assert "tiny C2:" in capsys.readouterr().out
 
 
+def _two_variant_project(root: Path) -> Path:
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    (root / "presets").mkdir()
+    (root / "presets" / "tiny.yaml").write_text(yaml.safe_dump({
+        "description": "d", "source": "s", "deviations": ["digits"],
+        "params": {"train": {"methods": ["dp_sgd"], "seeds": [0], "epochs": 1},
+                   "attack": {"references": 0}, "audit": {"kinds": []},
+                   "evaluate": {"ir_attack": False}, "shadow": {"epochs": 1}},
+        "variants": {"C1": {"train": {"clip_norm": 1.0}}, "C2": {"train": {"clip_norm": 2.0}}}}))
+    return root
+
+
+def test_variants_side_by_side_give_the_numbers_one_after_another_gives(tmp_path, capsys):
+    import pandas as pd
+
+    tables = {}
+    for jobs in (1, 2):
+        project = _two_variant_project(tmp_path / f"jobs{jobs}")
+        assert main(["--root", str(project), "preset", "tiny", "--jobs", str(jobs)]) == 0
+        out = project / "results" / "presets" / "tiny"
+        assert set(read_json(out / "preset.json")["variants"]) == {"C1", "C2"}
+        for variant in ("C1", "C2"):  # one torch thread per run, whatever the layout
+            raw = yaml.safe_load((out / variant / "params.yaml").read_text())
+            assert raw["train"]["threads"] == 1
+            tables[jobs, variant] = pd.read_csv(out / variant / "reports" / "comparison.csv")
+    assert "2 variants, 2 at a time" in capsys.readouterr().out
+    for variant in ("C1", "C2"):
+        columns = ["accuracy", "ece", "epsilon", "mia_auc", "c_final"]
+        pd.testing.assert_frame_equal(tables[1, variant][columns], tables[2, variant][columns])
+    assert not tables[1, "C1"]["accuracy"].equals(tables[1, "C2"]["accuracy"])
+    with pytest.raises(DpclipError, match="--jobs: 0 must be at least 1"):
+        from dpclip.presets import run_preset
+        run_preset("tiny", project=tmp_path / "jobs1", jobs=0)
+
+
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
     from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout

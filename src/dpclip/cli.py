@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "the project)")
     preset.add_argument("--track", action="store_true", help="also log to MLflow")
     preset.add_argument("--seeds", type=int, help="seeds 0 .. N-1 instead of the preset's")
+    preset.add_argument("--jobs", type=int, help="variants run side by side, one process "
+                                                 "each (default: one per CPU)")
     preset.add_argument("--params-only", action="store_true",
                         help="write each variant's params.yaml and print the commands that run "
                              "it with the Prefect flow (on Dask), without running anything")

@@ -24,7 +24,7 @@ def preset(args) -> int:
             return 0
         options = dict(variants=args.variant, project=root, track=args.track,
                        datasets=Path(args.datasets) if args.datasets else None,
-                       progress=not args.quiet)
+                       progress=not args.quiet, jobs=args.jobs)
         if args.seeds is not None and args.seeds < 1:
             raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
         if args.params_only:

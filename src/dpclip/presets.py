@@ -9,6 +9,13 @@ Each variant runs the same stage functions DVC runs, in order, in its own projec
 presets never touch the main pipeline's outputs. ``preset.json`` there records the deviations
 and the wall time of each variant; :mod:`dpclip.reporting.evidence` reads the results.
 
+Variants run side by side, one process each (``jobs``, default one per CPU), and every preset
+run trains with :data:`PRESET_THREADS` torch thread unless the preset sets ``train.threads``
+(params.yaml's does not count): a run's numbers depend on its thread count (floating-point
+sums split differently), never on how many runs share the machine. On a 2-core CPU two single-threaded runs side by side train 1.2x
+(the paper CNN) to 1.6x (the MNIST MLP) as many runs per hour as one two-threaded run after
+another (docs/measurements.md).
+
 ``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``
 (default: ``datasets/`` in the project, which git ignores), where the real MNIST,
 Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
@@ -16,7 +23,10 @@ Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
@@ -28,7 +38,7 @@ from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
 from dpclip.pipeline.local import run_stages
-from dpclip.pipeline.params import load_params
+from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
 from dpclip.pipeline.provenance import TRAIN
@@ -38,6 +48,7 @@ RESULTS = Path("results") / "presets"
 DATASETS_PREFIX = "$DATASETS"  # data.path: $DATASETS/mnist -> <--datasets>/mnist
 DEFAULT_DATASETS = "datasets"
 SINGLE = "main"  # the variant name of a preset without variants
+PRESET_THREADS = 1  # torch threads of every preset run (a preset's train.threads wins)
 
 
 def available_presets(folder: Path = PRESETS) -> list[str]:
@@ -71,10 +82,11 @@ PRESET_MIN_REFERENCES = 8
 
 
 def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> dict:
-    """The raw parameters of one variant: params.yaml, the preset's overlay, the variant's.
-    A preset that runs LiRA and RMIA uses at least :data:`PRESET_MIN_REFERENCES` reference
-    models."""
-    raw = yaml.safe_load(base.read_text())
+    """The raw parameters of one variant: params.yaml with :data:`PRESET_THREADS` torch
+    threads, the preset's overlay, the variant's. A preset that runs LiRA and RMIA uses at least
+    :data:`PRESET_MIN_REFERENCES` reference models."""
+    raw = with_overrides(yaml.safe_load(base.read_text()),
+                         {"train": {"threads": PRESET_THREADS}})
     raw = with_overrides(raw, _resolve_datasets(preset["params"], datasets))
     variants = preset.get("variants") or {}
     if variant != SINGLE:
@@ -135,12 +147,23 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
     return time.perf_counter() - started
 
 
+def default_jobs() -> int:
+    """One variant process per CPU this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
 def run_preset(name: str, *, variants: list[str] | None = None, project: Path = Path("."),
                datasets: Path | None = None, track: bool = False, progress: bool = True,
-               seeds: int | None = None) -> dict:
+               seeds: int | None = None, jobs: int | None = None) -> dict:
     """Run the preset's variants (all by default), with seeds 0 .. ``seeds`` - 1 instead of the
-    preset's own when given; write and return ``preset.json``. Runs already done are not run
-    again (the per-run provenance), so more seeds only train the new ones."""
+    preset's own when given, ``jobs`` variants at a time in processes of their own (default:
+    :func:`default_jobs`); write and return ``preset.json``. Runs already done are not run
+    again (the per-run provenance), so more seeds only train the new ones. A variant that fails
+    stops no other: the others finish and are recorded, then the first failure is raised."""
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise DpclipError(f"--jobs: {jobs} must be at least 1")
     preset = load_preset(name, project / PRESETS)
     datasets = (datasets or (project / DEFAULT_DATASETS)).resolve()  # the runs may move
     chosen = variants or list(preset.get("variants") or {SINGLE: {}})
@@ -151,13 +174,15 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     if record_path.is_file():  # variants run earlier keep their times; a power record is
         # rewritten by seeds_by_power alone (another number of seeds would make it stale)
         record["variants"] = read_json(record_path).get("variants", {})
-    for variant in chosen:
-        if progress:
-            print(f"preset {name}, variant {variant}", flush=True)
+    raws = {}
+    for variant in chosen:  # every variant's parameters are checked before any runs
         raw = variant_params(preset, variant, project / "params.yaml", datasets)
         if seeds is not None:
             raw = with_overrides(raw, {"train": {"seeds": list(range(seeds))}})
-        seconds = run_variant(raw, out / variant, track=track, progress=progress)
+        raws[variant] = raw
+        parse_params(raws[variant])
+
+    def finished(variant: str, seconds: float) -> None:
         if record_path.is_file():  # another process may have run other variants meanwhile
             record["variants"] = {**record["variants"],
                                   **read_json(record_path).get("variants", {})}
@@ -166,9 +191,49 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
         total = earlier.get("wall_s_total", earlier.get("wall_s", 0.0)) + seconds
         record["variants"][variant] = {"wall_s": round(seconds, 1),
                                        "wall_s_total": round(total, 1),
-                                       "seeds": len(raw["train"]["seeds"])}
+                                       "seeds": len(raws[variant]["train"]["seeds"])}
         write_json(record_path, record)
+
+    jobs = min(jobs, len(chosen))
+    if jobs == 1:
+        for variant in chosen:
+            if progress:
+                print(f"preset {name}, variant {variant}", flush=True)
+            finished(variant, run_variant(raws[variant], out / variant, track=track,
+                                          progress=progress))
+    else:
+        _run_side_by_side(name, raws, out, jobs, track, progress, finished)
     return {k: v for k, v in record.items() if v is not None}
+
+
+def _run_side_by_side(name: str, raws: dict, out: Path, jobs: int, track: bool,
+                      progress: bool, finished) -> None:
+    """Each variant in a process of its own, ``jobs`` at a time (spawned: no state of this
+    process is shared); ``finished(variant, seconds)`` as each ends. The runs' own progress
+    bars would interleave, so each variant's start and end is printed instead."""
+    failures = []
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        if progress:
+            print(f"preset {name}: {len(raws)} variants, {jobs} at a time, one process each",
+                  flush=True)
+        futures = {pool.submit(run_variant, raw, out / variant, track, False): variant
+                   for variant, raw in raws.items()}
+        for done, future in enumerate(as_completed(futures), 1):
+            variant = futures[future]
+            try:
+                seconds = future.result()
+            except Exception as exc:  # the other variants still finish and are recorded
+                failures.append((variant, exc))
+                print(f"preset {name}, variant {variant} failed: {exc}", flush=True)
+                continue
+            finished(variant, seconds)
+            if progress:
+                print(f"preset {name}, variant {variant}: {seconds:.0f} s ({done} of "
+                      f"{len(raws)})", flush=True)
+    if failures:
+        variant, exc = failures[0]
+        raise DpclipError(f"preset {name}, variant {variant}: {exc}") from exc
 
 
 def _training_seconds(root: Path) -> float:
