@@ -413,3 +413,18 @@ def test_the_audit_plot_holds_every_point_inside_its_axes(overlays_of):
         assert 8 <= x <= spec["width"] - 8 and 8 <= y <= spec["height"] - 8, (x, y)
     # the runs without a bound are named under the plot, with the reason
     assert "sanitize-eps8-iid-seed0 (workspace): not applicable (replace_one_features" in svg
+
+
+def test_each_roc_plot_names_its_attack(overlays_of):
+    # DVC draws one ROC plot per overlays/roc/<attack>.csv under one title: each names its
+    # attack in its corner, from the file's name
+    import vl_convert
+
+    root, shown = overlays_of([0])
+    specs = vega_specs({"workspace": shown}, root / ".dvc" / "plots")
+    rocs = {name: spec for name, spec in specs.items() if name.startswith("overlays/roc/")}
+    assert rocs
+    for name, spec in rocs.items():
+        attack = Path(name).stem
+        svg = vl_convert.vegalite_to_svg(spec, vl_version=VEGA_LITE)
+        assert f"attack: {attack}" in svg, name

@@ -97,6 +97,8 @@ def test_variants_side_by_side_give_the_numbers_one_after_another_gives(tmp_path
             raw = yaml.safe_load((out / variant / "params.yaml").read_text())
             assert raw["train"]["threads"] == 1
             tables[jobs, variant] = pd.read_csv(out / variant / "reports" / "comparison.csv")
+            if jobs == 2:  # each variant's progress in its own log, not interleaved
+                assert "train dp_sgd-eps8-iid-seed0" in (out / variant / "preset.log").read_text()
     assert "2 variants, 2 at a time" in capsys.readouterr().out
     for variant in ("C1", "C2"):
         columns = ["accuracy", "ece", "epsilon", "mia_auc", "c_final"]

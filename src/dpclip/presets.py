@@ -206,19 +206,33 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     return {k: v for k, v in record.items() if v is not None}
 
 
+PROGRESS_LOG = "preset.log"  # in a variant's folder: its progress when run side by side
+
+
+def _run_variant_logged(raw: dict, root: Path, track: bool, progress: bool) -> float:
+    """:func:`run_variant` with its output (stage lines, progress bars) written to
+    ``root/preset.log`` instead of the terminal it would share with the other variants."""
+    import contextlib
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / PROGRESS_LOG, "w", buffering=1) as log, \
+            contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        return run_variant(raw, root, track=track, progress=progress)
+
+
 def _run_side_by_side(name: str, raws: dict, out: Path, jobs: int, track: bool,
                       progress: bool, finished) -> None:
     """Each variant in a process of its own, ``jobs`` at a time (spawned: no state of this
-    process is shared); ``finished(variant, seconds)`` as each ends. The runs' own progress
-    bars would interleave, so each variant's start and end is printed instead."""
+    process is shared); ``finished(variant, seconds)`` as each ends. Each variant's progress
+    goes to its folder's ``preset.log``, since the bars would interleave on one terminal."""
     failures = []
     with ProcessPoolExecutor(max_workers=jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         if progress:
-            print(f"preset {name}: {len(raws)} variants, {jobs} at a time, one process each",
-                  flush=True)
-        futures = {pool.submit(run_variant, raw, out / variant, track, False): variant
-                   for variant, raw in raws.items()}
+            print(f"preset {name}: {len(raws)} variants, {jobs} at a time, one process each; "
+                  f"progress: tail -f {out}/*/{PROGRESS_LOG}", flush=True)
+        futures = {pool.submit(_run_variant_logged, raw, out / variant, track, progress):
+                   variant for variant, raw in raws.items()}
         for done, future in enumerate(as_completed(futures), 1):
             variant = futures[future]
             try:
