@@ -300,9 +300,12 @@ def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
     claims = load_claims(PROJECT / "presets" / "claims.yaml")
     assert {c["preset"] for c in claims if "preset" in c} <= \
         {p.stem for p in (PROJECT / "presets").glob("*.yaml")}
-    assert all("effect" in c for c in claims if "untestable" not in c)
-    assert [f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml",
-                                        tmp_path)] == [UNTESTABLE] * len(claims)
+    run = [c for c in claims if "untestable" not in c and c["rule"] != "accounting"]
+    assert all("effect" in c for c in run)
+    # without runs every claim that needs them is untestable; the accounting claims need none
+    assert [f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml", tmp_path)
+            if f.claim.get("rule") != "accounting"] == [UNTESTABLE] * (
+        len(claims) - sum(c.get("rule") == "accounting" for c in claims))
     bad = tmp_path / "claims.yaml"
     bad.write_text(yaml.safe_dump({"claims": [{**_claim("not_worse"), "id": "b"}]}))
     with pytest.raises(DpclipError, match="rule 'not_worse'"):

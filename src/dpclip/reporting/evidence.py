@@ -50,6 +50,7 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
+from dpclip.reporting.accounting import CHECKS, run_check
 from dpclip.reporting.plots import claim_figure
 from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval,
                                          minimum_exact_seeds, paired_test, seeds_needed)
@@ -57,7 +58,11 @@ from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_int
 HELD, CONTRADICTED, INCONCLUSIVE = "held", "contradicted", "inconclusive"
 NOT_REPRODUCED, UNTESTABLE = "setting not reproduced", "not testable here"
 NOT_AT_SCALE = "not testable at this scale"
-VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, NOT_AT_SCALE, UNTESTABLE)
+# claims about the epsilon itself (rule ``accounting``): computed, no runs
+HELD_BY_ACCOUNTING = "held by the accounting"
+CONTRADICTED_BY_ACCOUNTING = "contradicted by the accounting"
+VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, NOT_AT_SCALE, UNTESTABLE,
+            HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING)
 # what a claim's mechanism needs to act in the runs (claims.yaml `preconditions`, each
 # {kind, method, ...}): clip_moves (min: |log(C_T / C_0)| averaged over the method's runs),
 # leaks (metric, min: the method's mean over seeds), adjacency (paper: the neighbouring notion
@@ -78,8 +83,14 @@ VERDICT_MEANINGS = {
                   "does not leak, or the epsilon is of another neighbouring notion)",
     UNTESTABLE: "no runs, fewer than two paired seeds, or nothing in the paper to compare "
                 "with",
+    HELD_BY_ACCOUNTING: "a claim about the privacy accounting itself: the mechanism the paper "
+                        "describes, accounted with our accountant, gives the claimed epsilon "
+                        "(computed, no runs; the computation is given)",
+    CONTRADICTED_BY_ACCOUNTING: "a claim about the privacy accounting itself: the mechanism "
+                                "the paper describes gives a larger epsilon than claimed "
+                                "(computed, no runs; the computation is given)",
 }
-RULES = ("better", "lowest", "within", "smaller_spread")
+RULES = ("better", "lowest", "within", "smaller_spread", "accounting")
 # the direction of each metric a claim may name: True = higher is better
 HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False,
                     "peak_ir_mia_train": False,
@@ -114,6 +125,13 @@ def load_claims(path: Path) -> list[dict]:
         if claim.get("rule") not in RULES:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule {claim.get('rule')!r} "
                               f"is not one of {list(RULES)}")
+        if claim["rule"] == "accounting":
+            if not isinstance(claim.get("accounting"), dict) or \
+                    claim["accounting"].get("check") not in CHECKS:
+                raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'accounting' needs "
+                                  f"accounting: {{check: one of {list(CHECKS)}, ...}}, not "
+                                  f"{claim.get('accounting')!r}")
+            continue
         if claim["rule"] == "within" and not isinstance(claim.get("margin"), (int, float)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'within' needs a "
                               f"numeric margin, not {claim.get('margin')!r}")
@@ -456,9 +474,15 @@ def _adjacency_mismatch(table: pd.DataFrame, method: str, baselines: list[str],
 
 
 def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
-    """The verdict of one claim on its preset's runs (``table``: None when not run)."""
+    """The verdict of one claim on its preset's runs (``table``: None when not run); a claim
+    about the accounting itself is computed (:mod:`dpclip.reporting.accounting`)."""
     if "untestable" in claim:
         return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
+    if claim.get("rule") == "accounting":
+        check = run_check(claim["accounting"])
+        verdict = HELD_BY_ACCOUNTING if check.holds else CONTRADICTED_BY_ACCOUNTING
+        return Finding(claim, verdict, f"the mechanism gives epsilon {check.computed:.3g} where "
+                                       f"the paper claims {check.claimed:g}", ours=check.lines)
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
@@ -677,6 +701,12 @@ def first_screen(findings: list[Finding]) -> list[str]:
                 if len(decided) > len(held) else "")
              + " How sure: the differences below, each with its interval and seeds; every "
                "other claim is undecided."]
+    computed = [f for f in findings if f.verdict in (HELD_BY_ACCOUNTING,
+                                                     CONTRADICTED_BY_ACCOUNTING)]
+    if computed:
+        lines += ["", "**Is the epsilon right?** Computed, no runs: " + "; ".join(
+            f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
+            for f in computed) + "."]
     if clear:
         lines += ["", f"Differences every seed agrees on, largest first ({len(clear[:CLEAR])} of "
                   f"{len(clear)}; with 2 seeds both fall on one side by chance half the time, "
@@ -741,7 +771,10 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
         if f.preconditions:
             lines += ["*Can the mechanism act here?*", ""] + \
                 [f"- {text}" for text in f.preconditions] + [""]
-        if f.ours:
+        if f.ours and c.get("rule") == "accounting":
+            lines += [f"*The computation* (`dpclip.reporting.accounting`, check "
+                      f"`{c['accounting']['check']}`).", ""] + [f"- {text}" for text in f.ours] + [""]
+        elif f.ours:
             lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
                 [f"- {text}" for text in f.ours] + [""]
         if f.ablation:

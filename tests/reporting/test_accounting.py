@@ -1,0 +1,88 @@
+"""Claims about the privacy accounting itself, computed: each check's numbers against bounds
+worked out independently of Opacus, and the verdicts the evidence report gives them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dpclip.errors import DpclipError
+from dpclip.reporting.accounting import noise_split, poisson_amplification, run_check
+from dpclip.reporting.evidence import (CONTRADICTED_BY_ACCOUNTING, HELD_BY_ACCOUNTING,
+                                       evidence_markdown, judge, load_claims)
+
+PAPER_SANITIZE = {"check": "poisson_amplification", "records": 60000, "batch_size": 20,
+                  "epochs": 100, "epsilon": 1.0, "delta": 1e-5}
+DC_SGD_SPLIT = {"check": "noise_split", "epsilon": 8.0, "delta": 1e-5,
+                "sample_rate": 256 / 60000, "steps": 3510, "sigma_h_ratio": 5.0}
+
+
+def _gaussian_dp_epsilon(mu: float, delta: float) -> float:
+    """The exact epsilon of a mu-GDP mechanism at delta (Balle and Wang 2018, Theorem 8):
+    delta(eps) = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2), solved for eps."""
+    def gap(eps):  # e^eps Phi(x) as exp(eps + log Phi(x)), which does not overflow
+        return (norm.cdf(-eps / mu + mu / 2)
+                - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)) - delta)
+    return brentq(gap, 0.0, mu * mu / 2 + 10 * mu + 50)
+
+
+def test_the_sanitize_claim_holds_only_under_the_amplification_its_batches_do_not_give():
+    check = poisson_amplification(PAPER_SANITIZE)
+    # the paper's own accounting reproduces its number: 300,000 steps at q = 1/3000
+    assert "300,000 Poisson-subsampled steps" in check.lines[0]
+    sigma = float(check.lines[0].split("with sigma ")[1].split(" ")[0])
+    assert 0.95 < sigma < 1.1
+    # 100 unsubsampled Gaussian releases at sigma: mu-GDP with mu = sqrt(100) / sigma. RDP's
+    # conversion is no tighter than the exact GDP curve and no looser than zCDP's
+    # rho + 2 sqrt(rho log(1 / delta)) with rho = 100 / (2 sigma^2)
+    exact = _gaussian_dp_epsilon(math.sqrt(100) / sigma, 1e-5)
+    rho = 100 / (2 * sigma ** 2)
+    zcdp = rho + 2 * math.sqrt(rho * math.log(1e5))
+    assert exact <= check.computed <= zcdp * 1.001
+    assert check.computed > 80 and not check.holds  # about 96 times the claimed epsilon
+    assert check.claimed == 1.0
+
+
+def test_dc_sgds_split_recombines_to_dp_sgds_sigma_and_epsilon():
+    check = noise_split(DC_SGD_SPLIT)
+    # by hand: sigma_H = 5 sigma gives sigma_T = sigma (1 - 1/25)^(-1/2) = 1.0206207 sigma
+    sigma = float(check.lines[0].split("sigma ")[1].split(" ")[0])
+    sigma_t = float(check.lines[1].split("sigma_T = (sigma^-2 - sigma_H^-2)^-1/2 = ")[1]
+                    .split(";")[0])
+    assert sigma_t / sigma == pytest.approx(1 / math.sqrt(1 - 1 / 25), rel=1e-3)
+    assert check.holds and check.computed <= 8.0 and check.computed == pytest.approx(8.0, abs=0.05)
+    # a histogram noisier than the whole step leaves nothing for the gradient: refused
+    with pytest.raises(DpclipError, match="too small"):
+        noise_split({**DC_SGD_SPLIT, "sigma_h_ratio": 0.5})
+
+
+def test_a_bad_check_is_refused_by_name():
+    with pytest.raises(DpclipError, match="'nope' is not one of"):
+        run_check({"check": "nope"})
+    with pytest.raises(DpclipError, match="epochs must be a number above 0, not -3"):
+        run_check({**PAPER_SANITIZE, "epochs": -3})
+
+
+def test_accounting_claims_get_their_own_verdicts_and_the_computation(tmp_path):
+    claims = [{"id": "san", "claim": "It is (1, 1e-5)-DP.", "source": "s", "paper": "p",
+               "rule": "accounting", "accounting": PAPER_SANITIZE},
+              {"id": "split", "claim": "Unchanged cost.", "source": "s", "paper": "p",
+               "rule": "accounting", "accounting": DC_SGD_SPLIT}]
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": claims}))
+    loaded = load_claims(path)
+    findings = [judge(c, None) for c in loaded]
+    assert [f.verdict for f in findings] == [CONTRADICTED_BY_ACCOUNTING, HELD_BY_ACCOUNTING]
+    text = evidence_markdown(findings, Path("results/presets"), "dpclip evidence")
+    assert "**Is the epsilon right?** Computed, no runs: **san** contradicted by the " \
+           "accounting" in text
+    assert "*The computation* (`dpclip.reporting.accounting`, check " \
+           "`poisson_amplification`)." in text
+    path.write_text(yaml.safe_dump({"claims": [{**claims[0], "accounting": {"check": "x"}}]}))
+    with pytest.raises(DpclipError, match="rule 'accounting' needs accounting"):
+        load_claims(path)
