@@ -194,7 +194,7 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
                         "peak_ir_mia": m["mia"].get("ir", {}).get("peak_accuracy"),
                         "trained": trained.message != UP_TO_DATE,
                         "evaluated": state.message != UP_TO_DATE})
-        print(summary[-1])
+        print(run_line(summary[-1]))
     result = states["report"].result()
     # the UI lists the newest artifact first: every column of every run, the report (which
     # opens with the short table), then the short table itself (what the terminal prints)
@@ -212,6 +212,23 @@ def pipeline(params_path: str = "params.yaml", root: str = ".", track: bool = Tr
 
         print(describe(result.mlflow))
     return summary
+
+
+def _short(value, digits: int) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def run_line(entry: dict) -> str:
+    """One run of the flow's summary as the terminal shows it: rounded, and what was done."""
+    done = [what for what in ("trained", "evaluated") if entry[what]] or ["up to date"]
+    peak = "" if entry["peak_ir_mia"] is None else \
+        f", peak IR attack {_short(entry['peak_ir_mia'], 3)}"
+    return (f"{entry['run']}: epsilon {_short(entry['epsilon'], 2)}, accuracy "
+            f"{_short(entry['accuracy'], 4)}, ECE {_short(entry['ece'], 4)}, "
+            f"{baseline_attack().name} attack AUC {_short(entry['mia_auc'], 3)}{peak} "
+            f"({', '.join(done)})")
 
 
 def _per_run_stages(params, layout: Layout, keys: list[RunKey], stages: list[Stage],

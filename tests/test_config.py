@@ -164,3 +164,26 @@ def test_an_invalid_section_still_names_unknown_methods_and_invents_no_layer_pro
         parse_params(tiny_raw(train={"model": "cnn", "lr": -1},
                               methods={"ww_dp_sgd": {"probe": "conv1"}}))
     assert info.value.problems == ["train.lr: -1 input should be greater than 0"]
+
+
+def test_a_typo_in_a_key_names_the_key_it_was_meant_to_be(tiny_raw):
+    raw = tiny_raw()
+    raw["train"]["epoch"] = 3
+    raw["privacy"]["target_epsilon"] = [1]
+    raw["train"]["zzz"] = 1
+    raw["attack"] = {**raw.get("attack", {}), "lira": {"fixed_varianse": True}}
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw)
+    text = str(caught.value)
+    raw = tiny_raw(methods={"dp_sdg": {}, "ww_dp_sgd": {"kapa": 0.1}})
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw)
+    text += "\n" + str(caught.value)
+    assert "methods.ww_dp_sgd.kapa: 0.1 is not a known key (did you mean 'kappa'?)" in text
+    assert "train.epoch: 3 is not a known key (did you mean 'epochs'?)" in text
+    assert "privacy.target_epsilon: [1] is not a known key (did you mean " \
+           "'target_epsilons'?)" in text
+    assert "train.zzz: 1 is not a known key\n" in text + "\n"  # nothing close: no guess
+    assert "methods.dp_sdg: {} is not a known key (did you mean 'dp_sgd'?)" in text
+    assert ("attack.lira.fixed_varianse: True is not a known key (did you mean "
+            "'fixed_variance'?)") in text

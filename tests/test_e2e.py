@@ -4,6 +4,7 @@ the dpclip CLI) and Prefect (`python -m flows.pipeline`), with MLflow records.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -260,10 +261,11 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
         assert a["mia"]["lira"] == b["mia"]["lira"]  # reference models trained on Dask
     # same models -> the Prefect execution reuses the DVC execution's child runs
     assert "0 new configuration(s), 2 already logged" in out
-    assert "'trained': True" in out  # a new root: everything ran
+    assert "(trained, evaluated)" in out  # a new root: everything ran
+    assert "'trained'" not in out  # one readable line per run, not a Python dict
     again = _sh([sys.executable, "-m", "flows.pipeline", "--params", str(params), "--root",
                  str(other), "--sequential"], PROJECT, env)
-    assert again.count("'trained': False, 'evaluated': False") == len(RUNS)  # provenance
+    assert again.count("(up to date)") == len(RUNS)  # provenance
     listed = _sh([sys.executable, "-c", ARTIFACTS], PROJECT, env)
     assert "dpclip-comparison table" in listed and "dpclip-report markdown" in listed
     assert "dpclip-summary table" in listed  # the short table, shown first (created last)
@@ -431,3 +433,17 @@ def test_the_evaluate_stage_writes_the_same_bytes_under_another_blas_kernel(dvc_
         {**env, "OPENBLAS_CORETYPE": "Prescott"})
     after = {p.name: p.read_bytes() for p in (project / "metrics").glob("*.json")}
     assert before and after == before
+
+
+def test_the_flows_summary_line_is_rounded_and_says_what_was_done():
+    from flows.pipeline import run_line
+
+    entry = {"run": "dp_sgd-eps8-iid-seed0", "epsilon": 7.998353310129483,
+             "accuracy": 0.9166666666666666, "ece": 0.02718, "mia_auc": 0.5512345,
+             "peak_ir_mia": None, "trained": True, "evaluated": True}
+    assert run_line(entry) == ("dp_sgd-eps8-iid-seed0: epsilon 8.00, accuracy 0.9167, ECE "
+                               "0.0272, loss attack AUC 0.551 (trained, evaluated)")
+    free = {**entry, "epsilon": math.inf, "peak_ir_mia": 0.5123, "trained": False,
+            "evaluated": False}
+    assert run_line(free).startswith("dp_sgd-eps8-iid-seed0: epsilon -,")
+    assert run_line(free).endswith("peak IR attack 0.512 (up to date)")

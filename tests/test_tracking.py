@@ -344,3 +344,14 @@ def test_logging_leaves_the_tracking_variable_as_it_was(monkeypatch):
                         lambda *a: os.environ.__setitem__("MLFLOW_TRACKING_URI", "sqlite:///x"))
     tracking.log_pipeline(None, None, [])
     assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_the_ui_address_is_the_tracking_servers_own_when_there_is_one():
+    from dpclip.tracking import describe
+
+    summary = {"experiment": "dpclip-digits", "parent_run_id": "p", "new": [], "reused": [],
+               "experiment_id": "3", "view": None}
+    local = describe({**summary, "tracking_uri": "sqlite:////x/mlflow/mlflow.db"})
+    assert "MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/3/" in local
+    served = describe({**summary, "tracking_uri": "http://10.0.0.5:5001/"})
+    assert "MLflow UI: http://10.0.0.5:5001/#/experiments/3/runs?" in served

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 from dpclip.errors import DpclipError
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("opacus").setLevel(logging.WARNING)  # per-layer mode notes at INFO
+    # Opacus warns whenever the best RDP order is its largest: the epsilon it then gives is
+    # still an upper bound (valid, if not the tightest), and the warning repeats per search
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha",
+                            category=UserWarning)
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
     if args.command == "preset":  # reads params.yaml under its own overlays

@@ -5,6 +5,7 @@ value."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Annotated, Any
@@ -89,8 +90,29 @@ class Section(BaseModel):
 KEYED = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)+: ")
 
 
-def problems_of(error: ValidationError, prefix: tuple = ()) -> list[str]:
-    """One line per problem: the full dotted key, the value, what was expected."""
+def known_keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """The keys the section at ``loc`` inside ``model`` takes ([] where no model says)."""
+    for part in loc:
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        model = annotation if isinstance(annotation, type) and \
+            issubclass(annotation, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def unknown_key(key: str, value, known) -> str:
+    """``key: value is not a known key``, with the closest known key when one is close."""
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(known), n=1)
+    return bad_value(key, value, "is not a known key"
+                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+
+
+def problems_of(error: ValidationError, prefix: tuple = (),
+                model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem: the full dotted key, the value, what was expected; an unknown key
+    names the closest key of its section (``model``: the model validated)."""
     out = []
     for e in error.errors():
         key = ".".join(str(p) for p in (*prefix, *e["loc"]) if not isinstance(p, int))
@@ -98,7 +120,7 @@ def problems_of(error: ValidationError, prefix: tuple = ()) -> list[str]:
             for line in str(e["ctx"]["error"]).splitlines():  # a line may name its own key
                 out.append(line if KEYED.match(line) else f"{key}: {line}")
         elif e["type"] == "extra_forbidden":
-            out.append(bad_value(key, e["input"], "is not a known key"))
+            out.append(unknown_key(key, e["input"], known_keys(model, e["loc"][:-1])))
         else:
             out.append(bad_value(key, e["input"], e["msg"][0].lower() + e["msg"][1:]))
     return out

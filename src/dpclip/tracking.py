@@ -489,10 +489,14 @@ def describe(summary: dict) -> str:
     headline view (MLflow 3.17's UI opens every experiment in its GenAI view unless the
     browser's switch or the address asks for the other)."""
     view = f"&viewStateShareKey={summary['view']}" if summary.get("view") else ""
+    uri = summary["tracking_uri"]
+    # a tracking server is its own UI; a local store is shown by `mlflow ui` (port 5000)
+    served = uri.startswith(("http://", "https://"))
+    where = uri.rstrip("/") if served else "http://127.0.0.1:5000"
     return (f"MLflow: experiment {summary['experiment']!r}, parent run "
             f"{summary['parent_run_id']}, {len(summary['new'])} new configuration(s), "
-            f"{len(summary['reused'])} already logged ({summary['tracking_uri']})\n"
-            f"MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/"
+            f"{len(summary['reused'])} already logged ({uri})\n"
+            f"MLflow UI{'' if served else ' (after `make mlflow-ui`)'}: {where}/#/experiments/"
             f"{summary['experiment_id']}/runs?workflowType=machine_learning{view}")
 
 

@@ -56,7 +56,7 @@ def read_sections(section: dict | None) -> tuple[dict, list[str]]:
         try:
             options[name] = attack.Options.model_validate(written.get(name) or {}).model_dump()
         except ValidationError as exc:
-            problems += problems_of(exc, ("attack", name))
+            problems += problems_of(exc, ("attack", name), attack.Options)
     return {**data, "options": options}, problems
 
 

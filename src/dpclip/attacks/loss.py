@@ -27,7 +27,8 @@ def log_true_class_probability(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
     p_y is within 1e-12 of 1 (z_y - logsumexp(z) would round such a loss to a multiple of
     |z| EPS64, tying again), and finite for finite logits."""
     z = torch.tensor(np.asarray(logits), dtype=torch.float64)  # a copy: evidence is read-only
-    rows, labels = torch.arange(len(z)), torch.as_tensor(y, dtype=torch.int64)
+    rows = torch.arange(len(z))
+    labels = torch.tensor(np.asarray(y), dtype=torch.int64)  # a copy: y may be read-only
     gaps = z - z[rows, labels][:, None]
     gaps[rows, labels] = -math.inf  # exp(-inf) = 0: the true class is not among the others
     top = gaps.amax(dim=1, keepdim=True).clamp_min(0)  # exp never overflows

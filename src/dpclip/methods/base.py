@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from torch import nn
 
 from dpclip.errors import bad_value
-from dpclip.param_types import NUMBER, problems_of
+from dpclip.param_types import NUMBER, problems_of, unknown_key
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 from dpclip.registry import Registry
@@ -340,7 +340,7 @@ def read_method_options(raw: object, layer_names: list[str], problems: list[str]
     for cls in REGISTRY.values():
         for old in cls.OLD_SECTIONS:
             readers.setdefault(old, []).append(cls)
-    problems += [bad_value(f"methods.{k}", v, "is not a known key")
+    problems += [unknown_key(f"methods.{k}", v, REGISTRY)
                  for k, v in raw.items() if k not in set(REGISTRY) | set(readers)]
     for old, classes in readers.items():
         if old in raw and old not in REGISTRY:
@@ -369,7 +369,7 @@ def read_method_options(raw: object, layer_names: list[str], problems: list[str]
         try:
             values = cls.parse_options(section)
         except ValidationError as exc:
-            problems += problems_of(exc, ("methods", key))
+            problems += problems_of(exc, ("methods", key), cls.options_model())
             continue
         problems += cls.check_options(values, f"methods.{key}", layer_names)
         out[name] = values
@@ -383,7 +383,7 @@ def _old_section_problems(old: str, section, classes: list[type[Method]]) -> lis
     if not isinstance(section, dict):
         return [bad_value(f"methods.{old}", section, "must be a mapping of keys")]
     known = {k for cls in classes for k in cls.OPTIONS}
-    return [bad_value(f"methods.{old}.{k}", v, "is not a known key")
+    return [unknown_key(f"methods.{old}.{k}", v, known)
             for k, v in section.items() if k not in known]
 
 

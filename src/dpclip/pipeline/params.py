@@ -54,7 +54,7 @@ def parse_params(raw: dict | None) -> Params:
         # as each section's own validators did: a family's checks of a section that is valid
         # on its own still run (every problem at once); methods' options need the model's
         # layers, so with an invalid schema only their names are checked
-        problems += problems_of(exc)
+        problems += problems_of(exc, model=Params)
         valid = _valid_sections(raw)
         if "data" in valid and not data_problems:
             problems += sources.params_problems(valid["data"])

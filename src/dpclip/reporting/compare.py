@@ -98,7 +98,7 @@ def dvc_experiments(root: Path, revs: list[str] | None = None, num: int = 1) -> 
             states = repo.experiments.show(revs=revs, num=num)
             rows = [state.dumpd() for state in states]
     except DvcException as exc:
-        raise DpclipError(f"dpclip compare: DVC could not list the experiments of {root}: "
+        raise DpclipError(f"DVC could not list the experiments of {root}: "
                           f"{exc}") from exc
     return experiments_from_json(rows)
 
@@ -114,7 +114,7 @@ def select(experiments: list[Experiment], wanted: list[str]) -> list[Experiment]
                                                                and e.rev.startswith(want))]
         if not match:
             names = ", ".join(e.name for e in experiments) or "none"
-            raise DpclipError(f"dpclip compare: no experiment {want!r} (there are: {names})")
+            raise DpclipError(f"no experiment {want!r} (there are: {names})")
         chosen.append(match[0])
     return chosen
 

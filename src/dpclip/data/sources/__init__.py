@@ -49,7 +49,7 @@ def read_sections(section: dict | None) -> tuple[dict, list[str]]:
         try:
             options[name] = cls.Options.model_validate(mine).model_dump()
         except ValidationError as exc:
-            problems += problems_of(exc, ("data",))
+            problems += problems_of(exc, ("data",), cls.Options)
     return {**data, "options": options}, list(dict.fromkeys(problems))
 
 
