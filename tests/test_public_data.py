@@ -46,9 +46,9 @@ def write_csv(path, records: list[dict]) -> str:
     return str(path)
 
 
-def write_idx_folder(folder, n: int = 60) -> None:
+def write_idx_folder(folder, n: int = 60, seed: int = 0) -> None:
     """The four MNIST IDX files (gzip), random pixels, labels 0..9 in turn."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     folder.mkdir(parents=True)
     for key, filename in IDX_FILES.items():
         array = (rng.integers(0, 256, (n, 28, 28)) if "images" in key else np.arange(n) % 10)
@@ -303,3 +303,37 @@ def test_a_bad_private_cell_is_located_but_not_shown(tmp_path, tiny_raw):
     message = refused(params, Layout(tmp_path), "column 'age'", f"data row {MEMBER}",
                       "data.missing_values")
     assert "secret" not in message
+
+
+# --------------------------------------------------------------------------------------------
+# a documented setting at the defaults: MNIST with Fashion-MNIST as the public data
+
+
+def test_mnist_with_fashion_mnist_as_public_data_runs_at_the_defaults(tmp_path, tiny_raw):
+    # the defaults once stopped here: sanitize's keep_public_head (on) would have chosen the
+    # released head by its accuracy on another dataset's task; auto turns it off there
+    from dpclip.pipeline.local import run_stages
+
+    write_idx_folder(tmp_path / "mnist", n=400)
+    write_idx_folder(tmp_path / "fashion", n=400, seed=1)
+    raw = tiny_raw(data={"dataset": "mnist", "path": str(tmp_path / "mnist"),
+                         "shadow_dataset": "fashion-mnist",
+                         "shadow_path": str(tmp_path / "fashion")},
+                   train={"methods": ["dp_sgd", "sanitize"], "epochs": 1},
+                   audit={"kinds": []}, attack={"references": 0},
+                   shadow={"epochs": 1, "max_records": 200}, evaluate={"ir_attack": False})
+    params = parse_params(raw)
+    assert params.method_options("sanitize").keep_public_head == "auto"  # as written
+    layout = Layout(tmp_path / "project")
+    run_stages(params, layout, progress=False, track=False)
+    record = read_json(layout.run_dir("sanitize-eps8-iid-seed0") / "record.json")
+    assert record["training"]["keep_public_head"] is False  # what auto chose here
+    assert "head_kept" not in record["training"]
+    assert (layout.reports / "comparison.csv").is_file()
+    # the same data as its own public split (no shadow_dataset): auto keeps the better head
+    same = parse_params(tiny_raw(data={"dataset": "mnist", "path": str(tmp_path / "mnist")},
+                                 train={"methods": ["sanitize"]}))
+    from dpclip.methods import get_method
+
+    assert get_method("sanitize").resolved_options(same.method_options("sanitize"),
+                                                   same).keep_public_head is True

@@ -351,8 +351,10 @@ def test_keep_public_head_is_refused_with_another_datasets_public_split(tiny_raw
     from dpclip.errors import ConfigError
 
     other = {"data": {"shadow_dataset": "digits"}, "train": {"methods": ["sanitize"]}}
-    with pytest.raises(ConfigError, match="methods.sanitize.keep_public_head"):
-        parse_params(tiny_raw(**other))
+    with pytest.raises(ConfigError, match="methods.sanitize.keep_public_head: True would "
+                                          "choose the head on another dataset's task"):
+        parse_params(tiny_raw(**other, methods={"sanitize": {"keep_public_head": True}}))
+    assert parse_params(tiny_raw(**other))  # the default, auto, turns it off there
     assert parse_params(tiny_raw(**other, methods={"sanitize": {"keep_public_head": False}}))
     assert parse_params(tiny_raw(train={"methods": ["sanitize"]}))  # its own public split
 

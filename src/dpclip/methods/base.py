@@ -235,6 +235,12 @@ class Method:
         return []
 
     @classmethod
+    def resolved_options(cls, options: BaseModel | None, params) -> BaseModel | None:
+        """``options`` with each ``auto`` value chosen for the setting ``params`` describes
+        (what a run trains with; records keep the written ``auto``); unchanged by default."""
+        return options
+
+    @classmethod
     def tuning_space(cls, options: BaseModel, lr: Tunable,
                      clip_norm: Tunable) -> dict[str, Tunable]:
         """What ``dpclip tune`` searches for this method, by dotted params.yaml key: the

@@ -11,7 +11,8 @@ mechanism below after the n-wide layer's ReLU. Encoder modes:
   The public pre-training is Adam for at most ``public_steps`` steps, stopped early on the
   public shadow holdout (its loss, checked every ``public_check_every`` steps, ``public_patience``
   checks without improvement; the best weights are kept).
-* ``keep_public_head`` (frozen, default on): after the private phase, the head fitted to the
+* ``keep_public_head`` (frozen, default ``auto``: on unless ``data.shadow_dataset`` names another
+  dataset, whose holdout says nothing of this task's head): after the private phase, the head fitted to the
   releases and the public pre-training's own head are both scored on the public holdout split
   (post-processing on public records), and the better one is released, so the model is never
   worse there than the public-only model. Without it the class-mean head at a small epsilon
@@ -250,9 +251,12 @@ class Sanitize(Method):
         "head_fit": Option("class_means", choices=HEAD_FITS,
                            help="frozen: class_means (nearest class mean of the sanitized "
                                 "activations) | sgd (train.optimizer at head_lr, the paper's)"),
-        "keep_public_head": Option(True, help="frozen: after the private phase keep the "
-                                              "public pre-training's head instead when it is "
-                                              "more accurate on the public holdout split"),
+        "keep_public_head": Option("auto", choices=("auto", True, False),
+                                   help="frozen: after the private phase keep the public "
+                                        "pre-training's head instead when it is more accurate "
+                                        "on the public holdout split (auto: on when the public "
+                                        "split is of the same dataset, off with "
+                                        "data.shadow_dataset)"),
         "epochs": Option(10, low=1, integer=True,
                          help="private epochs: each one releases every record once"),
         "accounting": Option("releases", choices=ACCOUNTING,
@@ -272,15 +276,26 @@ class Sanitize(Method):
                      "clip": Tunable(0.1, 5.0, log=True)}
 
     @classmethod
+    def resolved_options(cls, options, params):
+        """keep_public_head ``auto``: on when the public holdout split is of the private
+        task's dataset, off with a separate ``data.shadow_dataset`` (another task's accuracy
+        cannot choose this task's head)."""
+        options = options if options is not None else cls.options_model()()
+        if options.keep_public_head != "auto":
+            return options
+        return options.model_copy(update={"keep_public_head": not params.data.shadow_dataset})
+
+    @classmethod
     def params_problems(cls, options, params):
         """keep_public_head scores heads on the public holdout split, which only says anything
-        of the private task when the public split is of the same dataset."""
+        of the private task when the public split is of the same dataset: set true with a
+        separate public dataset, it is refused (``auto`` turns it off there)."""
         if (params.data.shadow_dataset and options.encoder == "frozen"
-                and options.keep_public_head):
+                and options.keep_public_head is True):
             return [bad_value(f"methods.{cls.name}.keep_public_head", True,
                               f"would choose the head on another dataset's task "
                               f"(data.shadow_dataset: {params.data.shadow_dataset}): set it "
-                              f"false")]
+                              f"auto or false")]
         return []
 
     @classmethod

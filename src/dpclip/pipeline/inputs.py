@@ -38,8 +38,8 @@ def train_config(params: Params, method: str, epsilon, seed: int,
         risk = load_risk(layout, params, read_json(layout.prepared_meta),
                          layer_names(t.model, t.hidden))
     target = float(epsilon) if get_method(method).private else None
-    return TrainConfig(method, target, int(seed), t, params.privacy,
-                       params.method_options(method), risk)
+    options = get_method(method).resolved_options(params.method_options(method), params)
+    return TrainConfig(method, target, int(seed), t, params.privacy, options, risk)
 
 
 def load_public(layout: Layout) -> PublicData:

@@ -131,7 +131,10 @@ class SanitizeRun(Run):
     def finish(self) -> None:
         """``keep_public_head``: release the better of the private head and the public
         pre-training's head, by accuracy on the public holdout split (public data only)."""
-        if self.public_check is None or not self.method.options.keep_public_head:
+        keep = self.method.options.keep_public_head  # as chosen for the setting (auto resolved)
+        keep = keep if isinstance(keep, bool) else True  # a run built outside the pipeline
+        self.public_fit["keep_public_head"] = keep
+        if self.public_check is None or not keep:
             return
         private_head = {k: v.detach().clone() for k, v in self.model.head.state_dict().items()}
         private = accuracy_on(self.model, self.public_check)
