@@ -192,8 +192,10 @@ def _label(key: dict) -> str:
     parts = [f"eps {key['target_epsilon']:g}"]
     if str(key.get("alpha")) not in ("iid", "nan"):
         parts.append(f"alpha {key['alpha']}")
-    # a variant named after its epsilon (table10's eps0.5) says nothing the first part does not
-    if key.get("variant") not in (None, "main", f"eps{key['target_epsilon']:g}"):
+    # a variant named after its epsilon or alpha (table10's eps0.5, table6's alpha0.1) says
+    # nothing the other parts do not
+    if key.get("variant") not in (None, "main", f"eps{key['target_epsilon']:g}",
+                                  f"alpha{key.get('alpha')}"):
         parts.append(str(key["variant"]))
     return ", ".join(parts)
 
