@@ -64,6 +64,7 @@ def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):
     out = tmp_path / "results" / "presets" / "tiny"
     record = read_json(out / "preset.json")
     assert list(record["variants"]) == ["C2"] and record["deviations"] == ["digits, not MNIST"]
+    assert record["variants"]["C2"]["devices"] == ["cpu"]  # what the numbers were computed on
     assert (out / "C2" / "reports" / "comparison.csv").is_file()
     assert read_json(out / "C2" / "runs" / "dp_sgd-eps8-iid-seed1" / "record.json")
     assert yaml.safe_load((out / "C2" / "params.yaml").read_text())["train"]["clip_norm"] == 2.0

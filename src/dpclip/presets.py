@@ -191,7 +191,8 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
         total = earlier.get("wall_s_total", earlier.get("wall_s", 0.0)) + seconds
         record["variants"][variant] = {"wall_s": round(seconds, 1),
                                        "wall_s_total": round(total, 1),
-                                       "seeds": len(raws[variant]["train"]["seeds"])}
+                                       "seeds": len(raws[variant]["train"]["seeds"]),
+                                       "devices": _devices(out / variant)}
         write_json(record_path, record)
 
     jobs = min(jobs, len(chosen))
@@ -254,6 +255,13 @@ def _training_seconds(root: Path) -> float:
     """The training time of every run in a variant's folder, from the runs' timing files."""
     return sum(float(read_json(path).get("train_s") or 0.0)
                for path in sorted((root / "timings").glob("*.json")))
+
+
+def _devices(root: Path) -> list[str]:
+    """The devices the variant's runs trained on ("cpu", "cuda:0"), from their timing files:
+    a GPU's numbers are not the CPU's (other summation orders, another noise stream)."""
+    return sorted({str(read_json(path).get("device", "cpu"))
+                   for path in (root / "timings").glob("*.json")})
 
 
 def _needed(name: str, project: Path) -> int | None:

@@ -41,6 +41,7 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
     the DP step differs from float64 autograd's on one of the first ``records`` records.
     ``model`` is not changed (a float64 copy is checked); no random number is drawn."""
     twin = copy.deepcopy(model).to(torch.float64).eval()
+    device = x.device  # the model's: the step's weights must sit beside its gradients
     groups = LayerGroups.of(twin)
     wrapped = BookKeeping(twin, groups)
     names = {id(p): name for name, p in twin.named_parameters()}
@@ -51,7 +52,7 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
         for i in range(len(x)):
             record, label = x[i:i + 1], y[i:i + 1]
             steps = step_gradients(wrapped, groups, loss_fn, record, label,
-                                   torch.ones(1, dtype=torch.float64))
+                                   torch.ones(1, dtype=torch.float64, device=device))
             truth = torch.autograd.grad(loss_fn(twin(record), label).sum(), groups.flat(),
                                         allow_unused=True)
             alone.append(steps)
@@ -64,7 +65,7 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
         # the others) must equal what it added for i alone
         for i in range(len(x) if len(x) > 1 else 0):
             together = step_gradients(wrapped, groups, loss_fn, x, y,
-                                      torch.eye(len(x), dtype=torch.float64)[i])
+                                      torch.eye(len(x), dtype=torch.float64, device=device)[i])
             _refuse_if_apart(groups, names, together, alone[i], lambda name: (
                 f"records of one batch change each other's gradients (parameter {name!r}, in "
                 f"a batch against alone)", "an operation across the batch, such as "
