@@ -86,3 +86,40 @@ def test_accounting_claims_get_their_own_verdicts_and_the_computation(tmp_path):
     path.write_text(yaml.safe_dump({"claims": [{**claims[0], "accounting": {"check": "x"}}]}))
     with pytest.raises(DpclipError, match="rule 'accounting' needs accounting"):
         load_claims(path)
+
+
+LM_LITERAL = {"check": "batch_weights_sensitivity", "epsilon": 5.0, "delta": 1e-5,
+              "batch_size": 36, "sample_rate": 0.02, "steps": 250}
+
+
+def test_lm_dp_sgds_literal_weights_let_one_record_move_the_sum_by_about_b_times_c():
+    from dpclip.reporting.accounting import _lm_sum, batch_weights_sensitivity
+
+    # by hand, C = 1: 36 records with norms (1, 0) give w = (1, 0) and the sum (36, 0); one
+    # record (0, M) more gives w = (36, M) / ||(36, M)||, the sum (36 w_1, w_2), and the move
+    # sqrt(36^2 (1 - w_1)^2 + w_2^2)
+    members, outlier = [[1.0, 0.0]] * 36, [[0.0, 1e6]]
+    w1, w2 = 36 / math.hypot(36, 1e6), 1e6 / math.hypot(36, 1e6)
+    assert _lm_sum(members, "batch", 36).tolist() == pytest.approx([36.0, 0.0], rel=1e-12)
+    assert _lm_sum(members + outlier, "batch", 36).tolist() == pytest.approx(
+        [36 * w1, w2], rel=1e-9)
+    moved = math.sqrt(36 ** 2 * (1 - w1) ** 2 + w2 ** 2)
+    assert moved == pytest.approx(36.0126, abs=1e-4)  # sqrt(1296 (1 - 3.6e-5)^2 + 1)
+    # the sound rule's weights are fixed before the step: the record adds its own C_i w alone
+    private = (_lm_sum(members + outlier, "private", 36) - _lm_sum(members, "private", 36))
+    assert float(private.norm()) <= 1.0 + 1e-12
+    check = batch_weights_sensitivity(LM_LITERAL)
+    assert not check.holds and check.computed == math.inf and check.claimed == 5.0
+    assert f"moves the sum by {moved:.4g} C" in check.lines[2]
+    assert check.summary.startswith(f"one record moves the noised sum by {moved:.4g} C")
+    # two records already break the premise: the bound does not need a large batch
+    two = batch_weights_sensitivity({**LM_LITERAL, "batch_size": 2})
+    assert not two.holds and "by 2.236 C" in two.summary  # sqrt(2^2 + 1)
+
+
+def test_the_lm_claim_is_contradicted_by_the_accounting_in_the_report():
+    claims = {c["id"]: c for c in load_claims(
+        Path(__file__).resolve().parents[2] / "presets" / "claims.yaml")}
+    finding = judge(claims["lm-batch-weights-privacy"], None)
+    assert finding.verdict == CONTRADICTED_BY_ACCOUNTING
+    assert "no epsilon" in finding.reason and "the paper claims 5" in finding.reason

@@ -87,7 +87,7 @@ VERDICT_MEANINGS = {
                         "describes, accounted with our accountant, gives the claimed epsilon "
                         "(computed, no runs; the computation is given)",
     CONTRADICTED_BY_ACCOUNTING: "a claim about the privacy accounting itself: the mechanism "
-                                "the paper describes gives a larger epsilon than claimed "
+                                "the paper describes gives a larger epsilon than claimed, or none "
                                 "(computed, no runs; the computation is given)",
 }
 RULES = ("better", "lowest", "within", "smaller_spread", "accounting")
@@ -483,8 +483,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     if claim.get("rule") == "accounting":
         check = run_check(claim["accounting"])
         verdict = HELD_BY_ACCOUNTING if check.holds else CONTRADICTED_BY_ACCOUNTING
-        return Finding(claim, verdict, f"the mechanism gives epsilon {check.computed:.3g} where "
-                                       f"the paper claims {check.claimed:g}", ours=check.lines)
+        return Finding(claim, verdict, check.summary or (
+            f"the mechanism gives epsilon {check.computed:.3g} where the paper claims "
+            f"{check.claimed:g}"), ours=check.lines)
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
