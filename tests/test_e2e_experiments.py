@@ -60,7 +60,8 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     committed; a repro from scratch gives the same bytes (git status stays clean: no time in a
     hashed output, no temporary name in a model file, nothing missing from .gitignore); an
     experiment then compares with the commit in `dvc exp show`, `dvc metrics diff` and
-    `dvc plots diff`."""
+    `dvc plots diff`; `git checkout` and `dvc checkout` then bring the commit's outputs back
+    from DVC's cache."""
     _, project, env, _ = dvc_project
     _sh(["git", "add", "-A"], project, env)
     _sh(["git", "commit", "-q", "-m", "pipeline"], project, env)
@@ -72,6 +73,10 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
         shutil.rmtree(project / name, ignore_errors=True)
     _sh([str(BIN / "dvc"), "repro"], project, env)
     assert _sh(["git", "status", "--porcelain"], project, env) == ""
+    # what the commit's outputs were, to get them back from DVC's cache after the experiment
+    kept = {path: (project / path).read_bytes() for path in (
+        f"metrics/{RUNS[1]}.json", f"traces/{RUNS[1]}.csv", f"scores/{RUNS[1]}.csv",
+        "reports/comparison.md")}
     # another training length: new models (an evaluation change may leave an underfit
     # model's summary as it was: ECE with 5 or 10 bins is the same when every confidence
     # falls into one bin)
@@ -102,3 +107,10 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     reliability = json.loads(plots[plots.index("{"):])["data"]["overlays/reliability.csv"]
     revisions = {row["rev"] for row in reliability[0]["content"]["layer"][-1]["data"]["values"]}
     assert revisions == {"HEAD", "workspace"}
+    # back to the commit without training anything: git's files, then DVC's cache
+    assert (project / f"metrics/{RUNS[1]}.json").read_bytes() != kept[f"metrics/{RUNS[1]}.json"]
+    _sh(["git", "checkout", "params.yaml", "dvc.lock", "summary", "overlays"], project, env)
+    _sh([str(BIN / "dvc"), "checkout"], project, env)
+    assert {path: (project / path).read_bytes() for path in kept} == kept
+    status = _sh([str(BIN / "dvc"), "status"], project, env)
+    assert status.split() == ["check:", "always", "changed"]  # every other stage up to date

@@ -139,7 +139,7 @@ DECLARED: tuple[Stage, ...] = (
                 "reference read. With tune.trials 0 it writes that nothing was searched.",
         deps=("data/prepared", "shadow/risk.json"), notes=_RISK_NOTE,
         params=("tune", "privacy", "train", "methods"),
-        outs=(Output("tuned", cache=False),), runs=("methods",)),
+        outs=(Output("tuned"),), runs=("methods",)),
     Stage(
         name="train", scope=PER_RUN, progress=True, quiet=False,
         help="train one run, or every run that is not up to date",
@@ -156,7 +156,7 @@ DECLARED: tuple[Stage, ...] = (
                                "is refused"},
         params=("tune", "privacy", *_RUN_AXES[:2], *_TRAINED, "train.device", _RUN_AXES[2],
                 "methods"),
-        outs=(Output("runs", persist=True), Output("traces", cache=False, persist=True)),
+        outs=(Output("runs", persist=True), Output("traces", persist=True)),
         runs=("methods",), tidy="set_aside_unconfigured_runs", provenance="TRAIN"),
     Stage(
         name="audit", scope=PER_RUN, quiet=False,
@@ -167,7 +167,7 @@ DECLARED: tuple[Stage, ...] = (
         deps=_RUN_INPUTS, notes=_RISK_NOTE,
         params=("tune", "audit", "privacy", *_RUN_AXES[:2], *_TRAINED, _RUN_AXES[2],
                 "methods"),
-        outs=(Output("audits", cache=False, persist=True),),
+        outs=(Output("audits", persist=True),),
         runs=("methods",), tidy="set_aside_unconfigured_audits", provenance="AUDIT"),
     Stage(
         name="reference", scope=PER_RUN, quiet=False,
@@ -179,7 +179,7 @@ DECLARED: tuple[Stage, ...] = (
         deps=_RUN_INPUTS, notes=_RISK_NOTE,
         params=("tune", "attack.references", "attack.mode", "attack.population", "data.seed",
                 "privacy", *_RUN_AXES[:2], *_TRAINED, _RUN_AXES[2], "methods"),
-        outs=(Output("references", cache=False, persist=True),),
+        outs=(Output("references", persist=True),),
         runs=("methods",), tidy="set_aside_unconfigured_references", skipped="skipped",
         provenance="REFERENCE"),
     Stage(
@@ -191,14 +191,14 @@ DECLARED: tuple[Stage, ...] = (
         metrics=(Output("summary", cache=False, persist=True,
                         note="git tracks the summaries: `dvc exp show`, `dvc metrics diff "
                              "main`"),),
-        outs=(Output("metrics", cache=False, persist=True,
+        outs=(Output("metrics", persist=True,
                      note="the full records (the metrics contract)"),
-              Output("plots/roc", cache=False, persist=True),
-              Output("plots/reliability", cache=False, persist=True),
-              Output("plots/ir_mia", cache=False, persist=True),
-              Output("scores", cache=False, persist=True,
+              Output("plots/roc", persist=True),
+              Output("plots/reliability", persist=True),
+              Output("plots/ir_mia", persist=True),
+              Output("scores", persist=True,
                      note="every attack's score of every attacked record"),
-              Output("figures", cache=False, persist=True)),
+              Output("figures", persist=True)),
         runs=("methods", "attacks"), tidy="remove_unconfigured_evaluations",
         provenance="EVALUATE"),
     Stage(
@@ -209,7 +209,7 @@ DECLARED: tuple[Stage, ...] = (
         notes={"tuned/tuned.json": "the Tuning section and the MLflow tuning run"},
         params=("train.methods", "privacy.target_epsilons", "partition.alphas",
                 "train.seeds", "tracking"),
-        outs=(Output("reports", cache=False),
+        outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
         runs=("attacks",),
