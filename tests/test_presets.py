@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import tiny_project_params
+from conftest import prepared_project, tiny_project_params
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
@@ -127,12 +127,37 @@ def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, c
     assert "expected training: 2 runs, about" in out and "dp_sgd 2 x " in out
     root = tmp_path / "results" / "presets" / "tiny" / "main"
     params, layout = load_params(root / "params.yaml"), Layout(root)
-    assert expected_cost(params, layout) == {"runs": 0, "seconds": 0.0, "methods": {}}
+    assert expected_cost(params, layout) == {"runs": 0, "seconds": 0.0, "seconds_all": 0.0,
+                                             "methods": {}}
     # the plan it states is the run's own: the steps each trained run records
     steps = read_json(root / "runs" / "dp_sgd-eps8-iid-seed0" / "record.json")["privacy"]["steps"]
     assert f"dp_sgd 2 x {steps} steps" in out
     assert main(["--root", str(tmp_path), "preset", "tiny"]) == 0
     assert "expected training: none, every run is up to date" in capsys.readouterr().out
+
+
+def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
+        tmp_path, tiny_raw, write_params):
+    from dpclip.bench import cost_text, training_cost
+    from dpclip.layout import Layout
+    from dpclip.naming import configured_runs
+    from dpclip.pipeline.params import load_params
+
+    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd"], "seeds": [0, 1]},
+                   audit={"kinds": ["whitebox", "blackbox"]}, attack={"references": 4})
+    prepared_project(tmp_path, raw, write_params)
+    params = load_params(tmp_path / "params.yaml")
+    cost = training_cost(params, Layout(tmp_path), configured_runs(params), steps=1)
+    # the target, one model per audit kind for a run with a DP claim, and the references
+    assert cost["methods"]["dp_sgd"]["models_per_run"] == 1 + 2 + 4
+    assert cost["methods"]["non_private"]["models_per_run"] == 1 + 0 + 4
+    per_run = {name: m["steps_per_run"] * m["step_s"] + m["setup_s"]
+               for name, m in cost["methods"].items()}
+    assert cost["seconds"] == pytest.approx(2 * per_run["dp_sgd"] + 2 * per_run["non_private"])
+    assert cost["seconds_all"] == pytest.approx(14 * per_run["dp_sgd"]
+                                                + 10 * per_run["non_private"])
+    text = cost_text(cost)
+    assert "(5/7 models a run in all)" in text and text.endswith("evaluation not included)")
 
 
 # --- seeds by power --------------------------------------------------------------------------

@@ -410,8 +410,13 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
     run (the run's own plan) times its median step time, measured now on the prepared data
     (``steps`` steps after one warm-up). A private run times its DP step at its Poisson batch;
     any other run kind a plain step at its own batch size (for ``sanitize``'s class-mean head
-    an upper bound). Evaluation is not included. Returns {"runs", "seconds", "methods":
-    {method: {"runs", "steps_per_run", "step_s", "setup_s"}}}."""
+    an upper bound). ``seconds_all`` adds the other models each run trains, at the run's cost:
+    one per audit kind (runs with a DP claim) and ``attack.references`` (an upper bound: those
+    train on the members plus canaries, or on half a population). Evaluation is not included.
+    Returns {"runs", "seconds", "seconds_all", "methods": {method: {"runs", "steps_per_run",
+    "step_s", "setup_s", "models_per_run"}}}."""
+    from dpclip.stages.audit import why_not_audited
+
     x, y, shape, n_classes = _data(layout)
     methods: dict[str, dict] = {}
     for method in sorted({key.method for key in keys}):
@@ -441,12 +446,18 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
             tic = time.perf_counter()
             step(batch)
             times.append(time.perf_counter() - tic)
+        audits = len(params.audit.kinds) if why_not_audited(params, method) is None else 0
         methods[method] = {"runs": sum(key.method == method for key in keys),
                            "steps_per_run": int(run.total_steps),
-                           "step_s": float(np.median(times)), "setup_s": setup_s}
-    seconds = sum(m["runs"] * (m["steps_per_run"] * m["step_s"] + m["setup_s"])
-                  for m in methods.values())
-    return {"runs": len(keys), "seconds": seconds, "methods": methods}
+                           "step_s": float(np.median(times)), "setup_s": setup_s,
+                           "models_per_run": 1 + audits + params.attack.references}
+    per_run = {name: m["steps_per_run"] * m["step_s"] + m["setup_s"]
+               for name, m in methods.items()}
+    seconds = sum(m["runs"] * per_run[name] for name, m in methods.items())
+    seconds_all = sum(m["runs"] * m["models_per_run"] * per_run[name]
+                      for name, m in methods.items())
+    return {"runs": len(keys), "seconds": seconds, "seconds_all": seconds_all,
+            "methods": methods}
 
 
 def cost_text(cost: dict) -> str:
@@ -457,8 +468,14 @@ def cost_text(cost: dict) -> str:
                       f"{1000 * m['step_s']:.1f} ms"
                       + (f" (+ {m['setup_s']:.0f} s set-up)" if m["setup_s"] >= 1 else "")
                       for name, m in cost["methods"].items())
-    return (f"expected training: {cost['runs']} runs, about {cost['seconds'] / 60:.1f} min on "
-            f"this machine ({parts}; step times measured now, evaluation not included)")
+    text = (f"expected training: {cost['runs']} runs, about {cost['seconds'] / 60:.1f} min on "
+            f"this machine ({parts}; step times measured now")
+    models = {m["models_per_run"] for m in cost["methods"].values()}
+    if cost.get("seconds_all", cost["seconds"]) > cost["seconds"]:
+        text += (f"); with the audit and reference models each run also trains "
+                 f"({'/'.join(map(str, sorted(models)))} models a run in all), about "
+                 f"{cost['seconds_all'] / 60:.1f} min at most")
+    return text + "; evaluation not included)"
 
 
 def _has_tabulate() -> bool:

@@ -104,8 +104,8 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
 def expected_cost(params, layout: Layout) -> dict:
     """The expected training time of the runs that are not up to date (:mod:`dpclip.bench`)."""
     stale = [key for key in configured_runs(params) if not TRAIN.is_current(params, key, layout)]
-    return training_cost(params, layout, stale) if stale else {"runs": 0, "seconds": 0.0,
-                                                               "methods": {}}
+    return training_cost(params, layout, stale) if stale else {
+        "runs": 0, "seconds": 0.0, "seconds_all": 0.0, "methods": {}}
 
 
 def write_variants(name: str, *, project: Path = Path("."), datasets: Path | None = None,
