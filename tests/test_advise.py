@@ -70,3 +70,26 @@ def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, w
     assert "(the baseline)" in out and "auto_s" in out and "advise took" in out
     assert (tmp_path / "advice" / "reports" / "comparison.csv").exists()
     assert (tmp_path / "advice" / ".gitignore").read_text() == "*\n"  # members' data inside
+
+
+def test_a_difference_off_zero_that_holm_does_not_pass_leans_and_is_not_recommended():
+    """Seen on a 500-row CSV (100 holdout records, accuracies in steps of 0.01): dc_sgd_e
+    below dp_sgd on 8 of 9 seeds and tied on one. Its own exact interval lies below 0, but a
+    tie leaves 8 signs, whose smallest p is 2 / 2^8 = 0.0078, and Holm over the 8 methods
+    compared makes it 0.0625 > 0.05: not decided. It must not read "indistinguishable", nor be
+    recommended beside dp_sgd."""
+    base = [0.95, 0.94, 0.96, 0.95, 0.93, 0.95, 0.96, 0.94, 0.95]
+    below = [-0.01, -0.01, 0.0, -0.02, -0.01, -0.02, -0.01, -0.02, -0.01]
+    others = ["auto_s", "dp_psac", "dc_sgd_p", "ww_dp_sgd", "adaclip", "lm_dp_sgd", "sanitize"]
+    flips = [0.01, -0.01, 0.0, 0.01, -0.01, 0.0, 0.01, -0.01, 0.0]
+    rows = _rows("dp_sgd", base) + _rows("dc_sgd_e", [a + d for a, d in zip(base, below)])
+    for k, method in enumerate(others):
+        rows += _rows(method, [a + flips[(i + k) % 9] for i, a in enumerate(base)])
+    text = answer(pd.DataFrame(rows), "csv")
+    (line,) = [x for x in text.splitlines() if "dc_sgd_e" in x and "Δ" in x]
+    assert "Δ -0.012" in line and "leans worse, not decided" in line
+    assert "p Holm 0.0625" in line and "indistinguishable" not in line
+    words = " ".join(text.split())
+    recommended = words.split("Use ")[1].split(":")[0]
+    assert "dc_sgd_e" not in recommended and "auto_s" in recommended
+    assert "Not decided at these seeds: dc_sgd_e leans worse" in words

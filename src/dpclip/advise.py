@@ -130,35 +130,57 @@ def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
             ranked.append((mean, method, low, high, _eligible(runs)))
         ranked.sort(key=lambda r: (-r[0], r[1]))
         width = max(len(r[1]) for r in ranked)
-        same, worse, better, unsound = [], [], [], []
+        same, worse, better, unsound, undecided = [], [], [], [], []
         for rank, (mean, method, low, high, eligible) in enumerate(ranked, 1):
             line = f"  {rank}. {method.ljust(width)}  {mean:.3f} {_interval(low, high)}"
             if method == BASELINE:
                 line += "  (the baseline)"
             else:
                 r = accuracy.loc[method]
+                leans = _leaning(r)
                 line += (f"  Δ {r['difference']:+.3f} "
                          f"{_interval(r['difference_low'], r['difference_high'], signed=True)}"
-                         f"  {_verdict_words(r['verdict'], r['p_holm'])}")
-                {"better": better, "worse": worse}.get(r["verdict"], same).append(method)
+                         f"  {_verdict_words(r['verdict'], r['p_holm'], leans, m)}")
+                if r["verdict"] in ("better", "worse"):
+                    {"better": better, "worse": worse}[r["verdict"]].append(method)
+                else:
+                    (undecided if leans else same).append((method, leans) if leans else method)
             if not eligible:
                 line += "  (no DP guarantee under add/remove: not recommended)"
                 unsound.append(method)
             out.append(line)
-        out.append(textwrap.fill(_recommendation(better, same, worse, unsound), WIDTH,
-                                 initial_indent="  ", subsequent_indent="  "))
+        out.append(textwrap.fill(_recommendation(better, same, worse, unsound, undecided),
+                                 WIDTH, initial_indent="  ", subsequent_indent="  "))
         out += _secondary(group, mine, methods)
         out.append("")
     return "\n".join(out).rstrip()
 
 
-def _verdict_words(verdict: str, p_holm: float) -> str:
+def _leaning(r) -> str | None:
+    """"better" / "worse" when a difference the family did not decide still has its own 95%
+    interval off 0 (after Holm's correction the test needs more than that interval), else
+    None: the difference is then indistinguishable from 0."""
+    low, high = r["difference_low"], r["difference_high"]
+    if r["verdict"] in ("better", "worse") or low is None or high is None or \
+            pd.isna(low) or pd.isna(high):
+        return None
+    if low > 0:
+        return "better"
+    return "worse" if high < 0 else None
+
+
+def _verdict_words(verdict: str, p_holm: float, leans: str | None = None,
+                   family: int = 1) -> str:
     if verdict in ("better", "worse"):
         return f"{verdict} (p Holm {p_holm:.3g})"
+    if leans:  # its own interval is off 0; the correction over the family is not passed
+        return (f"leans {leans}, not decided: Holm over {family} needs more seeds "
+                f"(p Holm {p_holm:.3g})")
     return "indistinguishable at these seeds"
 
 
-def _recommendation(better: list, same: list, worse: list, unsound: list) -> str:
+def _recommendation(better: list, same: list, worse: list, unsound: list,
+                    undecided: list = ()) -> str:
     sound = lambda names: [m for m in names if m not in unsound]  # noqa: E731
     if sound(better):
         text = f"Use {' or '.join(sound(better))}: more accurate than {BASELINE} on every test."
@@ -169,6 +191,11 @@ def _recommendation(better: list, same: list, worse: list, unsound: list) -> str
         text = f"Use {BASELINE}: no method beats it."
     if sound(worse):
         text += f" Avoid {', '.join(sound(worse))}: less accurate than {BASELINE}."
+    leaning = [(method, leans) for method, leans in undecided if method not in unsound]
+    if leaning:
+        text += (" Not decided at these seeds: " + ", ".join(
+            f"{method} leans {leans}" for method, leans in leaning)
+            + " (more seeds, `--seeds`, would decide).")
     return text
 
 
