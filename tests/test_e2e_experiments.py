@@ -12,7 +12,8 @@ import yaml
 
 from test_e2e import BIN, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, make_dvc_project
 
-pytestmark = pytest.mark.e2e
+# its tests go to one worker together (pyproject.toml: --dist loadgroup)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e_experiments")]
 
 
 @pytest.fixture(scope="module")
