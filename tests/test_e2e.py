@@ -16,8 +16,7 @@ import yaml
 
 from conftest import PROJECT, tiny_project_params
 
-# its tests go to one worker together (pyproject.toml: --dist loadgroup)
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
 # one ROC table per attack of the project's attack.kinds (loss, lira, rmia, and any attack a

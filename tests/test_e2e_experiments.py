@@ -12,8 +12,7 @@ import yaml
 
 from test_e2e import BIN, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, make_dvc_project
 
-# its tests go to one worker together (pyproject.toml: --dist loadgroup)
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e_experiments")]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

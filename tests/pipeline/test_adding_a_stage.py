@@ -18,8 +18,7 @@ import yaml
 
 from conftest import PROJECT, tiny_project_params
 
-# its tests go to one worker together (pyproject.toml: --dist loadgroup)
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("adding_a_stage")]
+pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 END_OF_DECLARED = "\n)\n\n\ndef reads_from("
 
