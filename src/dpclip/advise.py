@@ -143,8 +143,10 @@ def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
                          f"  {_verdict_words(r['verdict'], r['p_holm'], leans, m)}")
                 if r["verdict"] in ("better", "worse"):
                     {"better": better, "worse": worse}[r["verdict"]].append(method)
+                elif leans:
+                    undecided.append((method, leans))
                 else:
-                    (undecided if leans else same).append((method, leans) if leans else method)
+                    same.append(method)
             if not eligible:
                 line += "  (no DP guarantee under add/remove: not recommended)"
                 unsound.append(method)

@@ -410,9 +410,10 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
     run (the run's own plan) times its median step time, measured now on the prepared data
     (``steps`` steps after one warm-up). A private run times its DP step at its Poisson batch;
     any other run kind a plain step at its own batch size (for ``sanitize``'s class-mean head
-    an upper bound). ``seconds_all`` adds the other models each run trains, at the run's cost:
-    one per audit kind (runs with a DP claim) and ``attack.references`` (an upper bound: those
-    train on the members plus canaries, or on half a population). Evaluation is not included.
+    an upper bound). ``seconds_all`` adds the other models each run trains, each at the run's
+    cost: one per audit kind (runs with a DP claim; trained on the members plus canaries) and
+    ``attack.references`` (trained on half a population, or of members and holdout), so an
+    estimate, not a bound. Evaluation is not included.
     Returns {"runs", "seconds", "seconds_all", "methods": {method: {"runs", "steps_per_run",
     "step_s", "setup_s", "models_per_run"}}}."""
     from dpclip.stages.audit import why_not_audited
@@ -474,7 +475,7 @@ def cost_text(cost: dict) -> str:
     if cost.get("seconds_all", cost["seconds"]) > cost["seconds"]:
         text += (f"); with the audit and reference models each run also trains "
                  f"({'/'.join(map(str, sorted(models)))} models a run in all), about "
-                 f"{cost['seconds_all'] / 60:.1f} min at most")
+                 f"{cost['seconds_all'] / 60:.1f} min")
     return text + "; evaluation not included)"
 
 
