@@ -83,8 +83,39 @@ def make_dvc_project(tmp_path_factory):
     if (project / OFFLINE_PAGE).exists():
         _sh([str(BIN / "dvc"), "config", "--local", "plots.html_template",
              "plots/offline.html"], project, env)
-    first = _sh([str(BIN / "dvc"), "repro"], project, env)
+    # the first repro runs every stage and every run: each stage's command records the dpclip
+    # modules it imported (the `executed` fixture), so no stage has to run again for that
+    traced = dict(env, PYTHONPATH=str(_import_recorder(tmp)), DPCLIP_TEST_IMPORTS=str(tmp))
+    first = _sh([str(BIN / "dvc"), "repro"], project, traced)
     return tmp, project, env, first
+
+
+RECORDER = """
+import atexit, json, os, sys
+
+
+def _record():  # at the exit of a stage's command: the dpclip modules it imported
+    if os.path.basename(sys.argv[0]) != "dpclip":
+        return
+    files = sorted(m.__file__ for name, m in list(sys.modules.items())
+                   if name.split(".")[0] == "dpclip" and getattr(m, "__file__", None))
+    folder = os.path.join(os.environ["DPCLIP_TEST_IMPORTS"], "imports")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as out:
+        json.dump({"args": sys.argv[1:], "files": files}, out)
+
+
+atexit.register(_record)
+"""
+
+
+def _import_recorder(tmp: Path) -> Path:
+    """A folder holding a ``sitecustomize`` module that records, at the exit of every
+    ``dpclip`` command started with it on PYTHONPATH, the package's modules it imported."""
+    folder = tmp / "import-recorder"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(RECORDER)
+    return folder
 
 
 def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
@@ -328,33 +359,23 @@ def test_project_home_survives_dvc_temporary_experiment_folders(tmp_path):
     assert project_home(tmp_path / "proj") == (tmp_path / "proj").resolve()
 
 
-IMPORTED = """
-import sys
-from dpclip.cli import main
-code = main(sys.argv[1:])
-print("\\n".join(sorted(m.__file__ for name, m in sys.modules.items()
-                        if name.split(".")[0] == "dpclip" and getattr(m, "__file__", None))))
-sys.exit(code)
-"""
-
-
 @pytest.fixture(scope="module")
 def executed(dvc_project) -> dict[str, set[str]]:
     """Per stage of dvc.yaml, the package's modules its command imports (``dpclip/cli.py``,
-    ...): each stage's command as dvc.yaml gives it, the runs forced, traced in a subprocess."""
+    ...): each stage's command as dvc.yaml gives it, recorded in the project's first repro,
+    which ran every stage and every run."""
     import dpclip  # noqa: F401  (its folder, below)
 
-    _, project, env, _ = dvc_project
+    tmp, project, _, _ = dvc_project
     package = Path(sys.modules["dpclip"].__file__).resolve().parent.parent
+    records = [json.loads(path.read_text()) for path in (tmp / "imports").glob("*.json")]
     out = {}
     for name, stage in yaml.safe_load((project / "dvc.yaml").read_text())["stages"].items():
         args = stage["cmd"].replace("${item.alpha}", "iid").split()[1:]
-        if args[-1] in ("train", "audit", "reference", "evaluate"):
-            args.append("--force")
-        lines = _sh([sys.executable, "-c", IMPORTED, *args], project, env).splitlines()
+        (files,) = [r["files"] for r in records if r["args"] == args]  # one command each
         # the package's files as dvc.yaml names them (the installed package is this one's)
-        out[name] = {Path(line).resolve().relative_to(package).as_posix() for line in lines
-                     if line.endswith(".py") and Path(line).resolve().is_relative_to(package)}
+        out[name] = {Path(f).resolve().relative_to(package).as_posix() for f in files
+                     if f.endswith(".py") and Path(f).resolve().is_relative_to(package)}
     return out
 
 

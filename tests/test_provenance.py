@@ -200,7 +200,7 @@ def test_the_thread_count_is_recorded_as_used(tiny_raw, tmp_path):
     made on a machine with other CPUs is not taken as current."""
     import os
 
-    params = parse_params(tiny_raw())
+    params = parse_params(tiny_raw(train={"threads": None}))
     key = configured_runs(params)[0]
     recorded = TRAIN.inputs(params, key, Layout(tmp_path))["params"]["train.threads"]
     assert params.train.threads is None and recorded == os.cpu_count()
