@@ -415,6 +415,22 @@ def test_the_audit_plot_holds_every_point_inside_its_axes(overlays_of):
     assert "sanitize-eps8-iid-seed0 (workspace): not applicable (replace_one_features" in svg
 
 
+def test_at_one_epsilon_the_methods_stand_side_by_side(overlays_of):
+    """With one target epsilon every private run sits at the same epsilon: the plots against
+    epsilon once drew them as one vertical strip. Each method (each series over seeds) is
+    shifted by its own fixed factor, and the axis title says so."""
+    import vl_convert
+
+    root, shown = overlays_of([0])
+    specs = vega_specs({"workspace": shown}, root / ".dvc" / "plots")
+    for name in ("overlays/privacy_utility.csv", "privacy_utility_accuracy"):
+        svg = vl_convert.vegalite_to_svg(specs[name], vl_version=VEGA_LITE)
+        xs = sorted({round(float(x)) for x, _ in re.findall(
+            r'aria-roledescription="point" transform="translate\(([-\d.]+),([-\d.]+)\)"', svg)})
+        assert len(xs) == 2 and xs[1] - xs[0] > 100, (name, xs)  # dp_sgd and sanitize
+        assert "shifted by a fixed factor" in svg, name
+
+
 def test_each_roc_plot_names_its_attack(overlays_of):
     # DVC draws one ROC plot per overlays/roc/<attack>.csv under one title: each names its
     # attack in its corner, from the file's name
