@@ -65,7 +65,11 @@ def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, w
     assert main(["--params", str(params), "--root", str(tmp_path), "advise",
                  "--seeds", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.index("expected training: 4 runs") < out.index("At epsilon 8")
+    # seed 0 of every method first, timed; its runs are then reused, not trained again
+    stated = out.index("advise: seed 0 of every method, every stage, took")
+    assert out.index("expected training: 2 runs") < stated < out.index("At epsilon 8")
+    assert "the other 1 seeds: about" in out[stated:]
+    assert out.index("expected training: 2 runs", stated) < out.index("At epsilon 8")
     assert "non_private" not in out.split("At epsilon 8")[1]  # no privacy: not a candidate
     assert "(the baseline)" in out and "auto_s" in out and "advise took" in out
     assert (tmp_path / "advice" / "reports" / "comparison.csv").exists()
