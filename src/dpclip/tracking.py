@@ -535,9 +535,6 @@ def _children_filter(parent_id: str) -> str:
     return f"tags.`{PIPELINES_TAG}` LIKE '%{parent_id}%'"
 
 
-OPTION = "option."  # run_params: a method's own option (logged as a tag)
-
-
 def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
     """The parameters that produced one run, under short names for the compare view: its axes
     (dataset, method, target epsilon, alpha, seed) and the training inputs its provenance
@@ -552,12 +549,12 @@ def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
     for name, value in read_json(path)["inputs"]["params"].items():
         section, _, rest = name.partition(".")
         if section == "methods":
-            _flatten(OPTION.rstrip("."), value, out)
+            _flatten("option", value, out)
         else:
             _flatten(rest or section, value, out)  # train.lr -> lr, tune -> tune.trials
     tuned = read_json(layout.run_dir(key.name) / "record.json").get("tuned")
     for name, value in (tuned or {}).items():  # train.lr -> lr, methods.m.p -> option.p
-        out[(OPTION if name.startswith("methods.") else "") + name.rsplit(".", 1)[-1]] = str(value)
+        out[("option." if name.startswith("methods.") else "") + name.rsplit(".", 1)[-1]] = str(value)
     out["tuned"] = tuned is not None
     return out
 
@@ -626,11 +623,7 @@ def _log_configuration(mlflow, experiment_id: str, layout: Layout, key: RunKey, 
     child = client.create_run(experiment_id, run_name=child_name, start_time=timing.started_ms,
                               tags={**tags, "mlflow.parentRunId": parent_id})
     with mlflow.start_run(run_id=child.info.run_id, nested=True):
-        params = run_params(layout, key, metrics)
-        # a method's own options as tags, not params: the compare page draws the first three
-        # parameters that differ as axes, and one method's option is "unknown" for the others
-        mlflow.log_params({k: v for k, v in params.items() if not k.startswith(OPTION)})
-        mlflow.set_tags({k: v for k, v in params.items() if k.startswith(OPTION)})
+        mlflow.log_params(run_params(layout, key, metrics))
         summary = {name: float(_get(metrics, path)) for name, path in summary_metrics().items()
                    if _get(metrics, path) is not None}
         trace = pd.read_csv(layout.trace(run))
