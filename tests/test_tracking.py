@@ -168,7 +168,7 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
     base = prepared_project(tmp_path, tiny_raw(train=settings, evaluate={"ir_attack": False}),
                             write_params)
     summary_csv = tmp_path / "reports" / "summary.csv"
-    logged, tables = [], {}
+    tables = {}
     for experiment_name, lr in (("exp-a", 0.5), ("exp-b", 0.2)):  # two trainings of one run
         write_params(tiny_raw(train={**settings, "lr": lr}, evaluate={"ir_attack": False}))
         monkeypatch.setenv("DVC_EXP_NAME", experiment_name)

@@ -59,8 +59,8 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
             _refuse_if_apart(groups, names, steps, truth, lambda name: (
                 f"the DP step's per-sample gradient of parameter {name!r} differs from "
                 f"autograd's", "the parameter is used outside its layer's call (e.g. "
-                f"F.linear(x, layer.weight)), or the layer's forward is one its per-sample "
-                f"path does not reproduce"))
+                "F.linear(x, layer.weight)), or the layer's forward is one its per-sample "
+                "path does not reproduce"))
         # what the step adds for record i in a batch of all of them (factor 1 for i, 0 for
         # the others) must equal what it added for i alone
         for i in range(len(x) if len(x) > 1 else 0):
@@ -69,8 +69,8 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
             _refuse_if_apart(groups, names, together, alone[i], lambda name: (
                 f"records of one batch change each other's gradients (parameter {name!r}, in "
                 f"a batch against alone)", "an operation across the batch, such as "
-                f"x - x.mean(0) or a functional batch norm, makes the clipped sum's "
-                f"sensitivity exceed C"))
+                "x - x.mean(0) or a functional batch norm, makes the clipped sum's "
+                "sensitivity exceed C"))
     finally:
         for handle in wrapped._handles:
             handle.remove()
