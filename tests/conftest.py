@@ -34,6 +34,25 @@ TINY = {
 }
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """``--dist loadgroup`` (pyproject's addopts): a test marked ``xdist_group(name)`` gets
+    ``@name`` at the end of its id, by which pytest-xdist sends a group's tests to one worker,
+    so a module's fixture (an end-to-end project) is built once. pytest-xdist 3.8 sets the
+    suffix on ``item._nodeid``, which pytest 9 no longer reads (the id lives in ``item._id``):
+    the marks were ignored and a module's tests, spread over both workers, built its project on
+    each. Done here the way pytest-xdist means it; nothing when xdist already did it."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        if names and not item.nodeid.endswith(f"@{'_'.join(names)}"):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
 def merged(base: dict, override: dict) -> dict:
     """``base`` with ``override`` set section by section (what a Prefect run form does)."""
     from dpclip.config import with_overrides

@@ -16,7 +16,8 @@ import yaml
 
 from conftest import PROJECT, tiny_project_params
 
-pytestmark = pytest.mark.e2e
+# one worker runs this module, so that its project is built once (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-dvc")]
 BIN = Path(sys.executable).parent
 RUNS = ["non_private-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
 # one ROC table per attack of the project's attack.kinds (loss, lira, rmia, and any attack a

@@ -12,7 +12,8 @@ import yaml
 
 from test_e2e import BIN, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, make_dvc_project
 
-pytestmark = pytest.mark.e2e
+# one worker runs this module, so that its project is built once (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-experiments")]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import yaml
 
 from conftest import PROJECT, tiny_project_params
 
-pytestmark = pytest.mark.e2e
+# one worker runs this module, so that its project is built once (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("adding-a-stage")]
 BIN = Path(sys.executable).parent
 END_OF_DECLARED = "\n)\n\n\ndef reads_from("
 
