@@ -20,7 +20,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 # One torch (OpenMP) thread per test worker: pytest-xdist runs one worker per core, and two
 # threads per worker oversubscribe the cores, where OpenMP's spin-waiting threads burn the
 # other worker's time (measured: 50 s against 30 s for the method and step tests on two
-# cores). Runs that set train.threads still get their count; TINY asks for one.
+# cores). Every run sets its own count from train.threads (TINY asks for one), which then
+# stays in effect for the worker's later tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TINY = {
@@ -44,7 +45,10 @@ def pytest_collection_modifyitems(config, items):
     each. Done here the way pytest-xdist means it; nothing when xdist already did it."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
         return
-    from _pytest.nodeid import coerce_node_id
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest 9
+    except ImportError:  # pytest 8: xdist's own suffix works
+        return
 
     for item in items:
         names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))

@@ -65,15 +65,22 @@ def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, w
     assert main(["--params", str(params), "--root", str(tmp_path), "advise",
                  "--seeds", "2"]) == 0
     out = capsys.readouterr().out
-    # seed 0 of every method first, timed; its runs are then reused, not trained again
+    # a new folder: seed 0 of every method first, timed; its runs are then reused
     stated = out.index("advise: seed 0 of every method, every stage, took")
     assert out.index("expected training: 2 runs") < stated < out.index("At epsilon 8")
-    assert "the other 1 seeds: about" in out[stated:]
+    assert "the other 1 seed: at most about" in out[stated:]
     assert out.index("expected training: 2 runs", stated) < out.index("At epsilon 8")
     assert "non_private" not in out.split("At epsilon 8")[1]  # no privacy: not a candidate
     assert "(the baseline)" in out and "auto_s" in out and "advise took" in out
     assert (tmp_path / "advice" / "reports" / "comparison.csv").exists()
     assert (tmp_path / "advice" / ".gitignore").read_text() == "*\n"  # members' data inside
+    # asked again with a seed more: one pass, the new seed's runs only (a first pass of seed 0
+    # would set the runs of seed 1 aside and evaluate them anew)
+    assert main(["--params", str(params), "--root", str(tmp_path), "advise",
+                 "--seeds", "3"]) == 0
+    again = capsys.readouterr().out
+    assert "seed 0 of every method" not in again and "expected training: 2 runs" in again
+    assert "set aside" not in again and "At epsilon 8" in again
 
 
 def test_a_difference_off_zero_that_holm_does_not_pass_leans_and_is_not_recommended():

@@ -86,7 +86,8 @@ def make_dvc_project(tmp_path_factory):
              "plots/offline.html"], project, env)
     # the first repro runs every stage and every run: each stage's command records the dpclip
     # modules it imported (the `executed` fixture), so no stage has to run again for that
-    traced = dict(env, PYTHONPATH=str(_import_recorder(tmp)), DPCLIP_TEST_IMPORTS=str(tmp))
+    traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
+        [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
     first = _sh([str(BIN / "dvc"), "repro"], project, traced)
     return tmp, project, env, first
 
@@ -277,10 +278,12 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
     other.mkdir()
     params = other / "params.yaml"
     shutil.copy(project / "params.yaml", params)  # the DVC project's current parameters
-    # on a local Dask cluster of two worker processes, which start with one torch thread:
-    # each run sets train.threads itself, so the models equal DVC's sequential ones
+    # on a local Dask cluster of two worker processes, started here with two torch threads
+    # each (Dask's nanny sets OMP_NUM_THREADS in a worker; its default, 1, is the tiny
+    # settings' train.threads): each run sets train.threads itself, so the models equal DVC's
+    workers_env = dict(env, DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON='{"OMP_NUM_THREADS": 2}')
     out = _sh([sys.executable, "-m", "flows.pipeline", "--params", str(params), "--root",
-               str(other), "--workers", "2"], PROJECT, env)
+               str(other), "--workers", "2"], PROJECT, workers_env)
     assert "Finished in state Completed" in out and not our_tracebacks(out)
     assert "distributed.scheduler" in out  # it did run on Dask
     for run in RUNS:

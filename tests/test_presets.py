@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import prepared_project, tiny_project_params
+from conftest import merged, prepared_project, tiny_project_params
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
@@ -74,7 +74,9 @@ def test_a_preset_runs_the_pipeline_in_its_own_folder(tmp_path, capsys):
 
 def _two_variant_project(root: Path) -> Path:
     root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
+    # the project's own count is 2: the preset's runs must get 1 whatever the project says
+    (root / "params.yaml").write_text(yaml.safe_dump(merged(tiny_project_params(),
+                                                            {"train": {"threads": 2}})))
     (root / "presets").mkdir()
     (root / "presets" / "tiny.yaml").write_text(yaml.safe_dump({
         "description": "d", "source": "s", "deviations": ["digits"],

@@ -30,6 +30,7 @@ import yaml
 
 from dpclip.config import with_overrides
 from dpclip.errors import DpclipError
+from dpclip.layout import Layout
 from dpclip.reporting.seed_stats import (BASELINE, mean_interval, minimum_exact_seeds,
                                          paired_comparison)
 
@@ -59,9 +60,9 @@ def advice_params(raw: dict, methods: list[str], seeds: int) -> dict:
 
 def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None = None,
                methods: list[str] | None = None, progress: bool = True) -> str:
-    """Train what the question needs into ``root`` and return the answer's text: seed 0 of
-    every method first, through every stage, whose measured wall time states the time of the
-    other seeds before they start (their runs of seed 0 are reused, not trained again)."""
+    """Train what the question needs into ``root`` and return the answer's text. In a folder
+    without runs, seed 0 of every method runs first, through every stage, and its measured wall
+    time states the other seeds' time before they start (seed 0's runs are then reused)."""
     from dpclip.presets import run_variant
 
     if not params_path.is_file():
@@ -79,22 +80,33 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     # the folder holds the prepared members and the trained models: never for git
     root.mkdir(parents=True, exist_ok=True)
     (root / ".gitignore").write_text("*\n")
-    # seed 0 of every method through every stage first: its wall time, measured, states the
-    # time of the other seeds before they start (training alone left out the audit and
-    # reference models, evaluation and the report: about half the time on the default data)
-    first = run_variant(advice_params(raw, chosen, 1), root, progress=progress)
-    if progress:
-        print(f"advise: seed 0 of every method, every stage, took {first / 60:.1f} min; the "
-              f"other {n - 1} seeds: about {(n - 1) * first / 60:.1f} min more "
-              f"({n * first / 60:.1f} min in all; measured on seed 0, whose stages that run "
-              f"once per dataset are not repeated)", flush=True)
-    seconds = first + run_variant(advice_params(raw, chosen, n), root, progress=progress)
+    seconds = 0.0
+    if progress and not _has_runs(root):
+        # a new folder: seed 0 of every method through every stage first, so that its
+        # measured wall time states the other seeds' time before they start (the training
+        # estimate leaves out evaluation, the report and each run's set-up). Not when runs
+        # are there: a first pass of other seeds would set them aside and evaluate them anew
+        seconds = run_variant(advice_params(raw, chosen, 1), root, progress=progress)
+        rest = n - 1
+        print(f"advise: seed 0 of every method, every stage, took {seconds / 60:.1f} min; "
+              f"the other {rest} seed{'s' if rest > 1 else ''}: at most about "
+              f"{rest * seconds / 60:.1f} min more ({n * seconds / 60:.1f} min in all; an "
+              f"upper estimate: seed 0's time includes the stages that run once per dataset)",
+              flush=True)
+    seconds += run_variant(advice_params(raw, chosen, n), root, progress=progress)
     table = pd.read_csv(root / "reports" / "comparison.csv")
     data = raw.get("data") or {}
     dataset = str(data.get("dataset") or "digits") + (f" ({data['path']})" if data.get("path")
                                                       else "")
     return answer(table, dataset) + f"\n\n(advise took {seconds / 60:.1f} min; every run: " \
                                     f"{root}/reports/comparison.md)"
+
+
+def _has_runs(root: Path) -> bool:
+    """Whether ``root`` holds trained runs, configured or set aside."""
+    layout = Layout(root)
+    folders = (layout.run_dir("-").parent, layout.retired("-").parent)
+    return any(folder.is_dir() and any(folder.iterdir()) for folder in folders)
 
 
 def _interval(low, high, digits: int = 3, signed: bool = False) -> str:
