@@ -23,6 +23,7 @@ table and report are the flow run's artifacts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
@@ -283,6 +284,36 @@ def with_dask(workers: int, address: str | None = None):
     return pipeline.with_options(task_runner=runner)
 
 
+@contextlib.contextmanager
+def one_temporary_api():
+    """Without a Prefect API (``PREFECT_API_URL`` unset), Prefect starts a temporary local one in
+    every process that reports to it: this flow's and each Dask worker's of a local cluster, a
+    server and a database check each (about 4.5 s of CPU a start, measured on two cores). Start
+    one here and point this process and the workers, which inherit the environment, at it."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield
+    finally:  # what this process has still to send goes first (else retried against a
+        # stopped server for a minute or more), as Prefect's own test harness does
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=30)
+        EventsWorker.drain_all(timeout=30)
+        del os.environ["PREFECT_API_URL"]
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -304,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)  # fail fast, before Prefect starts its API
         workers = args.workers or local_workers(params.train.threads)
         flow_ = pipeline if args.sequential else with_dask(workers, args.dask_address)
-        flow_(params_path=args.params, root=args.root, track=not args.no_track)
+        local_cluster = not (args.sequential or args.dask_address)
+        with one_temporary_api() if local_cluster else contextlib.nullcontext():
+            flow_(params_path=args.params, root=args.root, track=not args.no_track)
     except DpclipError as exc:
         print(f"dpclip: error: {exc}", file=sys.stderr)
         return 2

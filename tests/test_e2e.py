@@ -89,7 +89,44 @@ def make_dvc_project(tmp_path_factory):
     traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
         [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
     first = _sh([str(BIN / "dvc"), "repro"], project, traced)
+    _leave_fresh_build(project, fresh_builds(tmp_path_factory) / fresh_build_name(tmp))
     return tmp, project, env, first
+
+
+# what git tracks of a project's outputs (UNTRACKED_OUTPUTS: the rest), with its parameters
+COMMITTED = ("params.yaml", "dvc.lock", "summary", "overlays")
+
+
+def committed_files(project: Path) -> dict[str, bytes]:
+    """The bytes of every file of ``COMMITTED`` in ``project``, by relative path."""
+    files = {}
+    for name in COMMITTED:
+        path = project / name
+        for file in [path] if path.is_file() else sorted(path.rglob("*")):
+            if file.is_file():
+                files[file.relative_to(project).as_posix()] = file.read_bytes()
+    return files
+
+
+def fresh_builds(tmp_path_factory) -> Path:
+    """Where each end-to-end module's project leaves the committed files of its first repro, a
+    build from scratch, for another module to compare its own with. This session's only:
+    pytest-xdist's workers keep their base folders side by side in the session's."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fresh-builds"
+
+
+def fresh_build_name(tmp: Path) -> str:
+    """A project's name among the fresh builds (xdist's workers number their folders alike)."""
+    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp.name}"
+
+
+def _leave_fresh_build(project: Path, folder: Path) -> None:
+    staging = folder.with_name(folder.name + ".partial")  # complete or absent, for the reader
+    for relative, content in committed_files(project).items():
+        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+        (staging / relative).write_bytes(content)
+    staging.rename(folder)
 
 
 RECORDER = """
@@ -286,6 +323,8 @@ def test_prefect_flow_gives_the_same_results_and_mlflow_record(dvc_project):
                str(other), "--workers", "2"], PROJECT, env)
     assert "Finished in state Completed" in out and not our_tracebacks(out)
     assert "distributed.scheduler" in out  # it did run on Dask
+    # one temporary Prefect API for the flow and both workers, not one each
+    assert out.count("Starting temporary server") == 1
     for run in RUNS:
         a = json.loads((project / "metrics" / f"{run}.json").read_text())
         b = json.loads((other / "metrics" / f"{run}.json").read_text())
