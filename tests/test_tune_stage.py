@@ -9,6 +9,7 @@ import importlib
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import prepared_project
 from dpclip.cli import main
@@ -242,3 +243,65 @@ def test_shared_tuning_gives_every_method_the_baselines_learning_rate_and_c(
     assert {k: record["tuned"][k] for k in shared} == shared
     with pytest.raises(ConfigError, match=r"tune\.shared: True gives every method dp_sgd's"):
         parse_params(tiny_raw(train={"methods": ["auto_s"]}, tune={**TUNE, "shared": True}))
+
+
+def test_a_trial_can_take_the_runs_batch_steps_and_noise():
+    """tune.match: steps. A run on 60,000 members with B = 256 for 15 epochs takes
+    T = 15 * floor(60000 / 256) = 15 * 234 = 3510 steps; on 10,500 public records a batch of
+    256 gives floor(10500 / 256) = 41 steps an epoch, so the trial takes round(3510 / 41) = 86
+    epochs, 3526 steps, at the epsilon for which the noise search finds the run's sigma."""
+    from dpclip.privacy import epsilon_of, noise_for_epsilon
+    from dpclip.train import TrainConfig
+
+    run = TrainConfig.of("dp_sgd", 0.5, batch_size=256, epochs=15)
+    trial = tune_module.with_the_runs_steps(run, 10_500, 60_000)
+    assert trial.train.epochs == 86 and trial.train.batch_size == 256
+    sigma = noise_for_epsilon(0.5, 1e-5, 256 / 60_000, 3510, "rdp", 0.01)
+    assert trial.target_epsilon == pytest.approx(
+        epsilon_of("rdp", [(sigma, 256 / 10_500, 3526)], 1e-5))
+    assert trial.target_epsilon > 2 * 0.5  # q' = 5.7 q: the same noise gives a larger epsilon
+    found = noise_for_epsilon(trial.target_epsilon, 1e-5, 256 / 10_500, 3526, "rdp", 0.01)
+    assert sigma <= found <= 1.01 * sigma  # the run's noise, from above, within the tolerance
+    # no noise, or a mechanism of its own: the steps only
+    for method, epsilon in (("non_private", None), ("sanitize", 0.5)):
+        plain = tune_module.with_the_runs_steps(
+            TrainConfig.of(method, epsilon, batch_size=256, epochs=15), 10_500, 60_000)
+        assert plain.train.epochs == 86 and plain.target_epsilon == epsilon
+
+
+def test_the_stage_trains_each_trial_at_the_runs_steps(tmp_path, tiny_raw, write_params,
+                                                       monkeypatch):
+    """Through the stage: the members split's size is the run's (tune.members unset), and a
+    record searched with the default (epochs) is not reused for steps."""
+    raw = tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1}, tune={**TUNE, "trials": 1})
+    base = prepared_project(tmp_path, raw, write_params)
+    assert main([*base, "tune"]) == 0
+    layout = Layout(tmp_path)
+    seen = []
+    real = tune_module.train_model
+    monkeypatch.setattr(tune_module, "train_model",
+                        lambda x, y, shape, classes, cfg, **kw: seen.append((len(x), cfg))
+                        or real(x, y, shape, classes, cfg, **kw))
+    steps = write_params(tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1},
+                                  tune={**TUNE, "trials": 1, "match": "steps"}))
+    assert main(["--params", str(steps), "--root", str(tmp_path), "--quiet", "tune"]) == 0
+    (n_public, cfg), = seen  # searched again: the fingerprint has match: steps
+    members = read_json(layout.prepared_meta)["sizes"]["target_train"]
+    expected = tune_module.with_the_runs_steps(
+        tune_module.train_config(parse_params(yaml.safe_load(steps.read_text())), "dp_sgd", 8, 0, layout,
+                                 tuned=False), n_public, members)
+    assert (cfg.train.epochs, cfg.target_epsilon) == (expected.train.epochs,
+                                                      expected.target_epsilon)
+    assert cfg.train.epochs == round(members // 64 / (n_public // 64)) > 1
+
+
+def test_the_later_tune_keys_leave_records_searched_before_valid(tiny_raw):
+    """tune.match and tune.members enter a search's fingerprint only when set otherwise than
+    their defaults: a tuned.json searched before they existed is still the run's."""
+    from dpclip.pipeline import tuned
+
+    before = parse_params(tiny_raw(tune=TUNE))
+    assert not {"match", "members"} & set(tuned._tune_basis(before))
+    steps = parse_params(tiny_raw(tune={**TUNE, "match": "steps", "members": 60_000}))
+    assert tuned._tune_basis(steps)["match"] == "steps"
+    assert tuned.fingerprint(steps, "dp_sgd") != tuned.fingerprint(before, "dp_sgd")

@@ -191,6 +191,11 @@ class TuneParams(Section):
     # true: the learning rate and C searched on dp_sgd at each target epsilon and given to every
     # other private method, which searches only its own knobs (one schedule for all methods)
     shared: StrictBool = False
+    # what a trial on the public records keeps of the run: "epochs" its batch size and epochs
+    # (the noise then reaches the target epsilon at the public records' q); "steps" its batch
+    # size, number of steps and noise multiplier (those of a run on tune.members records)
+    match: Literal["epochs", "steps"] = "epochs"
+    members: Count | None = None  # match "steps": the run's members (None: the members split's)
 
     @model_validator(mode="after")
     def _ranges_increase(self):

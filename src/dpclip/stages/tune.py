@@ -34,7 +34,7 @@ file says so and nothing is searched.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -51,8 +51,9 @@ from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
 from dpclip.pipeline.provenance import PACKAGE
+from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads
-from dpclip.train import PublicData, train_model
+from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
 from dpclip.pipeline.inputs import checkpoint_of, needs_public, train_config
 from dpclip.pipeline.tuned import fingerprint, with_values
 
@@ -121,6 +122,10 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
     cfg = train_config(params, method, epsilon, params.tune.seed, layout, tuned=False)
     if params.tune.epochs is not None:
         cfg = cfg.with_train(epochs=params.tune.epochs)
+    if params.tune.match == "steps":
+        members = params.tune.members or \
+            int(read_json(layout.prepared_meta)["sizes"]["target_train"])
+        cfg = with_the_runs_steps(cfg, len(data.x), members)
     result = train_model(data.x, data.y, data.feature_shape, data.n_classes, cfg,
                          progress=False, public=data.public if needs_public(cfg) else None)
     meta = {"feature_shape": list(data.feature_shape), "n_classes": data.n_classes}
@@ -128,6 +133,37 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
     selection = logits_of(model, data.val_x).argmax(axis=1)
     held_out = logits_of(model, data.test_x).argmax(axis=1)
     return float(np.mean(selection == data.val_y)), float(np.mean(held_out == data.test_y))
+
+
+# run kinds whose noise is calibrated to the target epsilon at Poisson rate q = B / n
+CALIBRATED_RUN_KINDS = ("private", "opacus_optimizer")
+
+
+def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int) -> TrainConfig:
+    """A trial on ``n_public`` public records that takes the steps of the run on ``members``
+    records (``tune.match: steps``): the run's batch size B, number of steps T and noise
+    multiplier sigma.
+
+    The run: q = B / members, T = epochs * floor(members / B), sigma the noise that reaches
+    the target epsilon at (q, T). The trial: batches of B of the n_public records
+    (q' = B / n_public) for epochs' = round(T / floor(n_public / B)) epochs, about T steps,
+    with the target epsilon' = epsilon(sigma; q', T'), at which the noise search finds sigma
+    again (to within its tolerance, from above). So each step's update has the run's noise
+    against its clipped sum (sigma C / B) and the run's number of updates. At the run's q
+    instead, a batch would hold q n_public records and that noise be members / n_public times
+    the run's. A method without noise (or with its own mechanism) gets the steps only."""
+    train = cfg.train
+    q, _, steps = plan_steps(members, train.batch_size, train.epochs)
+    _, per_epoch, _ = plan_steps(n_public, train.batch_size, 1)
+    trial = cfg.with_train(epochs=max(1, round(steps / per_epoch)))
+    if cfg.target_epsilon is None or get_method(cfg.method).run_kind not in CALIBRATED_RUN_KINDS:
+        return trial
+    privacy = cfg.privacy
+    sigma = noise_for_epsilon(cfg.target_epsilon, privacy.delta, q, steps, privacy.accountant,
+                              privacy.epsilon_tolerance)
+    epsilon = epsilon_of(privacy.accountant, [(sigma, train.batch_size / n_public,
+                                               trial.train.epochs * per_epoch)], privacy.delta)
+    return replace(trial, target_epsilon=epsilon)
 
 
 def _suggest(trial, key: str, t: Tunable):
