@@ -289,29 +289,37 @@ def one_temporary_api():
     """Without a Prefect API (``PREFECT_API_URL`` unset), Prefect starts a temporary local one in
     every process that reports to it: this flow's and each Dask worker's of a local cluster, a
     server and a database check each (about 4.5 s of CPU a start, measured on two cores). Start
-    one here and point this process and the workers, which inherit the environment, at it."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    one here and point this process and the workers, which inherit the environment, at it.
+    Nothing is started where Prefect would start none: an API is configured (environment or
+    profile), or temporary servers are turned off (``PREFECT_SERVER_EPHEMERAL_ENABLED``)."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    if PREFECT_API_URL.value():
+    if PREFECT_API_URL.value() or not get_current_settings().server.ephemeral.enabled:
         yield
         return
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
     server.start(timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    before = os.environ.get("PREFECT_API_URL")  # set after Prefect read its settings
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield
-    finally:  # what this process has still to send goes first (else retried against a
-        # stopped server for a minute or more), as Prefect's own test harness does
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
+    finally:
+        try:  # what this process has still to send goes first (else retried against a stopped
+            # server for a minute or more), as Prefect's own test harness does
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
 
-        APILogWorker.drain_all(timeout=30)
-        EventsWorker.drain_all(timeout=30)
-        del os.environ["PREFECT_API_URL"]
-        server.stop()
+            APILogWorker.drain_all(timeout=10)
+            EventsWorker.drain_all(timeout=10)
+        finally:
+            if before is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = before
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

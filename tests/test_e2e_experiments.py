@@ -10,7 +10,7 @@ import shutil
 import pytest
 import yaml
 
-from test_e2e import (BIN, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, committed_files,
+from test_e2e import (BIN, COMMITTED, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, committed_files,
                       fresh_build_name, fresh_builds, make_dvc_project)
 
 # one worker runs this module, so that its project is built once (tests/conftest.py)
@@ -72,6 +72,10 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     assert "dvc.lock" in tracked and f"summary/{RUNS[1]}.json" in tracked
     assert {f"overlays/{name}" for name in OVERLAYS} <= set(tracked)
     assert not [f for f in tracked if f.split("/")[0] in UNTRACKED_OUTPUTS]
+    # and nothing else: an output missing from .gitignore would be committed unchecked
+    configuration = {".gitignore", ".dvcignore", "dvc.yaml", "requirements.lock"}
+    assert [f for f in tracked if f.split("/")[0] not in {"src", ".dvc", *COMMITTED}
+            and f not in configuration] == []
     # the build from scratch: test_e2e's project, same parameters, built in another folder
     # on the other worker meanwhile; else (this module alone) this project's outputs again
     others = sorted(path for path in fresh_builds(tmp_path_factory).glob("*")

@@ -9,7 +9,6 @@ import importlib
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from conftest import prepared_project
 from dpclip.cli import main
@@ -262,6 +261,13 @@ def test_a_trial_can_take_the_runs_batch_steps_and_noise():
     assert trial.target_epsilon > 2 * 0.5  # q' = 5.7 q: the same noise gives a larger epsilon
     found = noise_for_epsilon(trial.target_epsilon, 1e-5, 256 / 10_500, 3526, "rdp", 0.01)
     assert sigma <= found <= 1.01 * sigma  # the run's noise, from above, within the tolerance
+    # tune.epochs 3 of 15: a fifth of the steps, round(702 / 41) = 17 epochs, the run's sigma
+    short = tune_module.with_the_runs_steps(run, 10_500, 60_000, 3)
+    assert short.train.epochs == 17
+    assert sigma <= noise_for_epsilon(short.target_epsilon, 1e-5, 256 / 10_500, 17 * 41, "rdp",
+                                      0.01) <= 1.01 * sigma
+    with pytest.raises(ConfigError, match="tune.members: 100 is smaller than train.batch_size"):
+        tune_module.with_the_runs_steps(run, 10_500, 100)
     # no noise, or a mechanism of its own: the steps only
     for method, epsilon in (("non_private", None), ("sanitize", 0.5)):
         plain = tune_module.with_the_runs_steps(
@@ -279,20 +285,24 @@ def test_the_stage_trains_each_trial_at_the_runs_steps(tmp_path, tiny_raw, write
     layout = Layout(tmp_path)
     seen = []
     real = tune_module.train_model
-    monkeypatch.setattr(tune_module, "train_model",
-                        lambda x, y, shape, classes, cfg, **kw: seen.append((len(x), cfg))
-                        or real(x, y, shape, classes, cfg, **kw))
+
+    def recorded(x, y, shape, classes, cfg, **kw):
+        result = real(x, y, shape, classes, cfg, **kw)
+        seen.append((len(x), cfg, result.privacy["noise_multiplier"]))
+        return result
+
+    monkeypatch.setattr(tune_module, "train_model", recorded)
     steps = write_params(tiny_raw(train={"methods": ["dp_sgd"], "epochs": 1},
                                   tune={**TUNE, "trials": 1, "match": "steps"}))
     assert main(["--params", str(steps), "--root", str(tmp_path), "--quiet", "tune"]) == 0
-    (n_public, cfg), = seen  # searched again: the fingerprint has match: steps
+    (n_public, cfg, trained_sigma), = seen  # searched again: the fingerprint has match: steps
     members = read_json(layout.prepared_meta)["sizes"]["target_train"]
-    expected = tune_module.with_the_runs_steps(
-        tune_module.train_config(parse_params(yaml.safe_load(steps.read_text())), "dp_sgd", 8, 0, layout,
-                                 tuned=False), n_public, members)
-    assert (cfg.train.epochs, cfg.target_epsilon) == (expected.train.epochs,
-                                                      expected.target_epsilon)
-    assert cfg.train.epochs == round(members // 64 / (n_public // 64)) > 1
+    # the run's: 1 epoch of the members, floor(members / 64) steps; the trial takes as many
+    assert cfg.train.epochs == round((members // 64) / (n_public // 64)) > 1
+    from dpclip.privacy import noise_for_epsilon
+
+    run_sigma = noise_for_epsilon(8, 1e-5, 64 / members, members // 64, "rdp", 0.01)
+    assert run_sigma <= trained_sigma <= 1.01 * run_sigma  # what the trial trained with
 
 
 def test_the_later_tune_keys_leave_records_searched_before_valid(tiny_raw):
@@ -305,3 +315,5 @@ def test_the_later_tune_keys_leave_records_searched_before_valid(tiny_raw):
     steps = parse_params(tiny_raw(tune={**TUNE, "match": "steps", "members": 60_000}))
     assert tuned._tune_basis(steps)["match"] == "steps"
     assert tuned.fingerprint(steps, "dp_sgd") != tuned.fingerprint(before, "dp_sgd")
+    with pytest.raises(ConfigError, match="tune.members: 60000 is read only with tune.match"):
+        parse_params(tiny_raw(tune={**TUNE, "members": 60_000}))

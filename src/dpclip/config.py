@@ -195,13 +195,18 @@ class TuneParams(Section):
     # (the noise then reaches the target epsilon at the public records' q); "steps" its batch
     # size, number of steps and noise multiplier (those of a run on tune.members records)
     match: Literal["epochs", "steps"] = "epochs"
-    members: Count | None = None  # match "steps": the run's members (None: the members split's)
+    # match "steps": the members of the run whose steps a trial takes (None: the members
+    # split's size, the IID run's; a Dirichlet partition trains on a subset of it)
+    members: Count | None = None
 
     @model_validator(mode="after")
     def _ranges_increase(self):
         problems = [bad_value(f"tune.{key}", getattr(self, key), "must be [low, high] with "
                               "low < high") for key in ("lr", "clip_norm")
                     if getattr(self, key)[0] >= getattr(self, key)[1]]
+        if self.members is not None and self.match != "steps":
+            problems.append(bad_value("tune.members", self.members, "is read only with "
+                                      "tune.match: steps (leave it null)"))
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -120,12 +120,12 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
     """Train ``method`` under ``params`` on the stand-in members at the target epsilon; its
     accuracy on the selection records and on the held-out scoring records."""
     cfg = train_config(params, method, epsilon, params.tune.seed, layout, tuned=False)
-    if params.tune.epochs is not None:
-        cfg = cfg.with_train(epochs=params.tune.epochs)
-    if params.tune.match == "steps":
+    if params.tune.match == "steps":  # the run's steps and noise, from its own epochs
         members = params.tune.members or \
             int(read_json(layout.prepared_meta)["sizes"]["target_train"])
-        cfg = with_the_runs_steps(cfg, len(data.x), members)
+        cfg = with_the_runs_steps(cfg, len(data.x), members, params.tune.epochs)
+    elif params.tune.epochs is not None:
+        cfg = cfg.with_train(epochs=params.tune.epochs)
     result = train_model(data.x, data.y, data.feature_shape, data.n_classes, cfg,
                          progress=False, public=data.public if needs_public(cfg) else None)
     meta = {"feature_shape": list(data.feature_shape), "n_classes": data.n_classes}
@@ -139,7 +139,8 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
 CALIBRATED_RUN_KINDS = ("private", "opacus_optimizer")
 
 
-def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int) -> TrainConfig:
+def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int,
+                        trial_epochs: int | None = None) -> TrainConfig:
     """A trial on ``n_public`` public records that takes the steps of the run on ``members``
     records (``tune.match: steps``): the run's batch size B, number of steps T and noise
     multiplier sigma.
@@ -151,11 +152,17 @@ def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int) -> TrainC
     again (to within its tolerance, from above). So each step's update has the run's noise
     against its clipped sum (sigma C / B) and the run's number of updates. At the run's q
     instead, a batch would hold q n_public records and that noise be members / n_public times
-    the run's. A method without noise (or with its own mechanism) gets the steps only."""
+    the run's. ``trial_epochs`` (``tune.epochs``) shortens the trial to T * trial_epochs /
+    epochs steps at the same sigma. A method without noise (or with its own mechanism) gets
+    the steps only."""
     train = cfg.train
+    if members < train.batch_size:
+        raise ConfigError([f"tune.members: {members} is smaller than train.batch_size "
+                           f"({train.batch_size})"])
     q, _, steps = plan_steps(members, train.batch_size, train.epochs)
     _, per_epoch, _ = plan_steps(n_public, train.batch_size, 1)
-    trial = cfg.with_train(epochs=max(1, round(steps / per_epoch)))
+    trial_steps = steps * (trial_epochs or train.epochs) / train.epochs
+    trial = cfg.with_train(epochs=max(1, round(trial_steps / per_epoch)))
     if cfg.target_epsilon is None or get_method(cfg.method).run_kind not in CALIBRATED_RUN_KINDS:
         return trial
     privacy = cfg.privacy
