@@ -5,6 +5,7 @@ p-values and intervals worked out by hand, and the committed claims file."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -449,11 +450,20 @@ def test_the_first_screen_shows_the_matched_difference_whatever_the_gate_says():
     first = text.split("## How to read it")[0]
     assert first.startswith("# Evidence: the papers' claims, tested\n\n## What the runs show")
     assert "**Which method?** No claim of an advantage is held (0 of 1): no alternative" in first
-    assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 on 2 of 2 seeds "
-            "(-0.148, -0.102); the paper's difference +0.0066 (verdict: setting not "
-            "reproduced)") in first
+    assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 (no finite 95% "
+            "interval at this number of seeds) on 2 of 2 seeds (-0.148, -0.102); the paper's "
+            "difference +0.0066 (verdict: setting not reproduced)") in first
     assert "| c | setting not reproduced | eps 8 | accuracy | -0.125 [-inf, +inf] (-0.148, " \
            "-0.102) | +0.0066 |" in first
+    # six seeds that agree: the line gives the interval that the agreement alone does not
+    finding = judge(_claim("within", "accuracy", effect=0.0066, margin=0.01, reproduce=check),
+                    _table(_pair([-0.148, -0.102, -0.12, -0.11, -0.13, -0.14], "accuracy",
+                                 base=0.89)))
+    first = evidence_markdown([finding], Path("results/presets"), "dpclip evidence")
+    row = finding.rows[0]
+    assert math.isfinite(row["difference_low"]) and row["difference_high"] < 0
+    assert (f"is -0.125 (95% interval [{row['difference_low']:.4g}, "
+            f"{row['difference_high']:.4g}]) on 6 of 6 seeds") in first
 
 
 def test_the_controller_must_move_c_in_each_configuration_and_the_clamp_does_not_count():

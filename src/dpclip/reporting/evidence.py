@@ -679,6 +679,15 @@ def _consistent(row: dict) -> bool:
 CLEAR = 5  # the differences every seed agrees on that the first screen lists
 
 
+def _agreeing_interval(row: dict) -> str:
+    """The 95% interval of a difference every seed agrees on, as the first screen states it:
+    agreement alone is no test (two seeds agree by chance half the time), the interval is."""
+    low, high = row["difference_low"], row["difference_high"]
+    if low is None or pd.isna(low) or math.isinf(low) or math.isinf(high):
+        return "(no finite 95% interval at this number of seeds) "
+    return f"(95% interval [{_number(low)}, {_number(high)}]) "
+
+
 def first_screen(findings: list[Finding]) -> list[str]:
     """What a user can act on, before the rules: which claims are decided, the differences
     every seed agrees on, and per claim and configuration the matched-setting difference with
@@ -717,7 +726,7 @@ def first_screen(findings: list[Finding]) -> list[str]:
         for f, r in clear[:CLEAR]:
             lines.append(f"- {f.claim['id']}, {r['label']}: {f.claim['method']} minus "
                          f"{r['baseline']} in {f.metric_text or f.claim['metric']} is "
-                         f"{r['difference']:+.3g} "
+                         f"{r['difference']:+.3g} {_agreeing_interval(r)}"
                          f"on {r['seeds']} of {r['seeds']} seeds ({_per_seed(r)})"
                          + (f"; the paper's difference {r['paper_effect']:+.3g}"
                             if r.get("paper_effect") is not None else "")
