@@ -123,3 +123,26 @@ def test_the_lm_claim_is_contradicted_by_the_accounting_in_the_report():
     finding = judge(claims["lm-batch-weights-privacy"], None)
     assert finding.verdict == CONTRADICTED_BY_ACCOUNTING
     assert "no epsilon" in finding.reason and "the paper claims 5" in finding.reason
+
+
+def test_the_one_run_audit_cannot_refute_the_lm_claim_in_the_table3_model():
+    """Issue: whether the audit could measure the literal rule's leakage, with its power. With
+    every guess right and delta 0, r guesses at level a refute every epsilon with
+    q^r < a, q = e^eps / (1 + e^eps): eps = log(q / (1 - q)) at q = a^(1 / r). The table3 CNN's
+    conv1 has 16 x 1 x 3 x 3 + 16 = 160 coordinates, so 160 spanning canaries fit."""
+    from dpclip.reporting.accounting import (audit_ceiling, batch_weights_sensitivity,
+                                             spanning_canaries)
+
+    q = (0.05 / 4) ** (1 / 160)  # the largest guess size, at its Bonferroni share of 5%
+    assert audit_ceiling(160, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)), abs=1e-5)
+    assert audit_ceiling(160, 1e-5, 0.95) < audit_ceiling(160, 0.0, 0.95) < 5.0
+    # docs/attacks.md: "with 1000 canaries, even all guesses right refute at most about 5.4"
+    assert audit_ceiling(1000, 1e-5, 0.95) == pytest.approx(5.4, abs=0.05)
+    audit = {"model": "cnn", "hidden": [64], "features": [1, 28, 28], "classes": 10,
+             "canaries": 1000, "confidence": 0.95}
+    assert spanning_canaries(audit) == 160
+    assert spanning_canaries({**audit, "canaries": 100}) == 100
+    lines = batch_weights_sensitivity({**LM_LITERAL, "audit": audit}).lines
+    assert "fit 160" in lines[-1] and "refute at most epsilon 3.58 at 95%" in lines[-1]
+    assert "no outcome of that audit could show the leakage" in lines[-1]
+    assert len(batch_weights_sensitivity(LM_LITERAL).lines) == len(lines) - 1

@@ -37,7 +37,12 @@ that mechanism gives. A check takes the claim's ``accounting`` mapping from
   since a Poisson batch can hold any number of records, it has no bound in C at all: DP-SGD's
   accountant gives the mechanism no epsilon. The sums are the method's own
   (``lm_dp_sgd``'s ``scale`` with ``weights: batch``); the same pair under ``weights:
-  private`` moves the sum by at most C.
+  private`` moves the sum by at most C. With ``audit`` (a model: ``model``, ``hidden``,
+  ``features``, ``classes``; and the audit's ``canaries`` and ``confidence``) the check also
+  says whether the one-run audit could measure the extra leakage at all: a per-layer rule's
+  white-box canaries span every layer group (docs: the privacy audit), so at most as many fit as
+  the smallest group has coordinates, and even with every guess right the audit refutes no
+  epsilon above :func:`audit_ceiling` of that many canaries.
 """
 
 from __future__ import annotations
@@ -148,6 +153,44 @@ def _lm_sum(rows: list[list[float]], weights: str, batch: int):
     return (method.scale(norms) * norms).sum(dim=0)
 
 
+def audit_ceiling(canaries: int, delta: float, confidence: float) -> float:
+    """The largest epsilon a one-run audit with ``canaries`` canaries can refute: every guess
+    right at each guess size the audit tries (:data:`dpclip.audit.bound.GUESS_FRACTIONS`, each
+    at its Bonferroni share of ``confidence``), the best of them."""
+    from dpclip.audit.bound import GUESS_FRACTIONS, epsilon_lower_bound
+
+    each = 1.0 - (1.0 - confidence) / len(GUESS_FRACTIONS)
+    sizes = {max(1, min(canaries, round(f * canaries))) for f in GUESS_FRACTIONS}
+    return max(epsilon_lower_bound(canaries, r, r, delta, each) for r in sizes)
+
+
+def spanning_canaries(audit: dict) -> int:
+    """How many white-box canaries spanning every layer group fit in the model ``audit``
+    describes (one distinct coordinate per group each): the smallest group's size, at most
+    ``audit["canaries"]`` (:func:`dpclip.audit.run.canaries_that_fit`)."""
+    from dpclip.models import build_model
+
+    model = build_model(audit["model"], tuple(audit["features"]), int(audit["classes"]),
+                        list(audit["hidden"]))
+    groups = [sum(p.numel() for p in module.parameters(recurse=False))
+              for module in model.modules() if any(True for _ in module.parameters(recurse=False))]
+    return min(int(audit["canaries"]), min(groups))
+
+
+def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
+    canaries = spanning_canaries(audit)
+    ceiling = audit_ceiling(canaries, delta, float(audit["confidence"]))
+    verdict = ("so no outcome of that audit could show the leakage: a run at the claimed "
+               "epsilon passes it whatever it leaks" if ceiling <= epsilon else
+               "so the audit could refute the claim only with almost every guess right")
+    return (f"whether the one-run audit could measure it: in the {audit['model']} model "
+            f"(hidden {list(audit['hidden'])}) canaries spanning every layer fit "
+            f"{canaries} (the smallest layer's coordinates; the audit gives a per-layer rule "
+            f"those, since one-layer canaries are clipped below C), and with every guess "
+            f"right they refute at most epsilon {ceiling:.3g} at "
+            f"{float(audit['confidence']):.0%} against the claimed {epsilon:g}, {verdict}")
+
+
 def batch_weights_sensitivity(spec: dict) -> AccountingCheck:
     """A neighbouring pair that moves LM-DP-SGD's literal-rule sum by about B C (module
     docstring): no sensitivity bound in C, so no epsilon, follows for the literal rule."""
@@ -179,7 +222,8 @@ def batch_weights_sensitivity(spec: dict) -> AccountingCheck:
         f"{steps:,} steps sets sigma {sigma:.4g}: noise of std {sigma:.3g} C against a shift of "
         f"{kappa:.4g} C, a ratio of {kappa / sigma:.3g} where the accountant assumes "
         f"{1 / sigma:.3g}; since a Poisson batch can hold any number of records, no sensitivity "
-        f"bound in C, and so no epsilon, follows for the literal rule"],
+        f"bound in C, and so no epsilon, follows for the literal rule",
+        *([_audit_power_line(spec["audit"], epsilon, delta)] if spec.get("audit") else [])],
         summary=None if holds else (
             f"one record moves the noised sum by {kappa:.4g} C in a batch of {batch}, not at "
             f"most C (the proof's premise), so DP-SGD's accountant gives no epsilon for it; "
