@@ -283,3 +283,52 @@ def test_a_preset_with_public_init_and_the_sound_sanitize_runs_end_to_end(tmp_pa
     sanitize = read_json(runs / "sanitize-eps8-iid-seed0" / "record.json")["training"]
     assert "init_public_steps_run" not in sanitize  # its own pre-training only
     assert sanitize["head_kept"] in ("public", "private")
+
+
+def _tuning_project(tmp_path: Path, taker_train: dict, taker_data: dict | None = None) -> Path:
+    """A project with a tuning preset ``tuner`` (its tuning.csv written as the report writes
+    it) and a preset ``taker`` that takes its values (``tuned_by: tuner``)."""
+    data = {"dataset": "mnist", "split": {"target_train": 0.7, "target_holdout": 0.1,
+                                          "shadow_train": 0.1, "shadow_holdout": 0.1}}
+    head = {"description": "d", "source": "s", "deviations": []}
+    (tmp_path / "presets").mkdir(parents=True)
+    (tmp_path / "presets" / "tuner.yaml").write_text(yaml.safe_dump(
+        {**head, "params": {"data": data}, "variants": {"eps1": {}}}))
+    (tmp_path / "presets" / "taker.yaml").write_text(yaml.safe_dump(
+        {**head, "tuned_by": "tuner", "params": {"data": taker_data or data},
+         "variants": {"eps1": {"train": taker_train}}}))
+    reports = tmp_path / "results" / "presets" / "tuner" / "eps1" / "reports"
+    reports.mkdir(parents=True)
+    (reports / "tuning.csv").write_text(
+        "method,target_epsilon,trials,values\n"
+        'dp_sgd,1,12,"train.lr = 0.3142, train.clip_norm = 1.5"\n')
+    return tmp_path
+
+
+def test_a_preset_that_takes_tuned_values_keeps_the_tuning_split_and_the_values(tmp_path):
+    """A review: tuned values are copied into another preset by hand, and with another data
+    section (Fashion-MNIST as public data) the same fractions put all 10,000 tuning records of
+    table10_fair_tune among the test records. `dpclip preset` refuses such a preset."""
+    from dpclip.presets import run_preset, tuned_values, tuning_problems
+
+    good = _tuning_project(tmp_path / "good", {"lr": 0.3142, "clip_norm": 1.5})
+    assert tuned_values("tuner", "eps1", good) == {"train.lr": 0.3142, "train.clip_norm": 1.5}
+    assert tuning_problems(load_preset("taker", good / "presets"), good) == []
+    wrong = _tuning_project(tmp_path / "wrong", {"lr": 0.5, "clip_norm": 1.5},
+                            {"dataset": "mnist", "shadow_dataset": "fashion-mnist"})
+    problems = tuning_problems(load_preset("taker", wrong / "presets"), wrong)
+    assert len(problems) == 2 and "data section differs" in problems[0]
+    assert "variant 'eps1' has train.lr 0.5, not the tuned 0.3142" in problems[1]
+    with pytest.raises(DpclipError, match="train.lr 0.5, not the tuned 0.3142"):
+        run_preset("taker", project=wrong)
+    assert not (wrong / "results" / "presets" / "taker").exists()  # nothing written
+    with pytest.raises(DpclipError, match="has no tuning results for variant 'eps9'"):
+        tuned_values("tuner", "eps9", good)
+
+
+def test_every_committed_preset_with_tuned_values_matches_its_tuning():
+    for name in available_presets(PROJECT / "presets"):
+        preset = load_preset(name, PROJECT / "presets")
+        if preset.get("tuned_by"):
+            from dpclip.presets import tuning_problems
+            assert tuning_problems(preset, PROJECT) == [], name

@@ -67,6 +67,54 @@ def load_preset(name: str, folder: Path = PRESETS) -> dict:
     return preset
 
 
+TUNED_KEYS = ("train.lr", "train.clip_norm")  # what a tuning preset hands a preset it tunes
+
+
+def tuned_values(name: str, variant: str, project: Path = Path(".")) -> dict[str, float]:
+    """DP-SGD's values that preset ``name``'s ``dpclip tune`` chose for ``variant``, as its
+    committed ``reports/tuning.csv`` states them (4 significant digits)."""
+    import pandas as pd
+
+    path = project / RESULTS / name / variant / "reports" / "tuning.csv"
+    if not path.is_file():
+        raise DpclipError(f"tuned_by: {name!r} has no tuning results for variant {variant!r} "
+                          f"({path} is missing): run `dpclip preset {name}` first")
+    rows = pd.read_csv(path)
+    row = rows[rows["method"] == "dp_sgd"]
+    if len(row) != 1:
+        raise DpclipError(f"{path}: no single dp_sgd row to take the values from")
+    pairs = (item.split(" = ") for item in str(row["values"].iloc[0]).split(", "))
+    return {key: float(value) for key, value in pairs}
+
+
+def tuning_problems(preset: dict, project: Path = Path(".")) -> list[str]:
+    """Why a preset that trains with another preset's tuned values (``tuned_by: NAME``) may not
+    run: its data section must be the tuning preset's (the public records the values were
+    chosen on are then neither its members nor its test records: with Fashion-MNIST set as
+    public data, the same fractions put them among the test records), and each variant's
+    learning rate and C must be the values chosen for the variant of the same name."""
+    source = preset.get("tuned_by")
+    if source is None:
+        return []
+    tuning = load_preset(source, project / PRESETS)
+    problems = []
+    if preset["params"].get("data") != tuning["params"].get("data"):
+        problems.append(f"tuned_by {source!r}: the data section differs from {source!r}'s, so "
+                        f"its tuning records may be this preset's members or test records")
+    for variant, overlay in (preset.get("variants") or {}).items():
+        if "data" in overlay:
+            problems.append(f"tuned_by {source!r}: variant {variant!r} changes the data section")
+        train = {**preset["params"].get("train", {}), **overlay.get("train", {})}
+        for key, value in tuned_values(source, variant, project).items():
+            if key not in TUNED_KEYS:
+                continue
+            given = train.get(key.removeprefix("train."))
+            if given != value:
+                problems.append(f"tuned_by {source!r}: variant {variant!r} has {key} {given!r}, "
+                                f"not the tuned {value:g}")
+    return problems
+
+
 def _resolve_datasets(overlay: dict, datasets: Path) -> dict:
     data = dict(overlay.get("data") or {})
     for key in ("path", "shadow_path"):
@@ -165,6 +213,9 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     if jobs < 1:
         raise DpclipError(f"--jobs: {jobs} must be at least 1")
     preset = load_preset(name, project / PRESETS)
+    problems = tuning_problems(preset, project)
+    if problems:
+        raise DpclipError(f"preset {name!r}: " + "; ".join(problems))
     datasets = (datasets or (project / DEFAULT_DATASETS)).resolve()  # the runs may move
     chosen = variants or list(preset.get("variants") or {SINGLE: {}})
     out = project / RESULTS / name
