@@ -38,7 +38,8 @@ that mechanism gives. A check takes the claim's ``accounting`` mapping from
   accountant gives the mechanism no epsilon. The sums are the method's own
   (``lm_dp_sgd``'s ``scale`` with ``weights: batch``); the same pair under ``weights:
   private`` moves the sum by at most C. With ``audit`` (a model: ``model``, ``hidden``,
-  ``features``, ``classes``; and the audit's ``canaries`` and ``confidence``) the check also
+  ``features``, ``classes``; the audit's ``canaries``, and ``confidence`` of the white-box kind:
+  0.95 when it runs alone, the default, 0.975 beside the black-box kind) the check also
   says whether the one-run audit could measure the extra leakage at all: a per-layer rule's
   white-box canaries span every layer group (docs: the privacy audit), so at most as many fit as
   the smallest group has coordinates, and even with every guess right the audit refutes no
@@ -168,27 +169,35 @@ def spanning_canaries(audit: dict) -> int:
     """How many white-box canaries spanning every layer group fit in the model ``audit``
     describes (one distinct coordinate per group each): the smallest group's size, at most
     ``audit["canaries"]`` (:func:`dpclip.audit.run.canaries_that_fit`)."""
-    from dpclip.models import build_model
+    return min(int(audit["canaries"]), min(_layer_sizes(audit)))
+
+
+def _layer_sizes(audit: dict) -> list[int]:
+    """Trainable coordinates of each layer group (the parameterised layers) of the model."""
+    from dpclip.models import build_model, parameterised_layers
 
     model = build_model(audit["model"], tuple(audit["features"]), int(audit["classes"]),
                         list(audit["hidden"]))
-    groups = [sum(p.numel() for p in module.parameters(recurse=False))
-              for module in model.modules() if any(True for _ in module.parameters(recurse=False))]
-    return min(int(audit["canaries"]), min(groups))
+    modules = dict(model.named_modules())
+    return [sum(p.numel() for p in modules[name].parameters(recurse=False) if p.requires_grad)
+            for name in parameterised_layers(model)]
 
 
 def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
-    canaries = spanning_canaries(audit)
-    ceiling = audit_ceiling(canaries, delta, float(audit["confidence"]))
+    canaries, smallest = spanning_canaries(audit), min(_layer_sizes(audit))
+    confidence = float(audit["confidence"])
+    ceiling = audit_ceiling(canaries, delta, confidence)
     verdict = ("so no outcome of that audit could show the leakage: a run at the claimed "
                "epsilon passes it whatever it leaks" if ceiling <= epsilon else
-               "so the audit could refute the claim only with almost every guess right")
+               f"so the audit can refute the claimed epsilon, when its guesses are right "
+               f"more often than epsilon {epsilon:g} allows")
+    fit = (f"{canaries} (the smallest layer's coordinates)" if canaries == smallest else
+           f"{canaries} (audit.canaries; the smallest layer has {smallest} coordinates)")
     return (f"whether the one-run audit could measure it: in the {audit['model']} model "
-            f"(hidden {list(audit['hidden'])}) canaries spanning every layer fit "
-            f"{canaries} (the smallest layer's coordinates; the audit gives a per-layer rule "
-            f"those, since one-layer canaries are clipped below C), and with every guess "
-            f"right they refute at most epsilon {ceiling:.3g} at "
-            f"{float(audit['confidence']):.0%} against the claimed {epsilon:g}, {verdict}")
+            f"(hidden {list(audit['hidden'])}) canaries spanning every layer fit {fit}; the "
+            f"audit gives a per-layer rule those, since one-layer canaries are clipped below "
+            f"C. With every guess right they refute at most epsilon {ceiling:.3g} at "
+            f"{confidence:.1%} against the claimed {epsilon:g}, {verdict}")
 
 
 def batch_weights_sensitivity(spec: dict) -> AccountingCheck:
