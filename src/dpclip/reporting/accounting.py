@@ -189,8 +189,9 @@ def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
     ceiling = audit_ceiling(canaries, delta, confidence)
     verdict = ("so no outcome of that audit could show the leakage: a run at the claimed "
                "epsilon passes it whatever it leaks" if ceiling <= epsilon else
-               f"so the audit can refute the claimed epsilon, when its guesses are right "
-               f"more often than epsilon {epsilon:g} allows")
+               f"so the audit can refute the claimed epsilon, but only with guesses right "
+               f"far more often than epsilon {epsilon:g} allows: nearly all of them as the "
+               f"ceiling nears it")
     fit = (f"{canaries} (the smallest layer's coordinates)" if canaries == smallest else
            f"{canaries} (audit.canaries; the smallest layer has {smallest} coordinates)")
     return (f"whether the one-run audit could measure it: in the {audit['model']} model "
