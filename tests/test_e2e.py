@@ -34,7 +34,8 @@ CONTRACT = {
                 "sample_rate", "noise_multiplier", "steps", "adjacency", "secure_noise",
                 "data_use"},
     "utility": {"accuracy", "ece", "mce", "brier", "nll"},
-    "clip": {"c_initial", "c_final", "c_median"},
+    "clip": {"c_initial", "c_final", "c_median", "clamp_hits_min", "clamp_hits_max",
+             "clamp_updates", "clamp_share"},
 }
 # outputs git does not track (DVC's cache or nobody's); summary/, overlays/ and dvc.lock it does
 UNTRACKED_OUTPUTS = ["data", "shadow", "runs", "traces", "timings", "metrics", "plots",

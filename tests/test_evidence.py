@@ -302,7 +302,8 @@ def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
     assert {c["preset"] for c in claims if "preset" in c} <= \
         {p.stem for p in (PROJECT / "presets").glob("*.yaml")}
     run = [c for c in claims if "untestable" not in c and c["rule"] != "accounting"]
-    assert all("effect" in c for c in run)
+    # every comparison states the paper's difference; a level claim states its bound
+    assert all("effect" in c or (c["rule"] == "at_most" and "bound" in c) for c in run)
     # without runs every claim that needs them is untestable; the accounting claims need none
     assert [f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml", tmp_path)
             if f.claim.get("rule") != "accounting"] == [UNTESTABLE] * (
@@ -548,3 +549,40 @@ def test_a_claims_means_keep_their_intervals_inside_zero_and_one():
     row = _paired_row({"target_epsilon": 0.5}, "dp_sgd", mine, theirs)
     assert row["method_mean"][2] == 1.0 and row["baseline_mean"][2] == 1.0
     assert 0.0 <= row["method_mean"][1] < 0.918
+
+
+def _shares(values: list[float], epsilon: float = 8.0) -> list[dict]:
+    """WW-DP-SGD runs with the given clamp shares, and DP-SGD runs beside them (no clamp)."""
+    return _rows({"ww_dp_sgd": values, "dp_sgd": [math.nan] * len(values)}, "clamp_share",
+                 epsilon)
+
+
+def test_at_most_compares_one_method_with_a_bound_seed_by_seed():
+    """Clamp shares on 6 seeds minus the bound 0.1: all below, p = 2 / 2^6 = 0.03125 and the
+    95% interval [min, max] of the differences (k = 1): held. All above: contradicted at
+    5% / 1, said as the method above the bound. Around the bound: inconclusive."""
+    claim = {**_claim("at_most", "clamp_share", bound=0.1), "baseline": None}
+    low = [0.00, 0.02, 0.05, 0.01, 0.03, 0.04]
+    finding = judge(claim, _table(_shares(low)))
+    row = finding.rows[0]
+    assert row["baseline"] == "the bound" and row["p"] == pytest.approx(0.03125)
+    assert (row["difference_low"], row["difference_high"]) == pytest.approx((-0.1, -0.05))
+    assert finding.verdict == HELD and "below the bound 0.1" in finding.reason
+    high = [0.45, 0.36, 0.50, 0.41, 0.39, 0.53]
+    finding = judge(claim, _table(_shares(high)))
+    assert finding.verdict == CONTRADICTED
+    assert "ww_dp_sgd's clamp_share is above the bound 0.1" in finding.reason
+    assert finding.rows[0]["difference"] == pytest.approx(sum(high) / 6 - 0.1)
+    mixed = [0.05, 0.15, 0.08, 0.12, 0.2, 0.0]
+    assert judge(claim, _table(_shares(mixed))).verdict == INCONCLUSIVE
+    # results made before the metric was recorded: not testable, with the command that fixes it
+    older = judge(claim, _table(_shares(low)).drop(columns="clamp_share"))
+    assert older.verdict == UNTESTABLE and "`dpclip preset p` evaluates" in older.reason
+
+
+def test_at_most_needs_a_numeric_bound(tmp_path):
+    path = tmp_path / "claims.yaml"
+    claim = {k: v for k, v in _claim("at_most", "clamp_share").items() if k != "baseline"}
+    path.write_text(yaml.safe_dump({"claims": [claim]}))
+    with pytest.raises(DpclipError, match="rule 'at_most' needs a numeric bound, not None"):
+        load_claims(path)

@@ -23,7 +23,8 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "rmia_tpr_at_fpr_0.1pct", "strongest_attack", "strongest_tpr_at_fpr_0.1pct",
          "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc",
          "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
-         "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train"]
+         "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train",
+         "clamp_hits_min", "clamp_hits_max", "clamp_share"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 

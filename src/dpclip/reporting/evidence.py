@@ -16,11 +16,14 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
   not the paper's setting, whatever the comparison says (both numbers are shown);
 * **held**: significant in the paper's direction in *every* configuration: L > 0 (``better``,
   ``lowest``, ``smaller_spread``) or L > -margin (``within``: non-inferiority, whose "no effect"
-  is a loss of exactly the margin). All must pass (an intersection-union test), so each
+  is a loss of exactly the margin). ``at_most`` compares one method with a fixed ``bound`` (a
+  level the paper's words set, as "generally low"): its "difference" is the method's value
+  minus the bound on each seed, held when the interval lies below 0. All must pass (an intersection-union test), so each
   configuration is tested at 5% as it is, with no correction;
 * **contradicted**: in *some* configuration the interval at level 1 - 0.05 / m (Bonferroni: any
   one of m may contradict) lies below the paper's effect, U' < e (which includes significantly
-  the other way, U' < 0), for a configuration not held; for ``within``, U' < -margin;
+  the other way, U' < 0), for a configuration not held; for ``within``, U' < -margin; for
+  ``at_most``, the method's value is significantly above the bound;
 * **not testable at this scale**: a ``preconditions`` entry of the claim fails: the mechanism
   the claim is about cannot act in these runs (:data:`PRECONDITIONS`: the method's clip threshold
   barely moves, a model without noise does not leak, another neighbouring notion than the
@@ -90,11 +93,13 @@ VERDICT_MEANINGS = {
                                 "the paper describes gives a larger epsilon than claimed, or none "
                                 "(computed, no runs; the computation is given)",
 }
-RULES = ("better", "lowest", "within", "smaller_spread", "accounting")
+RULES = ("better", "lowest", "within", "smaller_spread", "at_most", "accounting")
 # the direction of each metric a claim may name: True = higher is better
 HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False,
                     "peak_ir_mia_train": False,
-                    "mia_auc": False, "attack_auc": False, "attack_tpr_at_low_fpr": False}
+                    "mia_auc": False, "attack_auc": False, "attack_tpr_at_low_fpr": False,
+                    "clamp_share": False}
+BOUND = "the bound"  # the baseline's name in an ``at_most`` claim's rows
 CONFIGURATION = ["target_epsilon", "alpha", "variant"]
 
 
@@ -132,6 +137,9 @@ def load_claims(path: Path) -> list[dict]:
                                   f"accounting: {{check: one of {list(CHECKS)}, ...}}, not "
                                   f"{claim.get('accounting')!r}")
             continue
+        if claim["rule"] == "at_most" and not isinstance(claim.get("bound"), (int, float)):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'at_most' needs a "
+                              f"numeric bound, not {claim.get('bound')!r}")
         if claim["rule"] == "within" and not isinstance(claim.get("margin"), (int, float)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'within' needs a "
                               f"numeric margin, not {claim.get('margin')!r}")
@@ -238,6 +246,17 @@ def _comparisons(table: pd.DataFrame, method: str, baselines: list[str],
         for baseline in baselines:
             rows.append(_paired_row(key, baseline, _by_seed(group, method, metric),
                                     _by_seed(group, baseline, metric)))
+    return rows
+
+
+def _bound_rows(table: pd.DataFrame, method: str, metric: str, bound: float) -> list[dict]:
+    """Per configuration: the method's metric against a fixed bound, seed by seed (the
+    one-sample form of :func:`_paired_row`: the "baseline" is the bound on every seed)."""
+    rows = []
+    for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
+        mine = _by_seed(group, method, metric)
+        rows.append(_paired_row(dict(zip(CONFIGURATION, values)), BOUND, mine,
+                                pd.Series(float(bound), index=mine.index)))
     return rows
 
 
@@ -490,13 +509,17 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
-    baselines = claim.get("baselines") or [claim["baseline"]]
+    baselines = [] if rule == "at_most" else claim.get("baselines") or [claim["baseline"]]
     if claim.get("variants"):  # the claim is about these variants of the preset only
         unknown = sorted(set(claim["variants"]) - set(table["variant"]))
         if unknown:
             return Finding(claim, UNTESTABLE, f"the preset's runs have no variant {unknown} "
                                               f"(`dpclip preset {claim['preset']} --variant ...`)")
         table = table[table["variant"].isin(claim["variants"])]
+    if metric not in table.columns:  # results from before the metric was recorded
+        return Finding(claim, UNTESTABLE, f"the preset's results have no {metric!r} (made "
+                                          f"before it was recorded: `dpclip preset "
+                                          f"{claim['preset']}` evaluates its runs again)")
     missing = {method, *baselines} - set(table["method"])
     if missing:
         return Finding(claim, UNTESTABLE, f"the preset's runs have no {sorted(missing)}")
@@ -521,6 +544,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     if rule == "smaller_spread":
         rows = _spread_rows(compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
+    elif rule == "at_most":
+        rows = _bound_rows(compared, method, metric, claim["bound"])
+        sign, metric_text = -1, metric
     else:
         rows = _comparisons(compared, method, baselines, metric)
         sign, metric_text = (1 if HIGHER_IS_BETTER[metric] else -1), metric
@@ -535,7 +561,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     margin = float(claim["margin"]) if rule == "within" else None
     check = claim.get("reproduce") or {}
     for row in rows:
-        row["paper_effect"] = for_configuration(claim.get("effect"), row)
+        # at_most: the paper gives a level, not a difference (no effect to detect)
+        row["paper_effect"] = None if rule == "at_most" else \
+            for_configuration(claim.get("effect"), row)
         _assess(row, sign, row["paper_effect"], margin, len(rows))
         if rule != "smaller_spread" and check.get("metric") == metric and \
                 check.get("method") == row["baseline"]:  # the paper's numbers, for the figure
@@ -560,7 +588,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     elif all(o == HELD for o in outcomes):
         verdict = HELD
         reason = ("non-inferior within the margin " if margin is not None else
-                  "significant in the paper's direction ") + "in every configuration"
+                  f"significantly below the bound {claim.get('bound')} " if rule == "at_most"
+                  else "significant in the paper's direction ") + "in every configuration"
     elif CONTRADICTED in outcomes:
         verdict = CONTRADICTED
         reason = "; ".join(
@@ -568,7 +597,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
             f"[{_number(r['contradiction_interval'][0])}, "
             f"{_number(r['contradiction_interval'][1])}] at 5% / {len(rows)}, lies "
             + ("below " if sign > 0 else "above ")
-            + (f"the margin (-{margin:g})" if margin is not None else
+            + (f"0: {method}'s {metric} is above the bound {claim['bound']:g}"
+               if rule == "at_most" else
+               f"the margin (-{margin:g})" if margin is not None else
                f"the paper's effect ({r['paper_effect']:+.3g})"
                if r.get("paper_effect") is not None else "no effect")
             for r in rows if r["outcome"] == CONTRADICTED)

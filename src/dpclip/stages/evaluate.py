@@ -75,9 +75,33 @@ def _finite_or_none(value):
 def clip_summary(trace: pd.DataFrame) -> dict:
     c = trace["clip_threshold"].dropna() if "clip_threshold" in trace else pd.Series([], float)
     if c.empty:
-        return {"c_initial": None, "c_final": None, "c_median": None}
+        return {"c_initial": None, "c_final": None, "c_median": None, **clamp_activity(trace)}
     return {"c_initial": float(c.iloc[0]), "c_final": float(c.iloc[-1]),
-            "c_median": float(c.median())}
+            "c_median": float(c.median()), **clamp_activity(trace)}
+
+
+def clamp_activity(trace: pd.DataFrame) -> dict:
+    """How often a clamped controller's clamp set C_t, counted as the WW paper counts it (its
+    Tables 9 and 12: probe updates at which the clamp forced C to C_min or C_max).
+
+    A method with a clamped controller writes cumulative counts ``<p>_clamp_hits_min`` and
+    ``<p>_clamp_hits_max`` to its trace and its probe's measurement ``<p>_zeta``, present
+    exactly at the steps where the controller updated C (``ww_dp_sgd``). Returns
+    ``clamp_hits_min``, ``clamp_hits_max`` (the counts at the last step), ``clamp_updates`` (the
+    controller's updates) and ``clamp_share`` = (hits_min + hits_max) / updates; all None for
+    a method without such a controller."""
+    none = {"clamp_hits_min": None, "clamp_hits_max": None, "clamp_updates": None,
+            "clamp_share": None}
+    prefixes = [col[:-len("_clamp_hits_min")] for col in trace.columns
+                if col.endswith("_clamp_hits_min")]
+    if len(prefixes) != 1 or trace.empty:
+        return none
+    prefix = prefixes[0]
+    hits = {side: int(trace[f"{prefix}_clamp_hits_{side}"].iloc[-1]) for side in ("min", "max")}
+    updates = int(trace[f"{prefix}_zeta"].notna().sum()) if f"{prefix}_zeta" in trace else 0
+    return {"clamp_hits_min": hits["min"], "clamp_hits_max": hits["max"],
+            "clamp_updates": updates,
+            "clamp_share": (hits["min"] + hits["max"]) / updates if updates else None}
 
 
 def evaluate(params: Params, method: str, epsilon, alpha, seed: int,

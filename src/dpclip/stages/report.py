@@ -46,7 +46,8 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "strongest_attack", "strongest_tpr_at_fpr_0.1pct", "tpr_bound_at_fpr_0.1pct",
            "audit_status", "strongest_auc", "test_auc",
            "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
-           "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train"]
+           "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train",
+           "clamp_hits_min", "clamp_hits_max", "clamp_share"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -88,7 +89,9 @@ def table_row(m: dict) -> dict:
             **audit_columns(m.get("audit") or {}), **attack_columns(m["mia"], p),
             "test_auc": u.get("auc"), "c_initial": m["clip"]["c_initial"],
             "c_median": m["clip"].get("c_median"),
-            "peak_ir_mia_train": (m["mia"].get("ir_train") or {}).get("peak_accuracy")}
+            "peak_ir_mia_train": (m["mia"].get("ir_train") or {}).get("peak_accuracy"),
+            **{key: m["clip"].get(key) for key in ("clamp_hits_min", "clamp_hits_max",
+                                                   "clamp_share")}}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
@@ -246,7 +249,10 @@ ADDED_NOTES = [
     "1 - e^-eps' (0.999 - delta')) with the eps', delta' of `dp_bound_margin` (about 1 = the "
     "claim allows about anything at this FPR).",
     "`c_initial`: the clip threshold of the run's first step (C_0; with `c_final`, how far an "
-    "adaptive method moved it); `c_median`: its median over the run's steps.",
+    "adaptive method moved it); `c_median`: its median over the run's steps. "
+    "`clamp_hits_min` / `clamp_hits_max`: the controller's updates at which its clamp set C_t "
+    "to the lower / upper bound (WW-DP-SGD; empty for a method without a clamp); "
+    "`clamp_share`: their sum over the controller's updates.",
     "— = not recorded (metrics written by an older version).",
 ]
 
