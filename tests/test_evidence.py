@@ -357,6 +357,11 @@ def test_an_ablation_is_shown_per_variant_beside_the_claimed_method(tmp_path):
         "variants 0.04; C_T C1 1.2, C4 1.3"]
     missing = {**claim, "ablation": {"preset": "none", "label": "kappa 0"}}
     assert ablation_lines(missing, tmp_path)[0] == "kappa 0: not run (`dpclip preset none`)"
+    # an ablation in the claim's own preset (Table 13's rows): one line, not the same twice
+    own = {**claim, "ablation": {"preset": "t11", "label": "every row"}}
+    assert ablation_lines(own, tmp_path) == [
+        "every row (`t11`, 2 seeds): accuracy C1 0.91, C4 0.95; range over the variants 0.04; "
+        "C_T C1 1.2, C4 1.3"]
 
 
 def test_one_seed_is_not_testable_but_shows_the_baseline_and_both_means():
@@ -586,3 +591,69 @@ def test_at_most_needs_a_numeric_bound(tmp_path):
     path.write_text(yaml.safe_dump({"claims": [claim]}))
     with pytest.raises(DpclipError, match="rule 'at_most' needs a numeric bound, not None"):
         load_claims(path)
+
+
+def test_the_full_method_is_paired_with_each_ablation_of_the_reference_variant():
+    """Table 13's form: WW-DP-SGD in full (variant full) against WW-DP-SGD without the clamp
+    (variant no_clamp), seed by seed; DP-SGD runs only in full, where the gate reads it. The
+    differences are the full accuracies minus the no_clamp ones, 0.006 +- 0.001 on 7 seeds,
+    all positive: p = 2 / 2^7 and the 95% interval [M_(2), M_(127)] of the 128 sign-flip
+    means (k = floor(0.05 x 64) = 3): held. The same runs with the ablation better:
+    contradicted."""
+    full = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]
+    gains = [0.006, 0.005, 0.007, 0.006, 0.005, 0.007, 0.006]
+
+    def table(sign):
+        rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
+                 for s, a in enumerate(full)]
+                + [{"method": "dp_sgd", "variant": "full", "seed": s, "accuracy": 0.95}
+                   for s in range(7)]
+                + [{"method": "ww_dp_sgd", "variant": "no_clamp", "seed": s,
+                    "accuracy": a - sign * g} for s, (a, g) in enumerate(zip(full, gains))])
+        return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
+
+    claim = {**_claim("better", "accuracy", baseline="ww_dp_sgd",
+                      effect={"no_clamp": 0.0055}), "variants": ["no_clamp"],
+             "reference_variant": "full",
+             "reproduce": {"method": "dp_sgd", "metric": "accuracy", "paper": {8.33: 0.9445}}}
+    finding = judge(claim, table(+1))
+    (row,) = finding.rows
+    assert (row["variant"], row["baseline"], row["seeds"]) == ("no_clamp", "ww_dp_sgd", 7)
+    assert row["differences"] == pytest.approx(gains)
+    assert row["p"] == pytest.approx(2 / 2 ** 7)
+    assert finding.verdict == HELD
+    assert "ww_dp_sgd (full)" in finding.ours[0]
+    # the gate read DP-SGD in the reference variant
+    assert any("dp_sgd accuracy 0.95 over 7 seeds vs the paper's 0.9445" in line
+               for line in finding.fidelity)
+    assert judge(claim, table(-1)).verdict == CONTRADICTED
+    missing = judge({**claim, "reference_variant": "nowhere"}, table(+1))
+    assert missing.verdict == UNTESTABLE and "no variant ['nowhere']" in missing.reason
+
+
+def test_at_most_decides_on_a_share_of_zero_on_every_seed():
+    """0 on all 6 seeds: every difference is -0.1, p = 2 / 2^6 = 0.031 (exact): held, though
+    the interval has no width; 0.5 on all 7 seeds (p = 2 / 2^7 < 0.05 / 1): contradicted. An
+    undecided claim counts its seeds from the observed distance to the bound."""
+    claim = {**_claim("at_most", "clamp_share", bound=0.1), "baseline": None}
+    assert judge(claim, _table(_shares([0.0] * 6))).verdict == HELD
+    assert judge(claim, _table(_shares([0.5] * 7))).verdict == CONTRADICTED
+    assert judge(claim, _table(_shares([0.0] * 2))).verdict == INCONCLUSIVE
+    open_claim = judge(claim, _table(_shares([0.05, 0.15, 0.02, 0.09])))
+    assert open_claim.verdict == INCONCLUSIVE and "contains the bound 0.1" in open_claim.reason
+    assert open_claim.rows[0]["seeds_to_hold"] is not None
+
+
+def test_a_variant_evaluated_before_a_column_existed_is_named(tmp_path):
+    from dpclip.reporting.evidence import preset_table
+
+    _write(tmp_path, "p", _shares([0.0, 0.1]), variant="new")
+    _write(tmp_path, "p", [{k: v for k, v in r.items() if k != "clamp_share"}
+                           for r in _shares([0.0, 0.1])], variant="old")
+    claim = {**_claim("at_most", "clamp_share", bound=0.1), "baseline": None}
+    finding = judge(claim, preset_table(tmp_path, "p"))
+    assert finding.verdict == UNTESTABLE
+    assert "results of old have no 'clamp_share'" in finding.reason
+    # the claim about the new variant alone reads it
+    assert judge({**claim, "variants": ["new"]},
+                 preset_table(tmp_path, "p")).reason != finding.reason

@@ -56,6 +56,7 @@ def reported(tmp_path, tiny_raw):
                     "ir": {"peak_accuracy": 0.55, "peak_layer": "fc1",
                            "dp_bound": {**_check(-0.1), "layer": "fc1"}},
                     "label_only": {"auc": 0.5, "auc_unmatched": 0.93}})
+    new["clip"].update(clamp_hits_min=2, clamp_hits_max=6, clamp_updates=10, clamp_share=0.8)
     # written before this change: no adjacency, seeding, bound kind, data use, label-only;
     # its dp_bound is the old point-wise check, not comparable
     old = _metrics(OLD_RUN, "dp_sgd", {},
@@ -84,6 +85,7 @@ def test_new_columns_come_after_the_old_ones(reported):
     assert row["dp_bound_margin"] == -0.1  # the worse of the loss (-0.3) and IR (-0.1) checks
     assert row["dp_bound_violated"] is not None and not row["dp_bound_violated"]
     assert (row["label_only_auc"], row["label_only_auc_unmatched"]) == (0.5, 0.93)
+    assert (row["clamp_hits_min"], row["clamp_hits_max"], row["clamp_share"]) == (2, 6, 0.8)
 
 
 def test_older_metrics_show_a_dash_and_the_notes_explain_the_columns(reported):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpclip.methods import get_method
-from dpclip.methods.base import MethodContext
+from dpclip.methods.base import MethodContext, StepRelease
 from dpclip.stages.evaluate import clamp_activity, clip_summary
 
 
@@ -43,13 +43,12 @@ def test_clamp_activity_counts_what_ww_dp_sgd_writes():
     cls = get_method("ww_dp_sgd")
     ww = cls(MethodContext(1.0, ["fc1"], model=model, options=cls.parse_options(
         {"probe": "fc1", "beta": 0.0, "kappa": 0.5, "c_min": 1.0, "c_max": 3.0,
-         "anti_windup": False})))
+         "anti_windup": False, "probe_every": 4})))
     ww.clip_threshold, ww.log_c = 0.25, np.log(0.25)
+    ww.measure = lambda: 100.0  # the probe's exponent, far above the zone on every probe
     rows = []
-    for step in range(1, 41):
-        ww._probed = step % 4 == 0
-        if ww._probed:
-            ww.control(100.0)
+    for step in range(1, 41):  # the training loop's order: the step's release, then its row
+        ww.update(StepRelease(step=step, noisy_grad=[]))
         rows.append({"step": step, "clip_threshold": ww.clip_threshold, **ww.trace_row()})
     assert clamp_activity(pd.DataFrame(rows)) == {
         "clamp_hits_min": 2, "clamp_hits_max": 6, "clamp_updates": 10,

@@ -36,9 +36,13 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
   seeds at 5%; 7 at 5% / 2 or 3, 8 at 5% / 4 to 6); the smaller of the two is the seeds
   needed, and the report says when an outcome cannot be reached at the seeds run.
 
-A zero-width interval (the same difference on every seed) decides nothing. A claim is "not
-testable here" when it says why (``untestable``), when its preset has not been run, or when
-fewer than two seeds pair the runs.
+A claim with ``reference_variant`` compares the method's runs in that one variant with the
+baseline's runs in each other variant (the full method against each ablation:
+:func:`against_reference`), seed by seed. A zero-width interval (the same difference on every
+seed) decides nothing in a comparison of two methods; for ``at_most`` it does when it is
+finite (a share of 0 on every seed is the outcome the claim expects, and the sign-flip test's
+p-value is exact there). A claim is "not testable here" when it says why (``untestable``),
+when its preset has not been run, or when fewer than two seeds pair the runs.
 """
 
 from __future__ import annotations
@@ -159,6 +163,10 @@ def load_claims(path: Path) -> list[dict]:
                                          all(isinstance(v, str) for v in variants)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: variants must be a list of "
                               f"the preset's variant names, not {variants!r}")
+        reference = claim.get("reference_variant")
+        if reference is not None and not isinstance(reference, str):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reference_variant must be "
+                              f"one variant's name, not {reference!r}")
         for condition in claim.get("preconditions") or []:
             if not isinstance(condition, dict) or condition.get("kind") not in PRECONDITIONS \
                     or "method" not in condition:
@@ -179,7 +187,13 @@ def preset_table(results: Path, preset: str) -> pd.DataFrame | None:
     for table in sorted(folder.glob("*/reports/comparison.csv")):
         frame = pd.read_csv(table)
         frames.append(frame.assign(variant=table.parent.parent.name))
-    return pd.concat(frames, ignore_index=True) if frames else None
+    if not frames:
+        return None
+    joined = pd.concat(frames, ignore_index=True)
+    # a variant evaluated before a column existed lacks it: its NaNs are not measurements
+    joined.attrs["lacking"] = {f["variant"].iloc[0]: sorted(set(joined.columns) - set(f.columns))
+                               for f in frames if len(f)}
+    return joined
 
 
 def _by_seed(table: pd.DataFrame, method: str, metric: str) -> pd.Series:
@@ -249,6 +263,21 @@ def _comparisons(table: pd.DataFrame, method: str, baselines: list[str],
     return rows
 
 
+def against_reference(table: pd.DataFrame, reference: str, method: str
+                      ) -> tuple[pd.DataFrame, str]:
+    """A claim that compares one reference variant with each other variant (the full method
+    against each ablation, ``reference_variant``): the ``method``'s runs of the reference
+    variant, renamed ``<method> (<reference>)``, join every other variant, where the claim's
+    baseline is that variant's own runs; the reference variant's runs leave. Returns the table
+    and the method's new name."""
+    name = f"{method} ({reference})"
+    mine = table[(table["variant"] == reference) & (table["method"] == method)]
+    others = sorted(set(table["variant"]) - {reference})
+    joined = [table[table["variant"] != reference],
+              *(mine.assign(variant=variant, method=name) for variant in others)]
+    return pd.concat(joined, ignore_index=True), name
+
+
 def _bound_rows(table: pd.DataFrame, method: str, metric: str, bound: float) -> list[dict]:
     """Per configuration: the method's metric against a fixed bound, seed by seed (the
     one-sample form of :func:`_paired_row`: the "baseline" is the bound on every seed)."""
@@ -278,10 +307,13 @@ def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -
     return rows
 
 
-def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> None:
+def _assess(row: dict, sign: int, effect, margin: float | None, family: int,
+            against_bound: bool = False) -> None:
     """Set the row's ``outcome`` (module docstring) and, when inconclusive, ``seeds_needed``.
     ``sign`` is +1 when a larger difference is the paper's direction, -1 otherwise; ``effect``
-    is the paper's difference (method minus baseline) or None."""
+    is the paper's difference (method minus baseline) or None. ``against_bound``: the row
+    compares one method with a fixed bound (``at_most``), where a finite interval of zero width
+    decides and the seeds to hold are those that detect the observed distance below it."""
     low, high = row["difference_low"], row["difference_high"]
     gain = (sign * low, sign * high) if sign > 0 else (sign * high, sign * low)  # favourable
     null = -margin if margin is not None else 0.0
@@ -290,10 +322,12 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> 
     _, wide_low, wide_high, _ = paired_test(row["differences"], strict)
     wide_top = sign * wide_high if sign > 0 else sign * wide_low
     row["contradiction_interval"] = (wide_low, wide_high)
-    decides = not degenerate(low, high)
+    decides = not degenerate(low, high) or (against_bound and _finite(low, high))
+    wide_decides = not degenerate(wide_low, wide_high) or (against_bound and
+                                                           _finite(wide_low, wide_high))
     if decides and gain[0] > null:
         row["outcome"] = HELD
-    elif decides and not degenerate(wide_low, wide_high) and (
+    elif decides and wide_decides and (
             wide_top < null or (margin is None and favourable_effect is not None
                                 and favourable_effect > 0 and wide_top < favourable_effect)):
         row["outcome"] = CONTRADICTED
@@ -302,7 +336,8 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> 
         spread = float(pd.Series(row["differences"]).std(ddof=1)) if row["seeds"] >= 2 \
             else math.nan
         # held: the 95% interval clears no effect (-margin) when the paper's effect is true
-        target = (favourable_effect or 0.0) + margin if margin is not None else favourable_effect
+        target = (favourable_effect or 0.0) + margin if margin is not None else \
+            sign * row["difference"] if against_bound else favourable_effect
         row["seeds_to_hold"] = seeds_needed(spread, target) if target and target > 0 else None
         # contradicted: the interval at 5% / m falls below the paper's effect (-margin) when
         # the observed difference is the true one
@@ -316,6 +351,11 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int) -> 
         row["seeds_needed"] = min(counts) if counts else None
         if not decides:
             row["why"] = "no spread over seeds" if row["seeds"] >= 2 else "one seed"
+
+
+def _finite(low, high) -> bool:
+    return low is not None and high is not None and not pd.isna(low) and not pd.isna(high) \
+        and math.isfinite(low) and math.isfinite(high)
 
 
 def unreachable(seeds: int, configurations: int) -> str:
@@ -509,16 +549,25 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
+    lacking = (table.attrs.get("lacking") or {}).items()  # read before any filter drops attrs
     baselines = [] if rule == "at_most" else claim.get("baselines") or [claim["baseline"]]
+    reference = claim.get("reference_variant")
+    wanted = [*(claim.get("variants") or []), *([reference] if reference else [])]
+    unknown = sorted(set(wanted) - set(table["variant"]))
+    if unknown:
+        return Finding(claim, UNTESTABLE, f"the preset's runs have no variant {unknown} "
+                                          f"(`dpclip preset {claim['preset']} --variant ...`)")
     if claim.get("variants"):  # the claim is about these variants of the preset only
-        unknown = sorted(set(claim["variants"]) - set(table["variant"]))
-        if unknown:
-            return Finding(claim, UNTESTABLE, f"the preset's runs have no variant {unknown} "
-                                              f"(`dpclip preset {claim['preset']} --variant ...`)")
-        table = table[table["variant"].isin(claim["variants"])]
-    if metric not in table.columns:  # results from before the metric was recorded
-        return Finding(claim, UNTESTABLE, f"the preset's results have no {metric!r} (made "
-                                          f"before it was recorded: `dpclip preset "
+        table = table[table["variant"].isin(wanted)]
+    gate_table = table  # the baseline gate reads every run, the reference variant's included
+    if reference:
+        table, method = against_reference(table, reference, method)
+    lacking = sorted(variant for variant, columns in lacking
+                     if metric in columns and variant in set(gate_table["variant"]))
+    if metric not in table.columns or lacking:  # results from before the metric was recorded
+        where = f" of {', '.join(lacking)}" if lacking else ""
+        return Finding(claim, UNTESTABLE, f"the preset's results{where} have no {metric!r} "
+                                          f"(made before it was recorded: `dpclip preset "
                                           f"{claim['preset']}` evaluates its runs again)")
     missing = {method, *baselines} - set(table["method"])
     if missing:
@@ -551,7 +600,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         rows = _comparisons(compared, method, baselines, metric)
         sign, metric_text = (1 if HIGHER_IS_BETTER[metric] else -1), metric
     if not rows or min(r["seeds"] for r in rows) < 2:  # the baseline and the means still show
-        reproduced, fidelity_lines, worst = fidelity(claim, table)
+        reproduced, fidelity_lines, worst = fidelity(claim, gate_table)
         ours = [f"{_label(r)}: {method} {r['method_mean'][0]:.4g} vs {r['baseline']} "
                 f"{r['baseline_mean'][0]:.4g} ({metric}, {r['seeds']} seed)"
                 for r in rows if r["seeds"] == 1]
@@ -564,7 +613,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         # at_most: the paper gives a level, not a difference (no effect to detect)
         row["paper_effect"] = None if rule == "at_most" else \
             for_configuration(claim.get("effect"), row)
-        _assess(row, sign, row["paper_effect"], margin, len(rows))
+        _assess(row, sign, row["paper_effect"], margin, len(rows), against_bound=rule == "at_most")
         if rule != "smaller_spread" and check.get("metric") == metric and \
                 check.get("method") == row["baseline"]:  # the paper's numbers, for the figure
             row["paper_baseline"] = for_configuration(check["paper"], row)
@@ -572,7 +621,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                 row["paper_method"] = row["paper_baseline"] + row["paper_effect"]
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
     ours = [_describe(r, method, metric_text) for r in rows]
-    reproduced, fidelity_lines, worst = fidelity(claim, table)
+    reproduced, fidelity_lines, worst = fidelity(claim, gate_table)
     failed = [line for holds, line, _ in checked if holds is False]
     outcomes = [r["outcome"] for r in rows]
     needed = None
@@ -612,9 +661,11 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         counts = [n for n in (None if None in to_hold else max(to_hold),
                               min(to_contradict, default=None)) if n]
         needed = min(counts) if counts else None
-        reason = ("; ".join(r["label"] for r in open_rows) + ": the interval contains both "
-                  + ("a loss of the margin" if margin is not None else "no effect")
-                  + " and the paper's effect")
+        reason = ("; ".join(r["label"] for r in open_rows) + (
+            f": the interval contains the bound {claim['bound']:g}" if rule == "at_most" else
+            ": the interval contains both "
+            + ("a loss of the margin" if margin is not None else "no effect")
+            + " and the paper's effect"))
         ran = min(r["seeds"] for r in open_rows)
         reason += unreachable(ran, len(rows))
         if needed and needed <= ran:  # powered, yet undecided: 1 in 5 such runs is
@@ -643,10 +694,10 @@ def ablation_lines(claim: dict, results: Path) -> list[str]:
         return []
     metric = claim["metric"]
     lines = []
-    for label, preset, method in ((spec["label"], spec["preset"], spec.get("method",
-                                                                          claim["method"])),
-                                  (f"{claim['method']} as claimed", claim["preset"],
-                                   claim["method"])):
+    shown = [(spec["label"], spec["preset"], spec.get("method", claim["method"]))]
+    if spec["preset"] != claim["preset"]:  # else the line above shows the claimed runs too
+        shown.append((f"{claim['method']} as claimed", claim["preset"], claim["method"]))
+    for label, preset, method in shown:
         table = preset_table(results, preset)
         if table is None or table[table["method"] == method].empty:
             lines.append(f"{label}: not run (`dpclip preset {preset}`)")
