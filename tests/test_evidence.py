@@ -15,8 +15,8 @@ import yaml
 from dpclip.cli import main
 from dpclip.errors import DpclipError
 from dpclip.reporting.evidence import (CONTRADICTED, HELD, INCONCLUSIVE, NOT_AT_SCALE,
-                                       NOT_REPRODUCED, UNTESTABLE, evidence, for_configuration,
-                                       judge, load_claims)
+                                       NOT_REPRODUCED, UNTESTABLE, evidence, first_screen,
+                                       for_configuration, judge, load_claims)
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -623,6 +623,10 @@ def test_the_full_method_is_paired_with_each_ablation_of_the_reference_variant()
     assert row["p"] == pytest.approx(2 / 2 ** 7)
     assert finding.verdict == HELD
     assert "ww_dp_sgd (full)" in finding.ours[0]
+    # the first screen and the figure name the full method, not the ablation twice
+    assert finding.compared_method == "ww_dp_sgd (full)"
+    assert any("ww_dp_sgd (full) minus ww_dp_sgd in accuracy" in line
+               for line in first_screen([finding]))
     # the gate read DP-SGD in the reference variant
     assert any("dp_sgd accuracy 0.95 over 7 seeds vs the paper's 0.9445" in line
                for line in finding.fidelity)

@@ -124,6 +124,12 @@ class Finding:
     ablation: list[str] = field(default_factory=list)
     metric_text: str = ""  # what the differences are of (a range over variants, for spreads)
     excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
+    method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
+    # it comes from a reference variant); empty: the claim's own
+
+    @property
+    def compared_method(self) -> str:
+        return self.method or self.claim.get("method", "")
 
 
 def load_claims(path: Path) -> list[dict]:
@@ -682,7 +688,7 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
                    [line for _, line, _ in checked], metric_text=metric_text,
                    excluded=[_label(dict(zip(by, key))) for key in excluded]
-                   if not failed else [])
+                   if not failed else [], method=method)
 
 
 def ablation_lines(claim: dict, results: Path) -> list[str]:
@@ -806,7 +812,7 @@ def first_screen(findings: list[Finding]) -> list[str]:
                   f"{len(clear)}; with 2 seeds both fall on one side by chance half the time, "
                   "with 6 once in 32):", ""]
         for f, r in clear[:CLEAR]:
-            lines.append(f"- {f.claim['id']}, {r['label']}: {f.claim['method']} minus "
+            lines.append(f"- {f.claim['id']}, {r['label']}: {f.compared_method} minus "
                          f"{r['baseline']} in {f.metric_text or f.claim['metric']} is "
                          f"{r['difference']:+.3g} {_agreeing_interval(r)}"
                          f"on {r['seeds']} of {r['seeds']} seeds ({_per_seed(r)})"
@@ -893,7 +899,7 @@ def write_evidence(claims_path: Path, results: Path, out: Path, command: str) ->
         metric = f.claim["metric"] + (" range over the variants"
                                       if f.claim["rule"] == "smaller_spread" else "")
         name = f"{out.stem}/{f.claim['id']}.png"
-        if claim_figure(out.parent / name, f.rows, f.claim["method"], metric,
+        if claim_figure(out.parent / name, f.rows, f.compared_method, metric,
                         f"{f.claim['id']}: {f.verdict}"):
             figures[f.claim["id"]] = name
     for stale in sorted((out.parent / out.stem).glob("*.png")):  # a claim no longer drawn
