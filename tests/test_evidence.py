@@ -661,3 +661,36 @@ def test_a_variant_evaluated_before_a_column_existed_is_named(tmp_path):
     # the claim about the new variant alone reads it
     assert judge({**claim, "variants": ["new"]},
                  preset_table(tmp_path, "p")).reason != finding.reason
+
+
+def test_a_contradiction_where_the_baseline_reproduces_decides_despite_another_epsilon():
+    """Two epsilons, the gate at 1.5 points: at 0.5 our DP-SGD is 2.2 points below the paper's
+    (not reproduced), at 8 within it. WW's accuracy 0.5 points below DP-SGD on all 7 seeds at
+    8 lies below the paper's +0.27 (the interval at 5% / 2 is [-0.007, -0.003] or so):
+    contradicted, judged at 8 only, with 0.5 named. The same runs with WW above DP-SGD at 8
+    (consistent with the paper) stay "setting not reproduced": held needs both epsilons."""
+    check = {"method": "dp_sgd", "metric": "accuracy", "paper": {0.5: 0.9402, 8: 0.9752},
+             "tolerance": 0.015}
+    below = [-0.0057, -0.0033, -0.0050, -0.0098, -0.0034, -0.0054, -0.0022]
+    claim = _claim("better", "accuracy", effect={0.5: 0.0066, 8: 0.0027}, reproduce=check)
+
+    def runs(at_eight):
+        return _table(_pair([-0.02] * 7, "accuracy", base=0.918, epsilon=0.5)
+                      + _pair(at_eight, "accuracy", base=0.963, epsilon=8.0))
+
+    finding = judge(claim, runs(below))
+    assert finding.verdict == CONTRADICTED
+    assert "eps 8: the difference" in finding.reason and "eps 0.5: the difference" not in \
+        finding.reason
+    assert "not judged in eps 0.5, where our dp_sgd baseline is more than 0.015 below" in \
+        finding.reason
+    assert "eps 0.5: dp_sgd accuracy 0.918 over 7 seeds vs the paper's 0.9402: below it by " \
+           "more than 0.015" in finding.fidelity
+    table = "\n".join(first_screen([finding]))
+    assert "| c | contradicted elsewhere; setting not reproduced here | eps 0.5 |" in table
+    assert "| c | contradicted | eps 8 |" in table
+    above = judge(claim, runs([-d for d in below]))
+    assert above.verdict == NOT_REPRODUCED
+    # a contradiction only where the baseline fails the gate decides nothing
+    only_there = judge(claim, runs([0.003, 0.004, 0.002, 0.003, 0.005, 0.004, 0.003]))
+    assert only_there.verdict == NOT_REPRODUCED

@@ -13,7 +13,9 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
 
 * **setting not reproduced**: our baseline is more than ``reproduce.tolerance`` below the
   paper's own baseline number (``reproduce``) in some configuration: the runs test our stand-in,
-  not the paper's setting, whatever the comparison says (both numbers are shown);
+  not the paper's setting there (both numbers are shown). A configuration whose baseline does
+  reproduce is a fair comparison, so a contradiction there still contradicts a claim about
+  every configuration (the others are named as not judged); held needs them all;
 * **held**: significant in the paper's direction in *every* configuration: L > 0 (``better``,
   ``lowest``, ``smaller_spread``) or L > -margin (``within``: non-inferiority, whose "no effect"
   is a loss of exactly the margin). ``at_most`` compares one method with a fixed ``bound`` (a
@@ -84,7 +86,9 @@ VERDICT_MEANINGS = {
     INCONCLUSIVE: "the interval contains both no effect and the paper's effect; the seeds "
                   "that would decide it at 80% power are given",
     NOT_REPRODUCED: "our baseline is more than the stated tolerance below the paper's own "
-                    "baseline number: the runs test our stand-in, not the paper's setting",
+                    "baseline number in some configuration, and no configuration where it is "
+                    "within it contradicts the claim: the runs test our stand-in, not the "
+                    "paper's setting",
     NOT_AT_SCALE: "the mechanism the claim is about cannot act in these runs (a stated "
                   "precondition fails: the clip threshold barely moves, a model without noise "
                   "does not leak, or the epsilon is of another neighbouring notion)",
@@ -124,6 +128,7 @@ class Finding:
     ablation: list[str] = field(default_factory=list)
     metric_text: str = ""  # what the differences are of (a range over variants, for spreads)
     excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
+    unjudged: list[str] = field(default_factory=list)  # configurations the gate left out
     method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
     # it comes from a reference variant); empty: the claim's own
 
@@ -407,11 +412,12 @@ def _describe(row: dict, method: str, metric: str) -> str:
 def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple | None]:
     """The baseline check of ``reproduce``: (reproduced, one line per configuration with our
     mean and the paper's number, the configuration furthest on the wrong side as (label,
-    ours, the paper's)). A higher-is-better metric must be at most ``tolerance`` below the
+    ours, the paper's)); :func:`gate_failures` names the configurations that fail it. A higher-is-better metric must be at most ``tolerance`` below the
     paper's; a lower-is-better one at most ``tolerance`` above it."""
     check = claim.get("reproduce")
     if not check:
         return True, [], None
+    failing = gate_failures(claim, table)
     method, metric = check["method"], check["metric"]
     tolerance = float(check.get("tolerance", 0.015))
     higher = HIGHER_IS_BETTER.get(metric, True)
@@ -423,7 +429,7 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
         if paper is None or ours.empty:
             continue
         mean = float(ours.mean())
-        far = mean < paper - tolerance if higher else mean > paper + tolerance
+        far = _label(key) in failing
         if (paper - mean if higher else mean - paper) > gap:
             gap, worst = (paper - mean if higher else mean - paper), (_label(key), mean, paper)
         ok &= not far
@@ -440,6 +446,28 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
                              f"for the same baseline (ours {mean - number:+.4g} from it; "
                              f"informative, the gate uses the number above)")
     return ok, lines, worst
+
+
+def gate_failures(claim: dict, table: pd.DataFrame) -> set[str]:
+    """The configurations (their labels, :func:`_label`) whose baseline is more than
+    ``reproduce.tolerance`` on the wrong side of the paper's own number: a comparison there
+    tests our stand-in, not the paper's setting."""
+    check = claim.get("reproduce")
+    if not check:
+        return set()
+    method, metric = check["method"], check["metric"]
+    tolerance = float(check.get("tolerance", 0.015))
+    higher = HIGHER_IS_BETTER.get(metric, True)
+    failing = set()
+    for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
+        paper = for_configuration(check["paper"], dict(zip(CONFIGURATION, values)))
+        ours = _by_seed(group, method, metric).dropna()
+        if paper is None or ours.empty:
+            continue
+        mean = float(ours.mean())
+        if (mean < paper - tolerance) if higher else (mean > paper + tolerance):
+            failing.add(_label(dict(zip(CONFIGURATION, values))))
+    return failing
 
 
 def _schedule(runs: pd.DataFrame) -> str:
@@ -631,7 +659,14 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     failed = [line for holds, line, _ in checked if holds is False]
     outcomes = [r["outcome"] for r in rows]
     needed = None
-    if not reproduced:
+    # a contradiction where the baseline does reproduce the paper's number is a fair one: the
+    # claims are about every configuration, so one contradicted configuration decides, and the
+    # others are named (the family m stays every configuration's: nothing is chosen after the
+    # fact). "Held" needs every configuration, so it needs the setting reproduced in all.
+    unfair = gate_failures(claim, gate_table) if rule != "smaller_spread" else set()
+    fair_contradicted = [r for r in rows if r["outcome"] == CONTRADICTED
+                         and _label(r) not in unfair]
+    if not reproduced and not (fair_contradicted and not failed and unfair):
         verdict = NOT_REPRODUCED
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
                   f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
@@ -657,7 +692,12 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
                f"the margin (-{margin:g})" if margin is not None else
                f"the paper's effect ({r['paper_effect']:+.3g})"
                if r.get("paper_effect") is not None else "no effect")
-            for r in rows if r["outcome"] == CONTRADICTED)
+            for r in (fair_contradicted if not reproduced else rows)
+            if r["outcome"] == CONTRADICTED)
+        if not reproduced:
+            reason += ("; not judged in " + ", ".join(sorted(unfair))
+                + ", where our " + claim["reproduce"]["method"] + " baseline is more than "
+                + f"{float(claim['reproduce'].get('tolerance', 0.015)):g} below the paper's own")
     else:
         verdict = INCONCLUSIVE
         open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
@@ -688,7 +728,8 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
                    [line for _, line, _ in checked], metric_text=metric_text,
                    excluded=[_label(dict(zip(by, key))) for key in excluded]
-                   if not failed else [], method=method)
+                   if not failed else [], method=method,
+                   unjudged=sorted(unfair) if verdict == CONTRADICTED and not reproduced else [])
 
 
 def ablation_lines(claim: dict, results: Path) -> list[str]:
@@ -776,6 +817,15 @@ def _agreeing_interval(row: dict) -> str:
     return f"(95% interval [{_number(low)}, {_number(high)}]) "
 
 
+def _row_verdict(finding: Finding, row: dict) -> str:
+    """The claim's verdict as one configuration's line shows it: a configuration whose
+    baseline is off the paper's own number was not judged, whatever the claim's verdict."""
+    if finding.verdict == CONTRADICTED and row.get("label", "").split(" vs ")[0] in \
+            finding.unjudged:
+        return f"{CONTRADICTED} elsewhere; {NOT_REPRODUCED} here"
+    return finding.verdict
+
+
 def first_screen(findings: list[Finding]) -> list[str]:
     """What a user can act on, before the rules: which claims are decided, the differences
     every seed agrees on, and per claim and configuration the matched-setting difference with
@@ -818,12 +868,12 @@ def first_screen(findings: list[Finding]) -> list[str]:
                          f"on {r['seeds']} of {r['seeds']} seeds ({_per_seed(r)})"
                          + (f"; the paper's difference {r['paper_effect']:+.3g}"
                             if r.get("paper_effect") is not None else "")
-                         + f" (verdict: {f.verdict})")
+                         + f" (verdict: {_row_verdict(f, r)})")
     lines += ["", "| claim | verdict | configuration | of | ours: method minus baseline, mean "
               "[95% interval] (per seed) | the paper's |", "|---|---|---|---|---|---|"]
     for f, r in compared:
         paper = "" if r.get("paper_effect") is None else f"{r['paper_effect']:+.3g}"
-        lines.append(f"| {f.claim['id']} | {f.verdict} | {r['label']} | "
+        lines.append(f"| {f.claim['id']} | {_row_verdict(f, r)} | {r['label']} | "
                      f"{f.metric_text or f.claim['metric']} | "
                      f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
                      f" ({_per_seed(r)}) | {paper} |")
