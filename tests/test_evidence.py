@@ -458,9 +458,9 @@ def test_the_first_screen_shows_the_matched_difference_whatever_the_gate_says():
     assert "**Which method?** No claim of an advantage is held (0 of 1): no alternative" in first
     assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 (no finite 95% "
             "interval at this number of seeds) on 2 of 2 seeds (-0.148, -0.102); the paper's "
-            "difference +0.0066 (verdict: setting not reproduced)") in first
-    assert "| c | setting not reproduced | eps 8 | accuracy | -0.125 [-inf, +inf] (-0.148, " \
-           "-0.102) | +0.0066 |" in first
+            "difference +0.0066 (verdict: not judged here (setting not reproduced))") in first
+    assert ("| c | not judged here (setting not reproduced) | eps 8 | accuracy | -0.125 "
+            "[-inf, +inf] (-0.148, -0.102) | +0.0066 |") in first
     # six seeds that agree: the line gives the interval that the agreement alone does not
     finding = judge(_claim("within", "accuracy", effect=0.0066, margin=0.01, reproduce=check),
                     _table(_pair([-0.148, -0.102, -0.12, -0.11, -0.13, -0.14], "accuracy",
@@ -631,6 +631,10 @@ def test_the_full_method_is_paired_with_each_ablation_of_the_reference_variant()
     assert any("dp_sgd accuracy 0.95 over 7 seeds vs the paper's 0.9445" in line
                for line in finding.fidelity)
     assert judge(claim, table(-1)).verdict == CONTRADICTED
+    # the gate fails in the reference variant, whose runs every comparison uses: no row is a
+    # fair comparison, so a contradiction decides nothing
+    far = {**claim, "reproduce": {**claim["reproduce"], "paper": {8.33: 0.99}}}
+    assert judge(far, table(-1)).verdict == NOT_REPRODUCED
     missing = judge({**claim, "reference_variant": "nowhere"}, table(+1))
     assert missing.verdict == UNTESTABLE and "no variant ['nowhere']" in missing.reason
 
@@ -687,8 +691,12 @@ def test_a_contradiction_where_the_baseline_reproduces_decides_despite_another_e
     assert "eps 0.5: dp_sgd accuracy 0.918 over 7 seeds vs the paper's 0.9402: below it by " \
            "more than 0.015" in finding.fidelity
     table = "\n".join(first_screen([finding]))
-    assert "| c | contradicted elsewhere; setting not reproduced here | eps 0.5 |" in table
+    assert "| c | not judged here (setting not reproduced); the claim: contradicted | eps 0.5 |" \
+        in table
     assert "| c | contradicted | eps 8 |" in table
+    # a configuration the gate could not check (no paper number there) is not a fair one
+    unchecked = {**claim, "reproduce": {**check, "paper": {0.5: 0.9402}}}
+    assert judge(unchecked, runs(below)).verdict == NOT_REPRODUCED
     above = judge(claim, runs([-d for d in below]))
     assert above.verdict == NOT_REPRODUCED
     # a contradiction only where the baseline fails the gate decides nothing

@@ -289,6 +289,27 @@ def against_reference(table: pd.DataFrame, reference: str, method: str
     return pd.concat(joined, ignore_index=True), name
 
 
+def _mark_fair(rows: list[dict], claim: dict, gate_table: pd.DataFrame, rule: str) -> None:
+    """Set each row's ``gate_ok``: True when the baseline gate was checked for the row's
+    configuration and passed (for a ``reference_variant`` claim: for every configuration of
+    the reference variant, whose runs the comparison uses), False when it failed or was not
+    checked, None for a claim without a gate or a spread over variants."""
+    if not claim.get("reproduce") or rule == "smaller_spread":
+        for row in rows:
+            row["gate_ok"] = None
+        return
+    reference = claim.get("reference_variant")
+    if reference:
+        status = gate_status(claim, gate_table[gate_table["variant"] == reference])
+        passed = bool(status) and all(status.values())
+        for row in rows:
+            row["gate_ok"] = passed
+        return
+    status = gate_status(claim, gate_table)
+    for row in rows:
+        row["gate_ok"] = status.get(_label(row), False)
+
+
 def _bound_rows(table: pd.DataFrame, method: str, metric: str, bound: float) -> list[dict]:
     """Per configuration: the method's metric against a fixed bound, seed by seed (the
     one-sample form of :func:`_paired_row`: the "baseline" is the bound on every seed)."""
@@ -452,22 +473,29 @@ def gate_failures(claim: dict, table: pd.DataFrame) -> set[str]:
     """The configurations (their labels, :func:`_label`) whose baseline is more than
     ``reproduce.tolerance`` on the wrong side of the paper's own number: a comparison there
     tests our stand-in, not the paper's setting."""
+    return {label for label, passed in gate_status(claim, table).items() if not passed}
+
+
+def gate_status(claim: dict, table: pd.DataFrame) -> dict[str, bool]:
+    """Per configuration the gate could check (the paper gives a number and our baseline ran
+    there): whether our baseline is within ``reproduce.tolerance`` of the paper's own number.
+    A configuration absent here was not checked."""
     check = claim.get("reproduce")
     if not check:
-        return set()
+        return {}
     method, metric = check["method"], check["metric"]
     tolerance = float(check.get("tolerance", 0.015))
     higher = HIGHER_IS_BETTER.get(metric, True)
-    failing = set()
+    status = {}
     for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
         paper = for_configuration(check["paper"], dict(zip(CONFIGURATION, values)))
         ours = _by_seed(group, method, metric).dropna()
         if paper is None or ours.empty:
             continue
         mean = float(ours.mean())
-        if (mean < paper - tolerance) if higher else (mean > paper + tolerance):
-            failing.add(_label(dict(zip(CONFIGURATION, values))))
-    return failing
+        status[_label(dict(zip(CONFIGURATION, values)))] = not (
+            (mean < paper - tolerance) if higher else (mean > paper + tolerance))
+    return status
 
 
 def _schedule(runs: pd.DataFrame) -> str:
@@ -663,9 +691,9 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
     # claims are about every configuration, so one contradicted configuration decides, and the
     # others are named (the family m stays every configuration's: nothing is chosen after the
     # fact). "Held" needs every configuration, so it needs the setting reproduced in all.
+    _mark_fair(rows, claim, gate_table, rule)
     unfair = gate_failures(claim, gate_table) if rule != "smaller_spread" else set()
-    fair_contradicted = [r for r in rows if r["outcome"] == CONTRADICTED
-                         and _label(r) not in unfair]
+    fair_contradicted = [r for r in rows if r["outcome"] == CONTRADICTED and r["gate_ok"]]
     if not reproduced and not (fair_contradicted and not failed and unfair):
         verdict = NOT_REPRODUCED
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
@@ -695,9 +723,12 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
             for r in (fair_contradicted if not reproduced else rows)
             if r["outcome"] == CONTRADICTED)
         if not reproduced:
+            wrong_side = "below" if HIGHER_IS_BETTER.get(claim["reproduce"]["metric"], True) \
+                else "above"
             reason += ("; not judged in " + ", ".join(sorted(unfair))
                 + ", where our " + claim["reproduce"]["method"] + " baseline is more than "
-                + f"{float(claim['reproduce'].get('tolerance', 0.015)):g} below the paper's own")
+                + f"{float(claim['reproduce'].get('tolerance', 0.015)):g} {wrong_side} the "
+                "paper's own")
     else:
         verdict = INCONCLUSIVE
         open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
@@ -818,12 +849,20 @@ def _agreeing_interval(row: dict) -> str:
 
 
 def _row_verdict(finding: Finding, row: dict) -> str:
-    """The claim's verdict as one configuration's line shows it: a configuration whose
-    baseline is off the paper's own number was not judged, whatever the claim's verdict."""
-    if finding.verdict == CONTRADICTED and row.get("label", "").split(" vs ")[0] in \
-            finding.unjudged:
-        return f"{CONTRADICTED} elsewhere; {NOT_REPRODUCED} here"
-    return finding.verdict
+    """The claim's verdict as one configuration's line shows it, with the configuration's own
+    outcome where it differs: a configuration whose baseline is off the paper's own number (or
+    was not checked) is not judged; one where it reproduces has an outcome of its own."""
+    verdict = finding.verdict
+    if verdict not in (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED) or "outcome" not in row:
+        return verdict
+    if row.get("gate_ok") is None and verdict == NOT_REPRODUCED:  # a spread over variants
+        return verdict
+    if row.get("gate_ok") is False:
+        return "not judged here (setting not reproduced)" + (
+            f"; the claim: {verdict}" if verdict != NOT_REPRODUCED else "")
+    if row["outcome"] != verdict:
+        return f"{row['outcome']} here; the claim: {verdict}"
+    return verdict
 
 
 def first_screen(findings: list[Finding]) -> list[str]:
