@@ -438,19 +438,12 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
     check = claim.get("reproduce")
     if not check:
         return True, [], None
-    failing = gate_failures(claim, table)
     method, metric = check["method"], check["metric"]
     tolerance = float(check.get("tolerance", 0.015))
     higher = HIGHER_IS_BETTER.get(metric, True)
     ok, lines, worst, gap = True, [], None, -math.inf
-    for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
-        key = dict(zip(CONFIGURATION, values))
-        paper = for_configuration(check["paper"], key)
-        ours = _by_seed(group, method, metric).dropna()
-        if paper is None or ours.empty:
-            continue
+    for key, paper, ours, far in _gate_checks(claim, table):
         mean = float(ours.mean())
-        far = _label(key) in failing
         if (paper - mean if higher else mean - paper) > gap:
             gap, worst = (paper - mean if higher else mean - paper), (_label(key), mean, paper)
         ok &= not far
@@ -480,22 +473,28 @@ def gate_status(claim: dict, table: pd.DataFrame) -> dict[str, bool]:
     """Per configuration the gate could check (the paper gives a number and our baseline ran
     there): whether our baseline is within ``reproduce.tolerance`` of the paper's own number.
     A configuration absent here was not checked."""
+    return {_label(key): not far for key, _, _, far in _gate_checks(claim, table)}
+
+
+def _gate_checks(claim: dict, table: pd.DataFrame):
+    """Per configuration the gate can check: (the configuration, the paper's number, our
+    baseline's values over seeds, whether their mean is more than ``reproduce.tolerance`` on
+    the wrong side of the paper's number)."""
     check = claim.get("reproduce")
     if not check:
-        return {}
+        return
     method, metric = check["method"], check["metric"]
     tolerance = float(check.get("tolerance", 0.015))
     higher = HIGHER_IS_BETTER.get(metric, True)
-    status = {}
     for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
-        paper = for_configuration(check["paper"], dict(zip(CONFIGURATION, values)))
+        key = dict(zip(CONFIGURATION, values))
+        paper = for_configuration(check["paper"], key)
         ours = _by_seed(group, method, metric).dropna()
         if paper is None or ours.empty:
             continue
         mean = float(ours.mean())
-        status[_label(dict(zip(CONFIGURATION, values)))] = not (
-            (mean < paper - tolerance) if higher else (mean > paper + tolerance))
-    return status
+        yield key, paper, ours, (mean < paper - tolerance) if higher else \
+            (mean > paper + tolerance)
 
 
 def _schedule(runs: pd.DataFrame) -> str:
