@@ -59,6 +59,7 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
+from dpclip.reporting import benchmarks
 from dpclip.reporting.accounting import CHECKS, run_check
 from dpclip.reporting.plots import claim_figure
 from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval,
@@ -70,8 +71,12 @@ NOT_AT_SCALE = "not testable at this scale"
 # claims about the epsilon itself (rule ``accounting``): computed, no runs
 HELD_BY_ACCOUNTING = "held by the accounting"
 CONTRADICTED_BY_ACCOUNTING = "contradicted by the accounting"
+# claims about cost (rule ``benchmark``): a committed ``dpclip bench`` measurement, no runs
+HELD_BY_BENCHMARK = "held by the benchmark"
+CONTRADICTED_BY_BENCHMARK = "contradicted by the benchmark"
 VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, NOT_AT_SCALE, UNTESTABLE,
-            HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING)
+            HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING, HELD_BY_BENCHMARK,
+            CONTRADICTED_BY_BENCHMARK)
 # what a claim's mechanism needs to act in the runs (claims.yaml `preconditions`, each
 # {kind, method, ...}): clip_moves (min: |log(C_T / C_0)| averaged over the method's runs),
 # leaks (metric, min: the method's mean over seeds), adjacency (paper: the neighbouring notion
@@ -100,8 +105,12 @@ VERDICT_MEANINGS = {
     CONTRADICTED_BY_ACCOUNTING: "a claim about the privacy accounting itself: the mechanism "
                                 "the paper describes gives a larger epsilon than claimed, or none "
                                 "(computed, no runs; the computation is given)",
+    HELD_BY_BENCHMARK: "a claim about cost: our committed `dpclip bench` measurement is within "
+                       "the paper's number (one machine's timing, named with it)",
+    CONTRADICTED_BY_BENCHMARK: "a claim about cost: our committed `dpclip bench` measurement "
+                               "exceeds the paper's number (one machine's timing, named with it)",
 }
-RULES = ("better", "lowest", "within", "smaller_spread", "at_most", "accounting")
+RULES = ("better", "lowest", "within", "smaller_spread", "at_most", "accounting", "benchmark")
 # the direction of each metric a claim may name: True = higher is better
 HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_mia": False,
                     "peak_ir_mia_train": False,
@@ -151,6 +160,13 @@ def load_claims(path: Path) -> list[dict]:
                 raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'accounting' needs "
                                   f"accounting: {{check: one of {list(CHECKS)}, ...}}, not "
                                   f"{claim.get('accounting')!r}")
+            continue
+        if claim["rule"] == "benchmark":
+            if not isinstance(claim.get("benchmark"), dict) or \
+                    claim["benchmark"].get("check") not in benchmarks.CHECKS:
+                raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'benchmark' needs "
+                                  f"benchmark: {{check: one of {list(benchmarks.CHECKS)}, file: "
+                                  f"...}}, not {claim.get('benchmark')!r}")
             continue
         if claim["rule"] == "at_most" and not isinstance(claim.get("bound"), (int, float)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'at_most' needs a "
@@ -595,9 +611,11 @@ def _adjacency_mismatch(table: pd.DataFrame, method: str, baselines: list[str],
             f"claim has no adjacency precondition: they do not compare")
 
 
-def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
+def judge(claim: dict, table: pd.DataFrame | None, results: Path | None = None) -> Finding:
     """The verdict of one claim on its preset's runs (``table``: None when not run); a claim
-    about the accounting itself is computed (:mod:`dpclip.reporting.accounting`)."""
+    about the accounting itself is computed (:mod:`dpclip.reporting.accounting`), one about
+    cost read from a bench output below ``results``'s parent
+    (:mod:`dpclip.reporting.benchmarks`)."""
     if "untestable" in claim:
         return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
     if claim.get("rule") == "accounting":
@@ -606,6 +624,16 @@ def judge(claim: dict, table: pd.DataFrame | None) -> Finding:
         return Finding(claim, verdict, check.summary or (
             f"the mechanism gives epsilon {check.computed:.3g} where the paper claims "
             f"{check.claimed:g}"), ours=check.lines)
+    if claim.get("rule") == "benchmark":
+        if results is None:
+            raise DpclipError(f"claim {claim['id']!r}: a benchmark claim needs the results folder")
+        path = benchmarks.bench_path(claim["benchmark"], results.parent)
+        if not path.is_file():
+            return Finding(claim, UNTESTABLE, f"not measured: {path} does not exist (the "
+                                              f"claim's note gives the `dpclip bench` run)")
+        measured = benchmarks.run_check(claim["benchmark"], results.parent)
+        verdict = HELD_BY_BENCHMARK if measured.holds else CONTRADICTED_BY_BENCHMARK
+        return Finding(claim, verdict, measured.summary, ours=measured.lines)
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
@@ -794,7 +822,7 @@ def evidence(claims_path: Path, results: Path) -> list[Finding]:
     """Every claim's finding, each preset's runs read once."""
     claims = load_claims(claims_path)
     tables = {c["preset"]: preset_table(results, c["preset"]) for c in claims if "preset" in c}
-    findings = [judge(c, tables.get(c.get("preset"))) for c in claims]
+    findings = [judge(c, tables.get(c.get("preset")), results) for c in claims]
     for f in findings:
         f.ablation = ablation_lines(f.claim, results)
     return findings
@@ -895,6 +923,12 @@ def first_screen(findings: list[Finding]) -> list[str]:
         lines += ["", "**Is the epsilon right?** Computed, no runs: " + "; ".join(
             f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
             for f in computed) + "."]
+    measured = [f for f in findings if f.verdict in (HELD_BY_BENCHMARK,
+                                                     CONTRADICTED_BY_BENCHMARK)]
+    if measured:
+        lines += ["", "**What does it cost?** Measured by `dpclip bench`, no runs: " + "; ".join(
+            f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
+            for f in measured) + "."]
     if clear:
         lines += ["", f"Differences every seed agrees on, largest first ({len(clear[:CLEAR])} of "
                   f"{len(clear)}; with 2 seeds both fall on one side by chance half the time, "
@@ -962,6 +996,10 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
         if f.ours and c.get("rule") == "accounting":
             lines += [f"*The computation* (`dpclip.reporting.accounting`, check "
                       f"`{c['accounting']['check']}`).", ""] + [f"- {text}" for text in f.ours] + [""]
+        elif f.ours and c.get("rule") == "benchmark":
+            lines += [f"*The measurement* (`dpclip.reporting.benchmarks`, check "
+                      f"`{c['benchmark']['check']}`, `results/{c['benchmark']['file']}`).", ""] \
+                + [f"- {text}" for text in f.ours] + [""]
         elif f.ours:
             lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
                 [f"- {text}" for text in f.ours] + [""]

@@ -1,0 +1,80 @@
+"""Claims about cost, read from a committed ``dpclip bench`` output: the share worked out by
+hand, the verdicts at and either side of the bound, and a missing or incomplete bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpclip.errors import DpclipError
+from dpclip.io import write_json
+from dpclip.reporting.benchmarks import probe_share
+from dpclip.reporting.evidence import (CONTRADICTED_BY_BENCHMARK, HELD_BY_BENCHMARK,
+                                       UNTESTABLE, evidence, evidence_markdown, judge,
+                                       load_claims)
+
+SPEC = {"check": "probe_share", "file": "benchmarks/t14/bench.json", "method": "ww_dp_sgd",
+        "model": "paper_cnn", "bound": 0.0179}
+
+
+def _bench(root: Path, probe_s: float, train_s: float) -> None:
+    """A bench output as ``dpclip bench`` writes it: the interleaved table and the probe."""
+    write_json(root / "benchmarks" / "t14" / "bench.json", {
+        "setting": {"device": "cpu", "threads": 2, "batch_size": 256, "dataset": "mnist"},
+        "table": [{"model": "paper_cnn", "method": "dp_sgd", "step_ms_median": 25.0},
+                  {"model": "paper_cnn", "method": "ww_dp_sgd", "step_ms_median": 24.5}],
+        "probes": {"paper_cnn/ww_dp_sgd": {"probe_every": 50, "probe_s": probe_s,
+                                           "train_s": train_s,
+                                           "share": probe_s / train_s}}})
+
+
+def _claim() -> dict:
+    return {"id": "overhead", "claim": "WW costs little more.", "source": "s", "paper": "1.79%",
+            "rule": "benchmark", "benchmark": dict(SPEC)}
+
+
+def test_the_probe_share_is_the_probe_over_the_training_time_against_the_bound(tmp_path):
+    _bench(tmp_path, probe_s=0.05, train_s=4.0)  # 1.25% <= 1.79%
+    check = probe_share(SPEC, tmp_path)
+    assert check.measured == pytest.approx(0.0125) and check.claimed == 0.0179 and check.holds
+    assert "1.25% of the training time" in check.lines[0]
+    assert "ratio 0.98" in check.lines[2]  # 24.5 / 25: the machine's spread, not a cost
+    _bench(tmp_path, probe_s=0.0716, train_s=4.0)  # exactly 1.79%: within
+    assert probe_share(SPEC, tmp_path).holds
+    _bench(tmp_path, probe_s=0.08, train_s=4.0)  # 2%: above
+    assert not probe_share(SPEC, tmp_path).holds
+
+
+def test_the_evidence_report_gives_the_benchmark_verdicts_and_untested_without_a_bench(tmp_path):
+    results = tmp_path / "presets"
+    results.mkdir()
+    finding = judge(_claim(), None, results)
+    assert finding.verdict == UNTESTABLE and "does not exist" in finding.reason
+    _bench(tmp_path, probe_s=0.05, train_s=4.0)
+    finding = judge(_claim(), None, results)
+    assert finding.verdict == HELD_BY_BENCHMARK
+    assert "1.25% of the training time on this machine, within the paper's 1.79%" in \
+        finding.reason
+    text = evidence_markdown([finding], results, "dpclip evidence")
+    assert "**What does it cost?**" in text and "*The measurement*" in text
+    _bench(tmp_path, probe_s=0.08, train_s=4.0)
+    assert judge(_claim(), None, results).verdict == CONTRADICTED_BY_BENCHMARK
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [_claim()]}))
+    assert [f.verdict for f in evidence(path, results)] == [CONTRADICTED_BY_BENCHMARK]
+
+
+def test_a_bad_benchmark_claim_is_refused_naming_what_is_wrong(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"claims": [{**_claim(), "benchmark": {"check": "speed"}}]}))
+    with pytest.raises(DpclipError, match="rule 'benchmark' needs"):
+        load_claims(path)
+    _bench(tmp_path, probe_s=0.05, train_s=4.0)
+    with pytest.raises(DpclipError, match="no probe share for 'cnn/ww_dp_sgd'"):
+        probe_share({**SPEC, "model": "cnn"}, tmp_path)
+    with pytest.raises(DpclipError, match="bound must be a number above 0, not -1"):
+        probe_share({**SPEC, "bound": -1}, tmp_path)
+    with pytest.raises(DpclipError, match="file must name the bench.json"):
+        probe_share({**SPEC, "file": None}, tmp_path)
