@@ -10,7 +10,7 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
-from dpclip.reporting.benchmarks import probe_share
+from dpclip.reporting.benchmarks import probe_share, step_ratio
 from dpclip.reporting.evidence import (CONTRADICTED_BY_BENCHMARK, HELD_BY_BENCHMARK,
                                        UNTESTABLE, evidence, evidence_markdown, judge,
                                        load_claims)
@@ -78,3 +78,17 @@ def test_a_bad_benchmark_claim_is_refused_naming_what_is_wrong(tmp_path):
         probe_share({**SPEC, "bound": -1}, tmp_path)
     with pytest.raises(DpclipError, match="file must name the bench.json"):
         probe_share({**SPEC, "file": None}, tmp_path)
+
+
+RATIO = {"check": "step_ratio", "file": "benchmarks/t14/bench.json", "method": "ww_dp_sgd",
+         "baseline": "dp_sgd", "model": "paper_cnn", "bound": 0.98}
+
+
+def test_the_step_ratio_is_the_methods_median_over_the_baselines_against_the_papers(tmp_path):
+    _bench(tmp_path, probe_s=0.05, train_s=4.0)  # medians 24.5 and 25.0 ms: 0.98
+    check = step_ratio(RATIO, tmp_path)
+    assert check.measured == pytest.approx(0.98) and check.holds  # at the bound: within
+    assert "ww_dp_sgd / dp_sgd = 0.98, against the paper's 0.98" in check.lines[1]
+    assert not step_ratio({**RATIO, "bound": 0.97}, tmp_path).holds
+    with pytest.raises(DpclipError, match=r"timed no \['auto_s'\] on 'paper_cnn'"):
+        step_ratio({**RATIO, "baseline": "auto_s"}, tmp_path)

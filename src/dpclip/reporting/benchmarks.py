@@ -14,6 +14,11 @@ check says which (the bench's own ``setting``) and the claim's note says how it 
   K) rather than as the difference of two step times, which on a shared machine spreads by
   more than the probe costs. The claim holds when share <= ``bound``, the paper's overhead as
   a fraction. The interleaved step times of both methods are shown beside it.
+* ``step_ratio`` (a method's time per iteration against a baseline's): the median step of
+  ``method`` over that of ``baseline``, timed by the bench in the same interleaved rounds (so
+  the machine's drift falls on both), against ``bound``, the paper's ratio of its own
+  per-iteration times. Holds when ours <= bound: the method costs no more, relative to the
+  baseline, than the paper reports.
 """
 
 from __future__ import annotations
@@ -88,7 +93,37 @@ def probe_share(spec: dict, root: Path) -> BenchmarkCheck:
         + ("within" if holds else "above") + f" the paper's {100 * bound:.3g}%"))
 
 
-CHECKS = {"probe_share": probe_share}
+def step_ratio(spec: dict, root: Path) -> BenchmarkCheck:
+    """The method's median step time over the baseline's, both timed in the same interleaved
+    rounds, against the paper's ratio of its per-iteration times (module docstring)."""
+    name = "step_ratio"
+    bench = _bench(spec, root)
+    method, baseline, model = spec.get("method"), spec.get("baseline"), spec.get("model")
+    bound = spec.get("bound")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+        raise DpclipError(f"benchmark check {name!r}: bound must be a number above 0, "
+                          f"not {bound!r}")
+    rows = {row["method"]: row for row in bench.get("table", []) if row.get("model") == model}
+    missing = [m for m in (method, baseline) if m not in rows]
+    if missing:
+        raise DpclipError(f"benchmark check {name!r}: the bench timed no {missing} on "
+                          f"{model!r} (it has {sorted(rows)})")
+    ours = rows[method]["step_ms_median"] / rows[baseline]["step_ms_median"]
+    setting = bench.get("setting", {})
+    others = ", ".join(f"{m} {row['step_ms_median']:.3g}" for m, row in rows.items())
+    lines = [f"median step on {model} (ms, {rows[method].get('steps_timed', '?')} steps each, "
+             f"interleaved in {setting.get('rounds', '?')} rounds): {others}",
+             f"{method} / {baseline} = {ours:.3g}, against the paper's {bound:g}",
+             "measured by `dpclip bench` on " + ", ".join(f"{k} {v}" for k, v in setting.items()
+                                                        if k in ("device", "threads", "dataset",
+                                                                 "batch_size"))]
+    holds = ours <= bound
+    return BenchmarkCheck(bound, ours, holds, lines, summary=(
+        f"{method}'s step takes {ours:.3g} times {baseline}'s on this machine, "
+        + ("within" if holds else "above") + f" the paper's {bound:g}"))
+
+
+CHECKS = {"probe_share": probe_share, "step_ratio": step_ratio}
 
 
 def run_check(spec: dict, root: Path) -> BenchmarkCheck:
