@@ -457,7 +457,9 @@ def test_the_first_screen_shows_the_matched_difference_whatever_the_gate_says():
     text = evidence_markdown([finding], Path("results/presets"), "dpclip evidence")
     first = text.split("## How to read it")[0]
     assert first.startswith("# Evidence: the papers' claims, tested\n\n## What the runs show")
-    assert "**Which method?** No claim of an advantage is held (0 of 1): no alternative" in first
+    # a held "within" claim is no advantage: the answer counts only the claims of one
+    assert ("**Which method?** DP-SGD: no claim of an advantage is held (0 of 0 claims of "
+            "one, 1 claim in all)") in first
     assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 (no finite 95% "
             "interval at this number of seeds) on 2 of 2 seeds (-0.148, -0.102); the paper's "
             "difference +0.0066 (verdict: not judged here (setting not reproduced))") in first
@@ -704,3 +706,23 @@ def test_a_contradiction_where_the_baseline_reproduces_decides_despite_another_e
     # a contradiction only where the baseline fails the gate decides nothing
     only_there = judge(claim, runs([0.003, 0.004, 0.002, 0.003, 0.005, 0.004, 0.003]))
     assert only_there.verdict == NOT_REPRODUCED
+
+
+def test_which_method_names_a_held_advantage_and_not_a_held_no_loss_claim():
+    """A held "within" claim (a method costs at most a margin) once headed the answer as if
+    it were a reason to choose the method; only a held advantage is one."""
+    from dpclip.reporting.evidence import first_screen
+
+    gain = judge({**_claim("better", "accuracy", effect=0.02), "id": "gain"},
+                 _table(_pair([0.03, 0.031, 0.029, 0.032, 0.03, 0.028], "accuracy")))
+    cost = judge({**_claim("within", "accuracy", effect=0.0, margin=0.05), "id": "cost"},
+                 _table(_pair([0.001, -0.002, 0.0, 0.001, -0.001, 0.002], "accuracy")))
+    worse = judge({**_claim("better", "accuracy", effect=0.02), "id": "worse"},
+                  _table(_pair([-0.03, -0.031, -0.029, -0.032, -0.03, -0.028], "accuracy")))
+    assert (gain.verdict, cost.verdict, worse.verdict) == ("held", "held", "contradicted")
+    text = "\n".join(first_screen([cost, worse]))
+    assert "**Which method?** DP-SGD: no claim of an advantage is held (0 of 1 claim of one, " \
+        "2 claims in all)" in text
+    assert "Also held: **cost**" in text and "Contradicted (1):\n\n- **worse** (" in text
+    text = "\n".join(first_screen([gain, cost, worse]))
+    assert "**Which method?** Held advantages (1 of 2 claims of one): **gain** (" in text

@@ -117,6 +117,8 @@ HIGHER_IS_BETTER = {"accuracy": True, "test_auc": True, "ece": False, "peak_ir_m
                     "mia_auc": False, "attack_auc": False, "attack_tpr_at_low_fpr": False,
                     "clamp_share": False}
 BOUND = "the bound"  # the baseline's name in an ``at_most`` claim's rows
+# the rules whose held verdict is an advantage of the method over its baseline
+ADVANTAGE_RULES = ("better", "lowest", "smaller_spread")
 CONFIGURATION = ["target_epsilon", "alpha", "variant"]
 
 
@@ -849,6 +851,10 @@ def _preset_facts(path: Path) -> str:
             f"{deviations}")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _claim_text(finding: Finding) -> str:
     return " ".join(finding.claim["claim"].split()).rstrip(".")
 
@@ -902,21 +908,32 @@ def first_screen(findings: list[Finding]) -> list[str]:
     clear = sorted((pair for pair in compared if _consistent(pair[1])),
                    key=lambda pair: -abs(pair[1]["difference"]))
     held = [f for f in decided if f.verdict == HELD]
-    lines = ["## What the runs show", "",
-             (f"**Which method?** {len(held)} of {len(findings)} claims held: "
-              + "; ".join(f"{f.claim['id']} ({_claim_text(f)}"
-                          + (f"; only where the mechanism acts, not in {', '.join(f.excluded)}"
-                             if f.excluded else "") + ")" for f in held) + "."
-              if held else
-              f"**Which method?** No claim of an advantage is held (0 of {len(findings)}): no "
-              "alternative to DP-SGD has a shown advantage in our runs, so DP-SGD is the "
-              "choice they support.")
-             + (" Contradicted: " + "; ".join(f"**{f.claim['id']}** ({_claim_text(f)}: "
-                                              f"{f.reason})" for f in decided
-                                              if f.verdict == CONTRADICTED) + "."
-                if len(decided) > len(held) else "")
-             + " How sure: the differences below, each with its interval and seeds; every "
-               "other claim is undecided."]
+    # an advantage: a method better than its baseline (or the lowest, or steadier over a
+    # range); a held "within" claim says a method costs little, not that it gains
+    claimed = [f for f in findings if f.claim.get("rule") in ADVANTAGE_RULES
+               and f.claim.get("method") != f.claim.get("baseline")]
+    gains = [f for f in held if f in claimed]
+
+    def listed(f: Finding) -> str:
+        return (f"**{f.claim['id']}** ({_claim_text(f)}"
+                + (f"; only where the mechanism acts, not in {', '.join(f.excluded)}"
+                   if f.excluded else "") + ")")
+
+    answer = (f"**Which method?** Held advantages ({len(gains)} of "
+              f"{_count(len(claimed), 'claim')} of one): " + "; ".join(map(listed, gains)) + "."
+              if gains else
+              f"**Which method?** DP-SGD: no claim of an advantage is held (0 of "
+              f"{_count(len(claimed), 'claim')} of one, {_count(len(findings), 'claim')} in all), so no "
+              f"alternative to DP-SGD has a shown advantage in our runs.")
+    others = [f for f in held if f not in gains]
+    if others:
+        answer += " Also held: " + "; ".join(map(listed, others)) + "."
+    lines = ["## What the runs show", "", answer + " How sure: the differences below, each "
+             "with its interval and seeds; every claim not listed here is undecided."]
+    contradicted = [f for f in decided if f.verdict == CONTRADICTED]
+    if contradicted:
+        lines += ["", f"Contradicted ({len(contradicted)}):", ""] + \
+            [f"- {listed(f)}: {f.reason}." for f in contradicted]
     computed = [f for f in findings if f.verdict in (HELD_BY_ACCOUNTING,
                                                      CONTRADICTED_BY_ACCOUNTING)]
     if computed:
