@@ -305,11 +305,17 @@ def test_the_committed_claims_are_valid_and_a_bad_rule_is_refused(tmp_path):
            and c["rule"] not in ("accounting", "benchmark")]
     # every comparison states the paper's difference; a level claim states its bound
     assert all("effect" in c or (c["rule"] == "at_most" and "bound" in c) for c in run)
-    # without runs every claim that needs them is untestable, and so is a cost claim without
-    # its bench output; the accounting claims need neither
-    assert [f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml", tmp_path)
-            if f.claim.get("rule") != "accounting"] == [UNTESTABLE] * (
-        len(claims) - sum(c.get("rule") == "accounting" for c in claims))
+    # without runs every claim that needs them is untestable; the accounting claims need none,
+    # and the cost claims read the committed bench outputs
+    findings = evidence(PROJECT / "presets" / "claims.yaml", tmp_path)
+    assert [f.verdict for f in findings if f.claim.get("rule") not in ("accounting", "benchmark")
+            ] == [UNTESTABLE] * sum(c.get("rule") not in ("accounting", "benchmark")
+                                    for c in claims)
+    assert {f.verdict for f in findings if f.claim.get("rule") == "benchmark"} == \
+        {"held by the benchmark"}
+    # the same claims in a project without the bench outputs: not measured, untested
+    assert {f.verdict for f in evidence(PROJECT / "presets" / "claims.yaml", tmp_path, tmp_path)
+            if f.claim.get("rule") == "benchmark"} == {UNTESTABLE}
     bad = tmp_path / "claims.yaml"
     bad.write_text(yaml.safe_dump({"claims": [{**_claim("not_worse"), "id": "b"}]}))
     with pytest.raises(DpclipError, match="rule 'not_worse'"):
@@ -458,8 +464,8 @@ def test_the_first_screen_shows_the_matched_difference_whatever_the_gate_says():
     first = text.split("## How to read it")[0]
     assert first.startswith("# Evidence: the papers' claims, tested\n\n## What the runs show")
     # a held "within" claim is no advantage: the answer counts only the claims of one
-    assert ("**Which method?** DP-SGD: no claim of an advantage is held (0 of 0 claims of "
-            "one, 1 claim in all)") in first
+    assert "**Which method?** DP-SGD: no advantage claim is held (0 of 0; 1 claim in all)" \
+        in first
     assert ("- c, eps 8: ww_dp_sgd minus dp_sgd in accuracy is -0.125 (no finite 95% "
             "interval at this number of seeds) on 2 of 2 seeds (-0.148, -0.102); the paper's "
             "difference +0.0066 (verdict: not judged here (setting not reproduced))") in first
@@ -721,8 +727,8 @@ def test_which_method_names_a_held_advantage_and_not_a_held_no_loss_claim():
                   _table(_pair([-0.03, -0.031, -0.029, -0.032, -0.03, -0.028], "accuracy")))
     assert (gain.verdict, cost.verdict, worse.verdict) == ("held", "held", "contradicted")
     text = "\n".join(first_screen([cost, worse]))
-    assert "**Which method?** DP-SGD: no claim of an advantage is held (0 of 1 claim of one, " \
-        "2 claims in all)" in text
+    assert "**Which method?** DP-SGD: no advantage claim is held (0 of 1; 2 claims in all)" \
+        in text
     assert "Also held: **cost**" in text and "Contradicted (1):\n\n- **worse** (" in text
     text = "\n".join(first_screen([gain, cost, worse]))
-    assert "**Which method?** Held advantages (1 of 2 claims of one): **gain** (" in text
+    assert "**Which method?** Held advantages (1 of 2 advantage claims): **gain** (" in text

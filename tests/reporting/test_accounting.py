@@ -64,7 +64,7 @@ def test_dc_sgds_split_recombines_to_dp_sgds_sigma_and_epsilon():
 def test_a_bad_check_is_refused_by_name():
     with pytest.raises(DpclipError, match="'nope' is not one of"):
         run_check({"check": "nope"})
-    with pytest.raises(DpclipError, match="epochs must be a number above 0, not -3"):
+    with pytest.raises(DpclipError, match="epochs must be a finite number above 0, not -3"):
         run_check({**PAPER_SANITIZE, "epochs": -3})
 
 

@@ -4,7 +4,7 @@ Some of the papers' claims are about the epsilon itself, not about what training
 check here redoes a paper's accounting with the project's own accountant (Opacus's RDP) and the
 accounting of the mechanism the paper describes, and says whether the claimed epsilon is one
 that mechanism gives. A check takes the claim's ``accounting`` mapping from
-``presets/claims.yaml`` and returns an :class:`AccountingCheck`;
+``presets/claims.yaml`` and returns a :class:`~dpclip.reporting.checks.Check`;
 :func:`dpclip.reporting.evidence.judge` turns it into the verdict "held by the accounting" or
 "contradicted by the accounting".
 
@@ -49,33 +49,16 @@ that mechanism gives. A check takes the claim's ``accounting`` mapping from
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from dpclip.errors import DpclipError
+from dpclip.reporting.checks import Check, positive_number
 
 
-@dataclass
-class AccountingCheck:
-    """The claimed epsilon, the epsilon the mechanism gives, and the computation in words;
-    ``summary``: the finding in one clause where "the mechanism gives epsilon X" would say
-    less than the check found."""
-
-    claimed: float
-    computed: float
-    holds: bool
-    lines: list[str] = field(default_factory=list)
-    summary: str | None = None
+def _number(spec: dict, key: str, check: str) -> float:
+    return positive_number(spec, key, f"accounting check {check!r}")
 
 
-def _number(mapping: dict, key: str, check: str) -> float:
-    value = mapping.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise DpclipError(f"accounting check {check!r}: {key} must be a number above 0, "
-                          f"not {value!r}")
-    return float(value)
-
-
-def poisson_amplification(spec: dict) -> AccountingCheck:
+def poisson_amplification(spec: dict) -> Check:
     """The paper's Poisson-amplified epsilon against the epsilon of the releases its shuffled
     epochs make (module docstring)."""
     from dpclip.methods.sanitize import noise_for_record_epsilon, record_epsilon
@@ -89,7 +72,7 @@ def poisson_amplification(spec: dict) -> AccountingCheck:
     sigma = noise_for_record_epsilon(epsilon, delta, steps, sample_rate=q)
     amplified = record_epsilon(sigma, steps, delta, sample_rate=q)
     releases = record_epsilon(sigma, epochs, delta)
-    return AccountingCheck(epsilon, releases, releases <= epsilon * (1 + 1e-6), [
+    return Check(epsilon, releases, releases <= epsilon * (1 + 1e-6), [
         f"the paper's accounting: {steps:,} Poisson-subsampled steps at q = {batch:g} / "
         f"{records:,.0f} = {q:.3g} reach epsilon {epsilon:g} at delta {delta:g} with sigma "
         f"{sigma:.4g} (Opacus RDP: {amplified:.3g}, so the paper's number is reproduced under "
@@ -103,7 +86,7 @@ def poisson_amplification(spec: dict) -> AccountingCheck:
         "adversary knows a record's release is in the epoch's output"])
 
 
-def noise_split(spec: dict) -> AccountingCheck:
+def noise_split(spec: dict) -> Check:
     """sigma split into the gradient's and the histogram's shares and recombined: the joint
     release costs DP-SGD's epsilon (module docstring)."""
     from dpclip.privacy import ExtraQuery, combined_sigma, epsilon_of, noise_for_epsilon, \
@@ -121,7 +104,7 @@ def noise_split(spec: dict) -> AccountingCheck:
     dp_sgd = epsilon_of("rdp", [(sigma, q, steps)], delta)
     separate = epsilon_of("rdp", [(sigma_t, q, steps), (ratio * sigma, q, steps)], delta)
     holds = math.isclose(recombined, sigma, rel_tol=1e-9) and joint <= epsilon * (1 + 1e-6)
-    return AccountingCheck(epsilon, joint, holds, [
+    return Check(epsilon, joint, holds, [
         f"DP-SGD at epsilon {epsilon:g}, delta {delta:g}, q = {q:.4g}, {steps:,} steps: sigma "
         f"{sigma:.4g} (epsilon {dp_sgd:.4g})",
         f"the split with sigma_H = {ratio:g} sigma = {ratio * sigma:.4g}: sigma_T = "
@@ -201,7 +184,7 @@ def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
             f"{confidence:.1%} against the claimed {epsilon:g}, {verdict}")
 
 
-def batch_weights_sensitivity(spec: dict) -> AccountingCheck:
+def batch_weights_sensitivity(spec: dict) -> Check:
     """A neighbouring pair that moves LM-DP-SGD's literal-rule sum by about B C (module
     docstring): no sensitivity bound in C, so no epsilon, follows for the literal rule."""
     from dpclip.privacy import noise_for_epsilon
@@ -218,7 +201,7 @@ def batch_weights_sensitivity(spec: dict) -> AccountingCheck:
     kappa = moved["batch"]
     sigma = noise_for_epsilon(epsilon, delta, q, steps, "rdp")
     holds = kappa <= 1 + 1e-9
-    return AccountingCheck(epsilon, epsilon if holds else math.inf, holds, [
+    return Check(epsilon, epsilon if holds else math.inf, holds, [
         "the proof's premise: each record's reweighted, clipped gradient has norm at most C, "
         "so one record moves the sum by at most C",
         f"the pair: {batch} records with gradients in layer 1 only (norms (C, 0)), and the "
@@ -244,7 +227,7 @@ CHECKS = {"poisson_amplification": poisson_amplification, "noise_split": noise_s
           "batch_weights_sensitivity": batch_weights_sensitivity}
 
 
-def run_check(spec: dict) -> AccountingCheck:
+def run_check(spec: dict) -> Check:
     """The check ``spec["check"]`` on the rest of ``spec``."""
     check = spec.get("check") if isinstance(spec, dict) else None
     if check not in CHECKS:

@@ -1,19 +1,19 @@
 """Claims about cost, checked against a committed ``dpclip bench`` measurement instead of runs.
 
-A claim with ``rule: benchmark`` names a check and the bench output it reads (``file``, the
-``bench.json`` that ``dpclip bench`` writes, relative to the results folder's parent, e.g.
-``benchmarks/table14/bench.json``); :func:`dpclip.reporting.evidence.judge` turns the check into
-"held by the benchmark" or "contradicted by the benchmark". A timing is one machine's: the
-check says which (the bench's own ``setting``) and the claim's note says how it was measured.
+A claim with ``rule: benchmark`` names a check and the bench output it reads (``file``: the
+``bench.json`` that ``dpclip bench`` writes, relative to the project root, e.g.
+``results/benchmarks/table14/bench.json``); :func:`dpclip.reporting.evidence.judge` turns the
+check into "held by the benchmark" or "contradicted by the benchmark". A timing is one
+machine's: each check names the bench's own setting, and the claim's note says how it was run.
 
-* ``probe_share`` (WW-DP-SGD's runtime overhead): WW-DP-SGD's step is DP-SGD's step at another
-  threshold C_t (the same operations, one scalar controller update), plus its probe: once every
-  K steps, a spectral fit of one layer's weights. Its overhead over DP-SGD is therefore the
-  probe's time over the training time, share = t_probe / t_steps, which the bench measures
-  directly (``probes``: the probes' seconds within 200 or more timed steps at the configured
-  K) rather than as the difference of two step times, which on a shared machine spreads by
-  more than the probe costs. The claim holds when share <= ``bound``, the paper's overhead as
-  a fraction. The interleaved step times of both methods are shown beside it.
+* ``probe_share`` (WW-DP-SGD's runtime overhead): WW-DP-SGD's step runs DP-SGD's operations at
+  another threshold C_t, plus a scalar controller update and, once every K steps, its probe: a
+  spectral fit of one layer's weights. The probe is what it adds, and the bench times it
+  directly: share = t_probe / t_steps, the probes' seconds within the timed steps (after a
+  warm-up) at the configured K, a ratio within one measurement rather than the difference of
+  two step times, which on a shared machine spreads by more than the probe costs. Holds when
+  share <= ``bound``, the paper's overhead as a fraction (below 1). The interleaved step times
+  of both methods are shown beside it, so a per-step cost the share does not count is seen.
 * ``step_ratio`` (a method's time per iteration against a baseline's): the median step of
   ``method`` over that of ``baseline``, timed by the bench in the same interleaved rounds (so
   the machine's drift falls on both), against ``bound``, the paper's ratio of its own
@@ -23,102 +23,102 @@ check says which (the bench's own ``setting``) and the claim's note says how it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json
+from dpclip.reporting.checks import Check, positive_number
 
 
-@dataclass
-class BenchmarkCheck:
-    """The paper's number, ours, whether ours is within it, and how it was measured."""
-
-    claimed: float
-    measured: float
-    holds: bool
-    lines: list[str] = field(default_factory=list)
-    summary: str | None = None
-
-
-def bench_path(spec: dict, root: Path) -> Path:
+def bench_path(spec: dict, project: Path) -> Path:
     """The bench output a check reads (it may not exist yet: the claim is then untested)."""
-    file = spec.get("file")
+    file = spec.get("file") if isinstance(spec, dict) else None
     if not isinstance(file, str) or not file:
         raise DpclipError(f"benchmark check {spec.get('check')!r}: file must name the "
                           f"bench.json to read, not {file!r}")
-    return root / file
+    return project / file
 
 
-def _bench(spec: dict, root: Path) -> dict:
-    path = bench_path(spec, root)
+def _bench(spec: dict, project: Path) -> dict:
+    path = bench_path(spec, project)
     if not path.is_file():
         raise DpclipError(f"benchmark check {spec.get('check')!r}: {path} does not exist")
-    return read_json(path)
+    bench = read_json(path)
+    if not isinstance(bench, dict) or not isinstance(bench.get("table", []), list):
+        raise DpclipError(f"{path}: not a `dpclip bench` output (a mapping with a table)")
+    return bench
 
 
-def probe_share(spec: dict, root: Path) -> BenchmarkCheck:
+def _steps(bench: dict, model: str, path: str) -> dict:
+    """{method: median step in ms} of the bench's table for ``model``, each checked."""
+    steps = {}
+    for row in bench.get("table", []):
+        if isinstance(row, dict) and row.get("model") == model:
+            steps[row.get("method")] = positive_number(
+                row, "step_ms_median", f"{path}: {model}/{row.get('method')}")
+    return steps
+
+
+def _setting(bench: dict) -> str:
+    setting = bench.get("setting") or {}
+    return "measured by `dpclip bench` on " + ", ".join(
+        f"{k} {setting[k]}" for k in ("device", "threads", "dataset", "batch_size")
+        if k in setting)
+
+
+def probe_share(spec: dict, project: Path) -> Check:
     """The method's probe time over its training time against the paper's overhead (module
     docstring)."""
-    name = "probe_share"
-    bench = _bench(spec, root)
-    method, model, bound = spec.get("method"), spec.get("model"), spec.get("bound")
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
-        raise DpclipError(f"benchmark check {name!r}: bound must be a number above 0, "
-                          f"not {bound!r}")
+    what = "benchmark check 'probe_share'"
+    bench = _bench(spec, project)
+    method, model = spec.get("method"), spec.get("model")
+    bound = positive_number(spec, "bound", what)
+    if bound >= 1:
+        raise DpclipError(f"{what}: bound is the paper's overhead as a fraction below 1 "
+                          f"(1.79% is 0.0179), not {bound!r}")
     key = f"{model}/{method}"
     probe = (bench.get("probes") or {}).get(key)
-    if probe is None:
-        raise DpclipError(f"benchmark check {name!r}: the bench has no probe share for {key!r} "
+    if not isinstance(probe, dict):
+        raise DpclipError(f"{what}: the bench has no probe share for {key!r} "
                           f"(it has {sorted(bench.get('probes') or {})})")
-    steps = {row["method"]: row["step_ms_median"] for row in bench.get("table", [])
-             if row.get("model") == model}
-    setting = bench.get("setting", {})
-    lines = [f"{method}'s probe on {model}, once every K = {probe['probe_every']} steps: "
-             f"{probe['probe_s']:.4g} s of {probe['train_s']:.3g} s of training steps, "
-             f"{100 * probe['share']:.3g}% of the training time, against the paper's "
-             f"{100 * bound:.3g}%",
-             "measured by `dpclip bench` on " + ", ".join(f"{k} {v}" for k, v in setting.items()
-                                                        if k in ("device", "threads", "dataset",
-                                                                 "batch_size"))]
+    probe_s = positive_number(probe, "probe_s", f"{what}, {key}")
+    train_s = positive_number(probe, "train_s", f"{what}, {key}")
+    share = probe_s / train_s
+    lines = [f"{method}'s probe on {model}, once every K = {probe.get('probe_every', '?')} "
+             f"steps: {probe_s:.4g} s of {train_s:.3g} s of training steps "
+             f"({probe.get('steps', '?')} timed), {100 * share:.3g}% of the training time, "
+             f"against the paper's {100 * bound:.3g}%", _setting(bench)]
+    steps = _steps(bench, model, key)
     if "dp_sgd" in steps and method in steps:
         lines.append(f"the two steps, interleaved (median ms): dp_sgd {steps['dp_sgd']:.3g}, "
-                     f"{method} {steps[method]:.3g}: the same operations, so their ratio "
-                     f"{steps[method] / steps['dp_sgd']:.3g} is the machine's spread between "
-                     "rounds, not a cost")
-    share = float(probe["share"])
+                     f"{method} {steps[method]:.3g}, ratio {steps[method] / steps['dp_sgd']:.3g}"
+                     f" (the probe's share is not in the median step)")
     holds = share <= bound
-    return BenchmarkCheck(bound, share, holds, lines, summary=(
+    return Check(bound, share, holds, lines, summary=(
         f"the probe costs {100 * share:.3g}% of the training time on this machine, "
         + ("within" if holds else "above") + f" the paper's {100 * bound:.3g}%"))
 
 
-def step_ratio(spec: dict, root: Path) -> BenchmarkCheck:
+def step_ratio(spec: dict, project: Path) -> Check:
     """The method's median step time over the baseline's, both timed in the same interleaved
     rounds, against the paper's ratio of its per-iteration times (module docstring)."""
-    name = "step_ratio"
-    bench = _bench(spec, root)
+    what = "benchmark check 'step_ratio'"
+    bench = _bench(spec, project)
     method, baseline, model = spec.get("method"), spec.get("baseline"), spec.get("model")
-    bound = spec.get("bound")
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
-        raise DpclipError(f"benchmark check {name!r}: bound must be a number above 0, "
-                          f"not {bound!r}")
-    rows = {row["method"]: row for row in bench.get("table", []) if row.get("model") == model}
-    missing = [m for m in (method, baseline) if m not in rows]
+    bound = positive_number(spec, "bound", what)
+    steps = _steps(bench, model, spec["file"])
+    missing = [m for m in (method, baseline) if m not in steps]
     if missing:
-        raise DpclipError(f"benchmark check {name!r}: the bench timed no {missing} on "
-                          f"{model!r} (it has {sorted(rows)})")
-    ours = rows[method]["step_ms_median"] / rows[baseline]["step_ms_median"]
-    setting = bench.get("setting", {})
-    others = ", ".join(f"{m} {row['step_ms_median']:.3g}" for m, row in rows.items())
-    lines = [f"median step on {model} (ms, {rows[method].get('steps_timed', '?')} steps each, "
-             f"interleaved in {setting.get('rounds', '?')} rounds): {others}",
+        raise DpclipError(f"{what}: the bench timed no {missing} on {model!r} "
+                          f"(it has {sorted(steps)})")
+    ours = steps[method] / steps[baseline]
+    rounds = (bench.get("setting") or {}).get("rounds", "?")
+    lines = [f"median step on {model} (ms, interleaved in {rounds} rounds): "
+             + ", ".join(f"{m} {ms:.3g}" for m, ms in steps.items()),
              f"{method} / {baseline} = {ours:.3g}, against the paper's {bound:g}",
-             "measured by `dpclip bench` on " + ", ".join(f"{k} {v}" for k, v in setting.items()
-                                                        if k in ("device", "threads", "dataset",
-                                                                 "batch_size"))]
+             _setting(bench)]
     holds = ours <= bound
-    return BenchmarkCheck(bound, ours, holds, lines, summary=(
+    return Check(bound, ours, holds, lines, summary=(
         f"{method}'s step takes {ours:.3g} times {baseline}'s on this machine, "
         + ("within" if holds else "above") + f" the paper's {bound:g}"))
 
@@ -126,6 +126,9 @@ def step_ratio(spec: dict, root: Path) -> BenchmarkCheck:
 CHECKS = {"probe_share": probe_share, "step_ratio": step_ratio}
 
 
-def run_check(spec: dict, root: Path) -> BenchmarkCheck:
-    """The check ``spec['check']`` on the bench output below ``root``."""
-    return CHECKS[spec["check"]](spec, root)
+def run_check(spec: dict, project: Path) -> Check:
+    """The check ``spec["check"]`` on the bench output below ``project``."""
+    check = spec.get("check") if isinstance(spec, dict) else None
+    if check not in CHECKS:
+        raise DpclipError(f"benchmark check {check!r} is not one of {list(CHECKS)}")
+    return CHECKS[check](spec, project)

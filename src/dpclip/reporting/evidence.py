@@ -59,8 +59,7 @@ import yaml
 
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
-from dpclip.reporting import benchmarks
-from dpclip.reporting.accounting import CHECKS, run_check
+from dpclip.reporting import accounting, benchmarks
 from dpclip.reporting.plots import claim_figure
 from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval,
                                          minimum_exact_seeds, paired_test, seeds_needed)
@@ -158,9 +157,9 @@ def load_claims(path: Path) -> list[dict]:
                               f"is not one of {list(RULES)}")
         if claim["rule"] == "accounting":
             if not isinstance(claim.get("accounting"), dict) or \
-                    claim["accounting"].get("check") not in CHECKS:
+                    claim["accounting"].get("check") not in accounting.CHECKS:
                 raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'accounting' needs "
-                                  f"accounting: {{check: one of {list(CHECKS)}, ...}}, not "
+                                  f"accounting: {{check: one of {list(accounting.CHECKS)}, ...}}, not "
                                   f"{claim.get('accounting')!r}")
             continue
         if claim["rule"] == "benchmark":
@@ -613,29 +612,28 @@ def _adjacency_mismatch(table: pd.DataFrame, method: str, baselines: list[str],
             f"claim has no adjacency precondition: they do not compare")
 
 
-def judge(claim: dict, table: pd.DataFrame | None, results: Path | None = None) -> Finding:
+def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) -> Finding:
     """The verdict of one claim on its preset's runs (``table``: None when not run); a claim
     about the accounting itself is computed (:mod:`dpclip.reporting.accounting`), one about
-    cost read from a bench output below ``results``'s parent
-    (:mod:`dpclip.reporting.benchmarks`)."""
+    cost read from a committed bench output in ``project`` (:mod:`dpclip.reporting.benchmarks`)."""
     if "untestable" in claim:
         return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
     if claim.get("rule") == "accounting":
-        check = run_check(claim["accounting"])
+        check = accounting.run_check(claim["accounting"])
         verdict = HELD_BY_ACCOUNTING if check.holds else CONTRADICTED_BY_ACCOUNTING
         return Finding(claim, verdict, check.summary or (
             f"the mechanism gives epsilon {check.computed:.3g} where the paper claims "
             f"{check.claimed:g}"), ours=check.lines)
     if claim.get("rule") == "benchmark":
-        if results is None:
-            raise DpclipError(f"claim {claim['id']!r}: a benchmark claim needs the results folder")
-        path = benchmarks.bench_path(claim["benchmark"], results.parent)
+        if project is None:
+            raise DpclipError(f"claim {claim['id']!r}: a benchmark claim needs the project root")
+        path = benchmarks.bench_path(claim["benchmark"], project)
         if not path.is_file():
             return Finding(claim, UNTESTABLE, f"not measured: {path} does not exist (the "
                                               f"claim's note gives the `dpclip bench` run)")
-        measured = benchmarks.run_check(claim["benchmark"], results.parent)
+        measured = benchmarks.run_check(claim["benchmark"], project)
         verdict = HELD_BY_BENCHMARK if measured.holds else CONTRADICTED_BY_BENCHMARK
-        return Finding(claim, verdict, measured.summary, ours=measured.lines)
+        return Finding(claim, verdict, measured.summary or "", ours=measured.lines)
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
@@ -820,11 +818,13 @@ def ablation_lines(claim: dict, results: Path) -> list[str]:
     return lines
 
 
-def evidence(claims_path: Path, results: Path) -> list[Finding]:
-    """Every claim's finding, each preset's runs read once."""
+def evidence(claims_path: Path, results: Path, project: Path | None = None) -> list[Finding]:
+    """Every claim's finding, each preset's runs read once; ``project``: the folder the cost
+    claims' bench files are named from (default: the one holding ``presets/claims.yaml``)."""
     claims = load_claims(claims_path)
+    project = claims_path.resolve().parent.parent if project is None else project
     tables = {c["preset"]: preset_table(results, c["preset"]) for c in claims if "preset" in c}
-    findings = [judge(c, tables.get(c.get("preset")), results) for c in claims]
+    findings = [judge(c, tables.get(c.get("preset")), project) for c in claims]
     for f in findings:
         f.ablation = ablation_lines(f.claim, results)
     return findings
@@ -910,22 +910,25 @@ def first_screen(findings: list[Finding]) -> list[str]:
     held = [f for f in decided if f.verdict == HELD]
     # an advantage: a method better than its baseline (or the lowest, or steadier over a
     # range); a held "within" claim says a method costs little, not that it gains
-    claimed = [f for f in findings if f.claim.get("rule") in ADVANTAGE_RULES
-               and f.claim.get("method") != f.claim.get("baseline")]
-    gains = [f for f in held if f in claimed]
+    def advantage(f: Finding) -> bool:
+        return f.claim.get("rule") in ADVANTAGE_RULES and \
+            f.claim.get("method") != f.claim.get("baseline")
+
+    claimed = [f for f in findings if advantage(f)]
+    gains = [f for f in held if advantage(f)]
 
     def listed(f: Finding) -> str:
         return (f"**{f.claim['id']}** ({_claim_text(f)}"
                 + (f"; only where the mechanism acts, not in {', '.join(f.excluded)}"
                    if f.excluded else "") + ")")
 
-    answer = (f"**Which method?** Held advantages ({len(gains)} of "
-              f"{_count(len(claimed), 'claim')} of one): " + "; ".join(map(listed, gains)) + "."
+    answer = (f"**Which method?** Held advantages ({len(gains)} of {len(claimed)} advantage "
+              f"claims): " + "; ".join(map(listed, gains)) + "."
               if gains else
-              f"**Which method?** DP-SGD: no claim of an advantage is held (0 of "
-              f"{_count(len(claimed), 'claim')} of one, {_count(len(findings), 'claim')} in all), so no "
-              f"alternative to DP-SGD has a shown advantage in our runs.")
-    others = [f for f in held if f not in gains]
+              f"**Which method?** DP-SGD: no advantage claim is held (0 of {len(claimed)}; "
+              f"{_count(len(findings), 'claim')} in all), so no alternative to DP-SGD has a "
+              f"shown advantage in our runs.")
+    others = [f for f in held if not advantage(f)]
     if others:
         answer += " Also held: " + "; ".join(map(listed, others)) + "."
     lines = ["## What the runs show", "", answer + " How sure: the differences below, each "
@@ -1015,7 +1018,7 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
                       f"`{c['accounting']['check']}`).", ""] + [f"- {text}" for text in f.ours] + [""]
         elif f.ours and c.get("rule") == "benchmark":
             lines += [f"*The measurement* (`dpclip.reporting.benchmarks`, check "
-                      f"`{c['benchmark']['check']}`, `results/{c['benchmark']['file']}`).", ""] \
+                      f"`{c['benchmark']['check']}`, `{c['benchmark']['file']}`).", ""] \
                 + [f"- {text}" for text in f.ours] + [""]
         elif f.ours:
             lines += ["*Ours* (difference: method minus baseline, mean [95% interval]).", ""] + \
