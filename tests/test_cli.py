@@ -153,6 +153,10 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
     assert rows["opacus_ghost"]["ratio_to_dp_sgd"] == pytest.approx(
         rows["opacus_ghost"]["step_ms_median"] / rows["dp_sgd"]["step_ms_median"])
     assert rows["dp_sgd"]["peak_mib"] >= 0 and 0 <= result["probes"]["mlp/ww_dp_sgd"]["share"] < 1
+    # the probes counted are those of the timed steps only (after the warm-up), and the file
+    # says how many steps were timed, which the cost claims read
+    probe = result["probes"]["mlp/ww_dp_sgd"]
+    assert probe["steps"] >= 200 and probe["share"] == probe["probe_s"] / probe["train_s"]
     assert (tmp_path / "reports" / "bench.md").exists()
     # --profile: every part of dp_sgd's step, and their sum, beside the non-private step
     from dpclip.train.step import STEP_PARTS
