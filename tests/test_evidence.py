@@ -732,3 +732,13 @@ def test_which_method_names_a_held_advantage_and_not_a_held_no_loss_claim():
     assert "Also held: **cost**" in text and "Contradicted (1):\n\n- **worse** (" in text
     text = "\n".join(first_screen([gain, cost, worse]))
     assert "**Which method?** Held advantages (1 of 2 advantage claims): **gain** (" in text
+
+
+def test_an_undecided_claim_without_a_paper_effect_does_not_speak_of_one():
+    """dc-sgd-p-no-tuning (effect null) once read 'the interval contains both no effect and
+    the paper's effect', of an effect the paper never gave."""
+    finding = judge({**_claim("better", "accuracy"), "effect": None},
+                    _table(_pair([0.01, -0.012, 0.004, -0.003, 0.008, -0.006], "accuracy")))
+    assert finding.verdict == "inconclusive"
+    assert "the interval contains no effect, and the paper states no size of effect" in \
+        finding.reason and "the paper's effect" not in finding.reason

@@ -761,6 +761,8 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
         needed = min(counts) if counts else None
         reason = ("; ".join(r["label"] for r in open_rows) + (
             f": the interval contains the bound {claim['bound']:g}" if rule == "at_most" else
+            ": the interval contains no effect, and the paper states no size of effect to "
+            "test against" if claim.get("effect") is None and margin is None else
             ": the interval contains both "
             + ("a loss of the margin" if margin is not None else "no effect")
             + " and the paper's effect"))
