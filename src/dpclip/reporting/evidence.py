@@ -933,18 +933,16 @@ def first_screen(findings: list[Finding]) -> list[str]:
     if contradicted:
         lines += ["", f"Contradicted ({len(contradicted)}):", ""] + \
             [f"- {listed(f)}: {f.reason}." for f in contradicted]
-    computed = [f for f in findings if f.verdict in (HELD_BY_ACCOUNTING,
-                                                     CONTRADICTED_BY_ACCOUNTING)]
-    if computed:
-        lines += ["", "**Is the epsilon right?** Computed, no runs: " + "; ".join(
-            f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
-            for f in computed) + "."]
-    measured = [f for f in findings if f.verdict in (HELD_BY_BENCHMARK,
-                                                     CONTRADICTED_BY_BENCHMARK)]
-    if measured:
-        lines += ["", "**What does it cost?** Measured by `dpclip bench`, no runs: " + "; ".join(
-            f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
-            for f in measured) + "."]
+    for heading, verdicts in (
+            ("**Is the epsilon right?** Computed, no runs",
+             (HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING)),
+            ("**What does it cost?** Measured by `dpclip bench`, no runs",
+             (HELD_BY_BENCHMARK, CONTRADICTED_BY_BENCHMARK))):
+        checked = [f for f in findings if f.verdict in verdicts]
+        if checked:
+            lines += ["", f"{heading}: " + "; ".join(
+                f"**{f.claim['id']}** {f.verdict} ({_claim_text(f)}: {f.reason})"
+                for f in checked) + "."]
     if clear:
         lines += ["", f"Differences every seed agrees on, largest first ({len(clear[:CLEAR])} of "
                   f"{len(clear)}; with 2 seeds both fall on one side by chance half the time, "
