@@ -742,3 +742,30 @@ def test_an_undecided_claim_without_a_paper_effect_does_not_speak_of_one():
     assert finding.verdict == "inconclusive"
     assert "the interval contains no effect, and the paper states no size of effect" in \
         finding.reason and "the paper's effect" not in finding.reason
+
+
+def test_under_within_each_variant_runs_against_the_reference_variant():
+    """Table 13's "widening the clamp preserves accuracy": each variant's WW-DP-SGD minus the
+    full method's, seed by seed, against a margin of 0.0025. Variant 0.001 below full on every
+    seed (+- 0.0002): every difference -0.001 > -0.0025 and the 95% interval inside (-0.0025,
+    0): held. 0.006 below on every seed: the interval lies below -0.0025 at 5%: contradicted.
+    The reference's runs are the baseline, so the difference is the variant minus full."""
+    full = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]
+    jitter = [0.0002, -0.0001, 0.0, 0.0001, -0.0002, 0.0001, 0.0]
+
+    def table(loss):
+        rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
+                 for s, a in enumerate(full)]
+                + [{"method": "ww_dp_sgd", "variant": "wide_clamp", "seed": s,
+                    "accuracy": a - loss + j} for s, (a, j) in enumerate(zip(full, jitter))])
+        return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
+
+    claim = {**_claim("within", "accuracy", baseline="ww_dp_sgd", effect=-0.0005),
+             "margin": 0.0025, "variants": ["wide_clamp"], "reference_variant": "full"}
+    finding = judge(claim, table(0.001))
+    (row,) = finding.rows
+    assert (row["variant"], row["baseline"], row["seeds"]) == ("wide_clamp",
+                                                              "ww_dp_sgd (full)", 7)
+    assert row["differences"] == pytest.approx([-0.001 + j for j in jitter])
+    assert finding.verdict == HELD
+    assert judge(claim, table(0.006)).verdict == CONTRADICTED

@@ -40,7 +40,9 @@ otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's ef
 
 A claim with ``reference_variant`` compares the method's runs in that one variant with the
 baseline's runs in each other variant (the full method against each ablation:
-:func:`against_reference`), seed by seed. A zero-width interval (the same difference on every
+:func:`against_reference`), seed by seed; under ``within`` the roles swap: each variant's
+method runs against the baseline's runs of the reference (a change that should cost at most
+the margin). A zero-width interval (the same difference on every
 seed) decides nothing in a comparison of two methods; for ``at_most`` it does when it is
 finite (a share of 0 on every seed is the outcome the claim expects, and the sign-flip test's
 p-value is exact there). A claim is "not testable here" when it says why (``untestable``),
@@ -189,6 +191,9 @@ def load_claims(path: Path) -> list[dict]:
         if reference is not None and not isinstance(reference, str):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reference_variant must be "
                               f"one variant's name, not {reference!r}")
+        if reference is not None and len(claim.get("baselines") or [None]) > 1:
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: a reference_variant claim "
+                              f"compares one baseline, not {claim['baselines']!r}")
         for condition in claim.get("preconditions") or []:
             if not isinstance(condition, dict) or condition.get("kind") not in PRECONDITIONS \
                     or "method" not in condition:
@@ -643,7 +648,10 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
     if claim.get("variants"):  # the claim is about these variants of the preset only
         table = table[table["variant"].isin(wanted)]
     gate_table = table  # the baseline gate reads every run, the reference variant's included
-    if reference:
+    if reference and rule == "within":  # each variant no worse than the reference's runs
+        table, reference_name = against_reference(table, reference, baselines[0])
+        baselines = [reference_name]
+    elif reference:  # the reference's runs better than each variant's
         table, method = against_reference(table, reference, method)
     lacking = sorted(variant for variant, columns in lacking
                      if metric in columns and variant in set(gate_table["variant"]))
