@@ -749,19 +749,23 @@ def test_under_within_each_variant_runs_against_the_reference_variant():
     full method's, seed by seed, against a margin of 0.0025. Variant 0.001 below full on every
     seed (+- 0.0002): every difference -0.001 > -0.0025 and the 95% interval inside (-0.0025,
     0): held. 0.006 below on every seed: the interval lies below -0.0025 at 5%: contradicted.
-    The reference's runs are the baseline, so the difference is the variant minus full."""
+    The reference's runs are the baseline, so the difference is the variant minus full. The
+    gate reads DP-SGD in the reference variant: far from the paper's, nothing is decided."""
     full = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]
     jitter = [0.0002, -0.0001, 0.0, 0.0001, -0.0002, 0.0001, 0.0]
 
     def table(loss):
         rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
                  for s, a in enumerate(full)]
+                + [{"method": "dp_sgd", "variant": "full", "seed": s, "accuracy": 0.95}
+                   for s in range(7)]
                 + [{"method": "ww_dp_sgd", "variant": "wide_clamp", "seed": s,
                     "accuracy": a - loss + j} for s, (a, j) in enumerate(zip(full, jitter))])
         return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
 
     claim = {**_claim("within", "accuracy", baseline="ww_dp_sgd", effect=-0.0005),
-             "margin": 0.0025, "variants": ["wide_clamp"], "reference_variant": "full"}
+             "margin": 0.0025, "variants": ["wide_clamp"], "reference_variant": "full",
+             "reproduce": {"method": "dp_sgd", "metric": "accuracy", "paper": {8.33: 0.9445}}}
     finding = judge(claim, table(0.001))
     (row,) = finding.rows
     assert (row["variant"], row["baseline"], row["seeds"]) == ("wide_clamp",
@@ -769,3 +773,7 @@ def test_under_within_each_variant_runs_against_the_reference_variant():
     assert row["differences"] == pytest.approx([-0.001 + j for j in jitter])
     assert finding.verdict == HELD
     assert judge(claim, table(0.006)).verdict == CONTRADICTED
+    assert any("dp_sgd accuracy 0.95 over 7 seeds vs the paper's 0.9445" in line
+               for line in finding.fidelity)
+    far = {**claim, "reproduce": {**claim["reproduce"], "paper": {8.33: 0.99}}}
+    assert judge(far, table(0.006)).verdict == NOT_REPRODUCED

@@ -12,8 +12,15 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from dpclip.errors import DpclipError
+
+
+def _functorch_active() -> bool:
+    """Inside ``torch.func.grad``, ``vmap`` or ``jacrev`` (torch's own query, private)."""
+    query = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(query and query())
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):
@@ -43,15 +50,18 @@ class MaxPool2d(nn.MaxPool2d):
     maximum) per window, and the backward pass is the default layout's kernel on those indices
     (tested bit for bit, ties included). Why: torch's CPU forward kernel for the default
     (NCHW) layout is several times slower on these models' shapes (the paper CNN's first pool,
-    256 x 16 x 14 x 14, 2 x 2 stride 1: about 5 ms against 1.2 ms with the layout conversions,
-    torch 2.13 on two cores), while its backward kernel is the faster of the two."""
+    256 x 16 x 14 x 14, 2 x 2 stride 1: about 5 ms against 1.6 ms with the layout conversions,
+    torch 2.13 on two cores), while its backward kernel is the faster of the two. Under
+    ``torch.func`` transforms and forward-mode AD, which the custom backward does not support,
+    and on other devices it is ``nn.MaxPool2d``."""
 
-    def forward(self, x: torch.Tensor):
-        if x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
-            return super().forward(x)
+    def forward(self, input: torch.Tensor):  # noqa: A002 (nn.MaxPool2d's name for it)
+        if input.device.type != "cpu" or input.dim() != 4 or self.return_indices or \
+                _functorch_active() or forward_ad.unpack_dual(input).tangent is not None:
+            return super().forward(input)
         pair = torch.nn.modules.utils._pair
         return _ChannelsLastMaxPool.apply(
-            x, pair(self.kernel_size), pair(self.stride if self.stride is not None
+            input, pair(self.kernel_size), pair(self.stride if self.stride is not None
                                             else self.kernel_size),
             pair(self.padding), pair(self.dilation), self.ceil_mode)
 

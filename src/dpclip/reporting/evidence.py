@@ -142,7 +142,8 @@ class Finding:
     excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
     unjudged: list[str] = field(default_factory=list)  # configurations the gate left out
     method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
-    # it comes from a reference variant); empty: the claim's own
+    # it comes from a reference variant; under ``within`` the reference's runs are the
+    # baseline, ``<baseline> (<variant>)``, and this stays the claim's own); empty: the claim's
 
     @property
     def compared_method(self) -> str:
@@ -296,7 +297,8 @@ def against_reference(table: pd.DataFrame, reference: str, method: str
     against each ablation, ``reference_variant``): the ``method``'s runs of the reference
     variant, renamed ``<method> (<reference>)``, join every other variant, where the claim's
     baseline is that variant's own runs; the reference variant's runs leave. Returns the table
-    and the method's new name."""
+    and the method's new name. A ``within`` claim passes its baseline as ``method`` here, so
+    the reference's runs become the baseline and each variant's own runs the method."""
     name = f"{method} ({reference})"
     mine = table[(table["variant"] == reference) & (table["method"] == method)]
     others = sorted(set(table["variant"]) - {reference})
