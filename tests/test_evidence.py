@@ -603,6 +603,21 @@ def test_at_most_needs_a_numeric_bound(tmp_path):
         load_claims(path)
 
 
+ABLATION_FULL = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]  # WW in full, 7 seeds
+
+
+def _ablation_table(variant: str, accuracies: list[float]) -> pd.DataFrame:
+    """Table 13's form: WW-DP-SGD in full (:data:`ABLATION_FULL`) and DP-SGD (0.95) in the
+    variant full, WW-DP-SGD with ``accuracies`` in ``variant``, seed by seed."""
+    rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
+             for s, a in enumerate(ABLATION_FULL)]
+            + [{"method": "dp_sgd", "variant": "full", "seed": s, "accuracy": 0.95}
+               for s in range(7)]
+            + [{"method": "ww_dp_sgd", "variant": variant, "seed": s, "accuracy": a}
+               for s, a in enumerate(accuracies)])
+    return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
+
+
 def test_the_full_method_is_paired_with_each_ablation_of_the_reference_variant():
     """Table 13's form: WW-DP-SGD in full (variant full) against WW-DP-SGD without the clamp
     (variant no_clamp), seed by seed; DP-SGD runs only in full, where the gate reads it. The
@@ -610,17 +625,10 @@ def test_the_full_method_is_paired_with_each_ablation_of_the_reference_variant()
     all positive: p = 2 / 2^7 and the 95% interval [M_(2), M_(127)] of the 128 sign-flip
     means (k = floor(0.05 x 64) = 3): held. The same runs with the ablation better:
     contradicted."""
-    full = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]
     gains = [0.006, 0.005, 0.007, 0.006, 0.005, 0.007, 0.006]
 
     def table(sign):
-        rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
-                 for s, a in enumerate(full)]
-                + [{"method": "dp_sgd", "variant": "full", "seed": s, "accuracy": 0.95}
-                   for s in range(7)]
-                + [{"method": "ww_dp_sgd", "variant": "no_clamp", "seed": s,
-                    "accuracy": a - sign * g} for s, (a, g) in enumerate(zip(full, gains))])
-        return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
+        return _ablation_table("no_clamp", [a - sign * g for a, g in zip(ABLATION_FULL, gains)])
 
     claim = {**_claim("better", "accuracy", baseline="ww_dp_sgd",
                       effect={"no_clamp": 0.0055}), "variants": ["no_clamp"],
@@ -751,17 +759,11 @@ def test_under_within_each_variant_runs_against_the_reference_variant():
     0): held. 0.006 below on every seed: the interval lies below -0.0025 at 5%: contradicted.
     The reference's runs are the baseline, so the difference is the variant minus full. The
     gate reads DP-SGD in the reference variant: far from the paper's, nothing is decided."""
-    full = [0.960, 0.955, 0.962, 0.958, 0.957, 0.961, 0.959]
     jitter = [0.0002, -0.0001, 0.0, 0.0001, -0.0002, 0.0001, 0.0]
 
     def table(loss):
-        rows = ([{"method": "ww_dp_sgd", "variant": "full", "seed": s, "accuracy": a}
-                 for s, a in enumerate(full)]
-                + [{"method": "dp_sgd", "variant": "full", "seed": s, "accuracy": 0.95}
-                   for s in range(7)]
-                + [{"method": "ww_dp_sgd", "variant": "wide_clamp", "seed": s,
-                    "accuracy": a - loss + j} for s, (a, j) in enumerate(zip(full, jitter))])
-        return pd.DataFrame(rows).assign(target_epsilon=8.33, alpha="iid")
+        return _ablation_table("wide_clamp",
+                               [a - loss + j for a, j in zip(ABLATION_FULL, jitter)])
 
     claim = {**_claim("within", "accuracy", baseline="ww_dp_sgd", effect=-0.0005),
              "margin": 0.0025, "variants": ["wide_clamp"], "reference_variant": "full",

@@ -143,7 +143,8 @@ class Finding:
     unjudged: list[str] = field(default_factory=list)  # configurations the gate left out
     method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
     # it comes from a reference variant; under ``within`` the reference's runs are the
-    # baseline, ``<baseline> (<variant>)``, and this stays the claim's own); empty: the claim's
+    # baseline, ``<baseline> (<variant>)``, and this stays the claim's own); empty: the
+    # claim's own
 
     @property
     def compared_method(self) -> str:
