@@ -36,6 +36,15 @@ def test_the_closure_follows_imports_anywhere_and_the_packages_above(tmp_path):
         "__init__.py", "a.py", "b.py", "c.py", "d.py", "sub/__init__.py", "sub/e.py"]
 
 
+def test_an_edited_file_is_read_again_though_parses_are_cached(tmp_path):
+    """The parse of each file is cached on its source text (a stage asks for the closure of
+    every run): an import added between two calls is followed by the second."""
+    package = _package(tmp_path)
+    assert closure_files(["dpclip.b"], package) == ["__init__.py", "b.py", "d.py"]
+    (package / "d.py").write_text("import dpclip.c\n")
+    assert closure_files(["dpclip.b"], package) == ["__init__.py", "b.py", "c.py", "d.py"]
+
+
 def test_a_package_that_imports_all_its_modules_brings_them_all(tmp_path):
     """Loaded by name at import time (``pkgutil.iter_modules`` at module level, as the run
     kinds are) counts; loaded by name inside a function (the method discovery) does not."""

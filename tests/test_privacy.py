@@ -47,6 +47,40 @@ def test_noise_for_target_reaches_it_without_exceeding(kind, target):
     assert eps >= target - tol - 1e-9
 
 
+def test_a_remembered_sigma_is_the_searched_one_and_is_checked_before_use(tmp_path,
+                                                                          monkeypatch):
+    """The memo across processes gives the sigma the search gives (without searching), and
+    a memo entry that would pass the target, or fall short of it by more than the tolerance,
+    is searched again."""
+    import json
+
+    from opacus.accountants import utils as opacus_utils
+
+    from dpclip import privacy
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    args = (4.0, 1e-5, 0.05, 300, "rdp", 0.01)
+    noise_for_epsilon.cache_clear()
+    searched = noise_for_epsilon(*args)
+    memo = privacy.noise_memo_path()
+    assert memo.parent == tmp_path / "dpclip" and list(json.loads(memo.read_text()).values()) \
+        == [searched]
+
+    searches = []
+    real_search = opacus_utils.get_noise_multiplier
+    monkeypatch.setattr(opacus_utils, "get_noise_multiplier",
+                        lambda **kw: searches.append(kw) or real_search(**kw))
+    noise_for_epsilon.cache_clear()
+    assert noise_for_epsilon(*args) == searched and searches == []
+    key = next(iter(json.loads(memo.read_text())))
+    for wrong in (searched * 0.9, searched * 1.5):  # epsilon above target; far below it
+        memo.write_text(json.dumps({key: wrong}))
+        noise_for_epsilon.cache_clear()
+        assert noise_for_epsilon(*args) == searched
+    assert len(searches) == 2
+    noise_for_epsilon.cache_clear()
+
+
 def test_sigma_split_round_trip_and_paper_formula():
     extras = [ExtraQuery("hist", 1.0, 10.0)]
     sigma_t = split_sigma(1.2, extras)

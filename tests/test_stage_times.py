@@ -32,13 +32,17 @@ def test_output_passes_through_and_the_table_is_written(tmp_path):
     dvc = ("Running stage 'prepare':\n> dpclip prepare\nRunning stage 'train':\n"
            "[1/3] a-eps8-iid-seed0: up to date\n[2/3] b-eps8-iid-seed0: epsilon=7.9, 1.0 s\n"
            "c:  50%|#####  \r[3/3] c-eps8-iid-seed0: epsilon=inf, 0.5 s\n"
+           # runs side by side: a bar on a row of its own moves the cursor back up
+           "Running stage 'audit':\n[1/2] a-eps8-iid-seed0: x\n          \x1b[A"
+           "[2/2] b-eps8-iid-seed0: y\n"
            "Stage 'shadow' didn't change, skipping\n")
     out = io.StringIO()
     assert main(io.StringIO(dvc), out, record=tmp_path / "times.json") == 0
     assert out.getvalue().startswith(dvc)  # DVC's own output, unchanged
     record = json.loads((tmp_path / "times.json").read_text())
-    assert [r["stage"] for r in record["stages"]] == ["dvc start-up", "prepare", "train"]
-    assert [r["runs"] for r in record["stages"]] == [1, 1, 2]
+    assert [r["stage"] for r in record["stages"]] == ["dvc start-up", "prepare", "train",
+                                                      "audit"]
+    assert [r["runs"] for r in record["stages"]] == [1, 1, 2, 2]
     assert sum(r["seconds"] for r in record["stages"]) == pytest.approx(record["total_s"],
                                                                          abs=0.2)
     assert "Where the time went" in out.getvalue()

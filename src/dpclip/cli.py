@@ -20,6 +20,7 @@ from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs, parse_scalar
+from dpclip.pipeline.side_by_side import default_jobs, start_server
 from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
@@ -47,6 +48,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--force", action="store_true",
                    help="without run options: also the runs that are up to date")
+    p.add_argument("--jobs", type=int, help="without run options: runs side by side, one "
+                                            "worker process each (default: one per CPU; "
+                                            "each run keeps train.threads, so its numbers "
+                                            "do not change)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":  # reads DVC's experiments, not params.yaml
         return _tool("compare")(args)
     try:
+        if _side_by_side_jobs(args) > 1:  # its imports overlap this process's own
+            start_server(BY_NAME[args.command].module)
         # by name: validating every family's sections (every method's options, ...) refuses
         # bad input and fills in defaults that only the stages running that family read, and
         # import; so that code is no dependency of the stages that run none of it
@@ -216,11 +223,23 @@ def run_stage(stage: Stage, args, params, layout) -> int:
         print(f"{key.name}: {describe(result, layout)}")
         return 0
     runs = configured_runs(params)
-    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force, **options)
+    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force,
+                                                jobs=_side_by_side_jobs(args), **options)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else describe(result, layout)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
     return 0
+
+
+def _side_by_side_jobs(args) -> int:
+    """How many runs a per-run stage's command runs side by side (1: none, or one run named)."""
+    stage = BY_NAME.get(args.command)
+    if stage is None or stage.scope != PER_RUN or \
+            any(getattr(args, name) is not None for name in RUN_OPTIONS):
+        return 1
+    if args.jobs is not None and args.jobs < 1:
+        raise DpclipError(f"--jobs: {args.jobs} must be at least 1")
+    return default_jobs() if args.jobs is None else args.jobs
 
 
 def _one_run(args, params, given: list[str]) -> RunKey:

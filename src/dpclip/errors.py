@@ -12,6 +12,9 @@ class ConfigError(DpclipError):
         self.problems = list(problems)
         super().__init__("invalid parameters:\n  " + "\n  ".join(self.problems))
 
+    def __reduce__(self):  # raised in a worker process, it comes back through pickle
+        return type(self), (self.problems,)
+
 
 def bad_value(key: str, value, why: str) -> str:
     """Format one problem line: the key, the offending value and what was expected."""

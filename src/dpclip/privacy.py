@@ -13,11 +13,15 @@ and for a target sigma_eff the gradient noise is
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from dpclip.errors import DpclipError
+from dpclip.io import write_json
 
 ACCOUNTANTS = ("rdp", "prv")
 
@@ -164,18 +168,71 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
 
     Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
     narrowed until epsilon is within ``tolerance`` of the target. The search takes about a
-    second and its result depends on the arguments only, so it is remembered: the runs of one
-    train stage that share (epsilon, delta, q, steps) search once.
+    second and its result depends on the arguments and Opacus's version only, so it is
+    remembered: in this process (the runs of one stage that share (epsilon, delta, q, steps)
+    search once) and across processes, in a memo file in the user's cache folder
+    (:func:`noise_memo_path`: the train, audit and reference stages and their workers each
+    searched for the same sigma). A remembered sigma is taken only when Opacus's accountant
+    gives it the two properties the search ends on, epsilon <= target and within
+    ``tolerance`` of it: a stale or edited memo costs a search, never a weaker guarantee.
     """
     from opacus.accountants.utils import get_noise_multiplier
 
+    key = _memo_key(target_epsilon, delta, sample_rate, steps, kind, tolerance)
+    remembered = _read_memo().get(key)
+    if isinstance(remembered, float) and remembered > 0 and \
+            _search_would_stop_at(remembered, target_epsilon, delta, sample_rate, steps, kind,
+                                  tolerance):
+        return remembered
     try:
-        return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
-                                          sample_rate=sample_rate, steps=steps,
-                                          accountant=kind, epsilon_tolerance=tolerance))
+        sigma = float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                           sample_rate=sample_rate, steps=steps,
+                                           accountant=kind, epsilon_tolerance=tolerance))
     except ValueError as exc:
         raise DpclipError(f"privacy.target_epsilons: {target_epsilon!r} cannot be reached with "
                           f"delta={delta:g}, q={sample_rate:g}, {steps} steps: {exc}") from exc
+    _remember(key, sigma)
+    return sigma
+
+
+def noise_memo_path() -> Path:
+    """``$XDG_CACHE_HOME/dpclip/noise_multipliers.json`` (``~/.cache`` without it)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "dpclip" / "noise_multipliers.json"
+
+
+def _memo_key(target_epsilon, delta, sample_rate, steps, kind, tolerance) -> str:
+    from opacus import __version__ as opacus_version
+
+    return (f"{kind} eps={target_epsilon!r} delta={delta!r} q={sample_rate!r} steps={steps} "
+            f"tolerance={tolerance!r} opacus={opacus_version}")
+
+
+def _search_would_stop_at(sigma: float, target_epsilon: float, delta: float,
+                          sample_rate: float, steps: int, kind: str, tolerance: float) -> bool:
+    """Whether ``sigma`` has what Opacus's search ends on: epsilon <= target, within
+    ``tolerance`` of it."""
+    accountant = make_accountant(kind)
+    accountant.history = [(sigma, sample_rate, steps)]
+    epsilon = float(accountant.get_epsilon(delta=delta))
+    return epsilon <= target_epsilon and target_epsilon - epsilon <= tolerance
+
+
+def _read_memo() -> dict:
+    try:
+        memo = json.loads(noise_memo_path().read_text())
+    except (OSError, ValueError):  # none yet, unreadable or half-written: search
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
+def _remember(key: str, sigma: float) -> None:
+    """Add one entry, replacing the file whole (workers side by side may write at once: an
+    entry lost to the race is searched again). A folder that cannot be written is no error."""
+    try:
+        write_json(noise_memo_path(), {**_read_memo(), key: sigma})
+    except OSError:
+        pass
 
 
 @dataclass

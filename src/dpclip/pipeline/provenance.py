@@ -17,6 +17,7 @@ be stale, and the stage recomputes only the stale runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, alpha_tag, configured_runs
 from dpclip.threads import thread_count
+from dpclip.pipeline.side_by_side import run_side_by_side
 from dpclip.pipeline.tuned import tuned_values
 
 
@@ -139,14 +141,31 @@ class RunStage:
         return read_json(self.result(layout, key))
 
     def each_run(self, params, layout: Layout, run: Callable[[RunKey], dict],
-                 force: bool = False) -> Iterator[tuple[RunKey, dict | None]]:
+                 force: bool = False, jobs: int = 1) -> Iterator[tuple[RunKey, dict | None]]:
         """Call ``run`` on every configured run that is not up to date (every run with
-        ``force``); yield (run, its result, or None when it was up to date)."""
-        for key in configured_runs(params):
-            if not force and self.is_current(params, key, layout):
-                yield key, None
-            else:
-                yield key, run(key)
+        ``force``); yield (run, its result, or None when it was up to date), in the configured
+        order. With ``jobs`` > 1 the runs to do go ``jobs`` at a time in worker processes
+        (:mod:`dpclip.pipeline.side_by_side`; ``run`` must pickle: :func:`for_key`)."""
+        keys = configured_runs(params)
+        stale = [key for key in keys if force or not self.is_current(params, key, layout)]
+        if jobs > 1 and len(stale) > 1:
+            done = run_side_by_side(run, stale, jobs, f"dpclip.stages.{self.name}")
+        else:
+            done = ((key, run(key)) for key in stale)
+        for key in keys:
+            yield next(done) if key in stale else (key, None)
+
+
+def for_key(function: Callable, params, layout: Layout, **options) -> Callable[[RunKey], dict]:
+    """A stage's run function ``function(params, method, epsilon, alpha, seed, layout,
+    **options)`` as a function of the run's key that pickles (by reference to ``function``),
+    so side-by-side runs can send it to their workers."""
+    return functools.partial(_call_for_key, function, params, layout, options)
+
+
+def _call_for_key(function: Callable, params, layout: Layout, options: dict, key: RunKey
+                  ) -> dict:
+    return function(params, key.method, key.epsilon, key.alpha, key.seed, layout, **options)
 
 
 def _train_data(layout: Layout, key) -> dict[str, Path]:

@@ -22,8 +22,9 @@ from collections import defaultdict
 from pathlib import Path
 
 STAGE_LINE = re.compile(r"Running stage '([^']+)'")
-# a run's line, after a progress bar's carriage return when there is one
-RUN_LINE = re.compile(r"(?:^|\r)\[\d+/\d+\] \S+: (?!up to date)")
+# a run's line, after a progress bar's carriage return or cursor-up (a bar on a row of its
+# own: runs side by side) when there is one
+RUN_LINE = re.compile(r"(?:^|\r|\x1b\[A)\[\d+/\d+\] \S+: (?!up to date)")
 
 
 def stage_seconds(events: list[tuple[float, str]], end: float) -> list[tuple[str, float]]:

@@ -32,7 +32,7 @@ from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
-from dpclip.pipeline.provenance import AUDIT
+from dpclip.pipeline.provenance import AUDIT, for_key
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import build_run
@@ -110,13 +110,13 @@ def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, l
                      lambda run: {"audit": layout.audit(run).parent}, layout)
 
 
-def audit_all(params: Params, layout: Layout = Layout(), force: bool = False):
+def audit_all(params: Params, layout: Layout = Layout(), force: bool = False,
+              jobs: int = 1):
     """Audit every configured run that is not up to date (all with ``force``), in this
-    process; yields (run, its audit, or None when it was up to date). The audits of runs no
+    process or ``jobs`` at a time side by side; yields (run, its audit, or None when it was up to date). The audits of runs no
     longer configured are set aside first (:mod:`dpclip.retire`)."""
     set_aside_unconfigured_audits(params, layout)
-    return AUDIT.each_run(params, layout, lambda key: audit(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+    return AUDIT.each_run(params, layout, for_key(audit, params, layout), force, jobs)
 
 
 def describe(result: dict, layout: Layout) -> str:

@@ -56,7 +56,7 @@ from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.reporting.plots import (clip_figure, early_stopping_figure,
                                     layer_attack_figure, reliability_figure, roc_figure)
-from dpclip.pipeline.provenance import EVALUATE
+from dpclip.pipeline.provenance import EVALUATE, for_key
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
@@ -332,14 +332,14 @@ def run_summary(metrics: dict) -> dict:
     return summary
 
 
-def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False):
+def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False,
+                 jobs: int = 1):
     """Evaluate every configured run that is not up to date (all with ``force``), in this
-    process; yields (run, its metrics, or None when they were up to date)."""
+    process or ``jobs`` at a time side by side; yields (run, its metrics, or None when they were up to date)."""
     # dvc.yaml declares the folder even when evaluate.ir_attack is off and it stays empty
     layout.ir_attack("any").parent.mkdir(parents=True, exist_ok=True)
     remove_unconfigured_evaluations(params, layout)
-    return EVALUATE.each_run(params, layout, lambda key: evaluate(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+    return EVALUATE.each_run(params, layout, for_key(evaluate, params, layout), force, jobs)
 
 
 def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]:

@@ -45,7 +45,7 @@ from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
 from dpclip.naming import RunKey, configured_runs
-from dpclip.pipeline.provenance import REFERENCE
+from dpclip.pipeline.provenance import REFERENCE, for_key
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model
@@ -169,16 +169,16 @@ def set_aside_unconfigured_references(params: Params, layout: Layout) -> dict[st
                      lambda run: {"references": layout.references(run)}, layout)
 
 
-def reference_all(params: Params, layout: Layout = Layout(), force: bool = False):
+def reference_all(params: Params, layout: Layout = Layout(), force: bool = False,
+                  jobs: int = 1):
     """Train the reference models of every configured run that is not up to date (all with
-    ``force``), in this process; yields (run, its facts, or None when up to date). Nothing is
-    trained with ``attack.references: 0``."""
+    ``force``), in this process or ``jobs`` at a time side by side; yields (run, its facts, or
+    None when up to date). Nothing is trained with ``attack.references: 0``."""
     set_aside_unconfigured_references(params, layout)
     layout.references("any").parent.mkdir(parents=True, exist_ok=True)  # DVC's output
     if skipped(params):
         return iter(())
-    return REFERENCE.each_run(params, layout, lambda key: reference(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout), force)
+    return REFERENCE.each_run(params, layout, for_key(reference, params, layout), force, jobs)
 
 
 def skipped(params: Params) -> str | None:

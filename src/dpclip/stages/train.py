@@ -25,7 +25,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey, configured_runs
 from dpclip.numerics import kernels_in_use
-from dpclip.pipeline.provenance import TRAIN
+from dpclip.pipeline.provenance import TRAIN, for_key
 from dpclip.retire import set_aside
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
@@ -75,13 +75,14 @@ def set_aside_unconfigured_runs(params: Params, layout: Layout) -> dict[str, lis
 
 
 def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
-              force: bool = False):
-    """Train every configured run that is not up to date (all with ``force``), in this process;
-    yields (run, its record, or None when it was up to date). Runs no longer configured are
-    set aside first (:func:`set_aside_unconfigured_runs`)."""
+              force: bool = False, jobs: int = 1):
+    """Train every configured run that is not up to date (all with ``force``), in this process
+    or ``jobs`` at a time side by side (:mod:`dpclip.pipeline.side_by_side`); yields (run, its
+    record, or None when it was up to date). Runs no longer configured are set aside first
+    (:func:`set_aside_unconfigured_runs`)."""
     set_aside_unconfigured_runs(params, layout)
-    return TRAIN.each_run(params, layout, lambda key: train(
-        params, key.method, key.epsilon, key.alpha, key.seed, layout, progress), force)
+    return TRAIN.each_run(params, layout, for_key(train, params, layout, progress=progress),
+                          force, jobs)
 
 
 def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha,

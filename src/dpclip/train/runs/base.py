@@ -5,6 +5,7 @@ what its privacy record says."""
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -16,6 +17,11 @@ from dpclip.randomness import NoiseSources
 from dpclip.registry import Registry
 from dpclip.train.early_stopping import decide, public_representation_std
 from dpclip.train.setup import RunSetup, make_optimizer
+
+# the row of a run's progress bar on the terminal: each worker of runs going side by side
+# sets its own (dpclip.pipeline.side_by_side, which cannot import this module: it runs before
+# torch is imported)
+PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 
 
 # kind -> Run subclass, the registry the methods, attacks and sources use too; the package
@@ -166,8 +172,10 @@ class Run:
         self.rng.load_state_dict(state["rng"])
 
     def progress_bar(self, progress: bool, desc: str):
+        # runs side by side each draw on a row of their own (dpclip.pipeline.side_by_side)
         return tqdm(total=self.total_steps, desc=desc, disable=not progress, leave=False,
-                    unit="step", dynamic_ncols=True, mininterval=0.5)
+                    unit="step", dynamic_ncols=True, mininterval=0.5,
+                    position=int(os.environ.get(PROGRESS_ROW, 0)))
 
     def advance(self, bar, step: int, **postfix) -> None:
         """Advance the bar; refresh its numbers about 100 times a run, not every step."""

@@ -1,0 +1,70 @@
+"""Runs of a per-run stage side by side in worker processes (dpclip.pipeline.side_by_side):
+the same bytes as one process, failures reported after the runs under way finish, and the
+worker count checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import prepared_project
+from dpclip.cli import main
+from dpclip.errors import ConfigError, DpclipError
+from dpclip.pipeline.side_by_side import PROGRESS_ROW, run_side_by_side
+
+
+def _outputs(root: Path) -> dict[str, bytes]:
+    """Every file the runs' stages wrote that DVC hashes (provenance records name the code,
+    which is the same here)."""
+    folders = ("runs", "traces", "metrics", "scores", "plots/roc", "plots/reliability")
+    return {str(p.relative_to(root)): p.read_bytes() for folder in folders
+            for p in sorted((root / folder).rglob("*")) if p.is_file()}
+
+
+def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny_raw,
+                                                                   write_params, capsys):
+    """Each run sets its own thread count and seeds, so two workers write the same models,
+    traces and metrics as one process; the lines come in the configured order."""
+    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd", "auto_s"]})
+    roots = {jobs: tmp_path / f"jobs{jobs}" for jobs in (1, 2)}
+    for jobs, root in roots.items():
+        root.mkdir()
+        base = prepared_project(root, raw, write_params)
+        for stage in ("train", "evaluate"):
+            assert main([*base, stage, "--jobs", str(jobs)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[3/3] auto_s-eps8-iid-seed0") == 4
+    one, two = _outputs(roots[1]), _outputs(roots[2])
+    assert len(one) > 10 and one.keys() == two.keys()
+    assert [name for name in one if one[name] != two[name]] == []
+
+
+def test_a_worker_count_below_one_is_refused(tmp_path, tiny_raw, write_params, capsys):
+    base = prepared_project(tmp_path, tiny_raw(), write_params)
+    assert main([*base, "train", "--jobs", "0"]) == 2
+    assert "--jobs: 0 must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def fail_on_two(key: int) -> dict:
+    """A run function for the workers (module level: it goes to them by pickle)."""
+    if key == 2:
+        raise ConfigError([f"train.lr: {key} is bad"])
+    return {"key": key, "row": PROGRESS_ROW}
+
+
+def test_a_failed_run_raises_its_own_error_after_the_runs_before_it():
+    done = []
+    with pytest.raises(ConfigError) as raised:
+        for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "dpclip.io"):
+            done.append((key, result["key"]))
+    assert done == [(0, 0), (1, 1)]
+    assert raised.value.problems == ["train.lr: 2 is bad"]  # the exception, unpickled whole
+    assert isinstance(raised.value, DpclipError)
+
+
+def test_the_bar_rows_are_the_ones_the_training_loop_reads():
+    from dpclip.train.runs import base
+
+    assert base.PROGRESS_ROW == PROGRESS_ROW
