@@ -64,10 +64,14 @@ def dvc_project(tmp_path_factory):
     return make_dvc_project(tmp_path_factory)
 
 
-def make_dvc_project(tmp_path_factory):
+def make_dvc_project(tmp_path_factory, jobs: int = 1):
     """A copy of the project with tiny params, after one `dvc repro`: (temporary folder,
     project, environment, the output of the repro). Each module that changes it makes its own
-    (tests/test_e2e_experiments.py), so that pytest-xdist can run them side by side."""
+    (tests/test_e2e_experiments.py), so that pytest-xdist can run them side by side. ``jobs``:
+    the per-run stages' workers (``DPCLIP_JOBS``). This module's project runs its runs in the
+    stage's process, whose imports the ``executed`` fixture records (a worker's are not: it
+    ends without Python's exit handlers); test_e2e_experiments.py's runs them side by side, and
+    the two builds are compared byte for byte there."""
     tmp = tmp_path_factory.mktemp("e2e")
     project = tmp / "project"
     project.mkdir()
@@ -77,7 +81,7 @@ def make_dvc_project(tmp_path_factory):
     shutil.copytree(PROJECT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
-    env = _env(tmp)
+    env = dict(_env(tmp), DPCLIP_JOBS=str(jobs))
     _sh(["git", "init", "-q"], project, env)
     _sh([str(BIN / "dvc"), "init", "-q"], project, env)
     # the plot templates git tracks, and the offline page `make install` wrote (if it could)

@@ -49,9 +49,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="without run options: also the runs that are up to date")
     p.add_argument("--jobs", type=int, help="without run options: runs side by side, one "
-                                            "worker process each (default: one per CPU; "
-                                            "each run keeps train.threads, so its numbers "
-                                            "do not change)")
+                                            "worker process each (default: $DPCLIP_JOBS, "
+                                            "else one per CPU; each run keeps "
+                                            "train.threads, so its numbers do not change)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,6 +47,23 @@ def test_a_worker_count_below_one_is_refused(tmp_path, tiny_raw, write_params, c
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_worker_count_dvc_cannot_pass_comes_from_the_environment(tmp_path, tiny_raw,
+                                                                      write_params, capsys,
+                                                                      monkeypatch):
+    """`dvc repro` runs dvc.yaml's command as written: ``DPCLIP_JOBS`` sets the default."""
+    from dpclip.pipeline.side_by_side import default_jobs
+
+    monkeypatch.setenv("DPCLIP_JOBS", "3")
+    assert default_jobs() == 3
+    monkeypatch.delenv("DPCLIP_JOBS")
+    assert default_jobs() >= 1
+    base = prepared_project(tmp_path, tiny_raw(), write_params)
+    monkeypatch.setenv("DPCLIP_JOBS", "two")
+    assert main([*base, "train"]) == 2
+    assert "DPCLIP_JOBS: 'two' must be a whole number of at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def fail_on_two(key: int) -> dict:
     """A run function for the workers (module level: it goes to them by pickle)."""
     if key == 2:

@@ -25,13 +25,24 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterator
 
+from dpclip.errors import DpclipError
+
 # the worker's row for its progress bar (tqdm's position), so that bars do not overwrite each
 # other on one terminal; read by dpclip.train.runs.base (not imported here: no torch yet)
 PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 
 
+# the worker count when the command gives none: `dvc repro` runs the command dvc.yaml states
+JOBS_VARIABLE = "DPCLIP_JOBS"
+
+
 def default_jobs() -> int:
-    """One worker per CPU this process may use."""
+    """``$DPCLIP_JOBS`` when it is set, else one worker per CPU this process may use."""
+    given = os.environ.get(JOBS_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise DpclipError(f"{JOBS_VARIABLE}: {given!r} must be a whole number of at least 1")
+        return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
 
