@@ -6,6 +6,7 @@ import importlib
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # tested where a test asks for them: tests/pipeline/test_side_by_side.py, and the project of
 # tests/test_e2e_experiments.py, whose build is compared byte for byte with test_e2e.py's.
 os.environ.setdefault("DPCLIP_JOBS", "1")
+# The noise searches the tests remember stay theirs (not the user's ~/.cache/dpclip)
+os.environ.setdefault("DPCLIP_CACHE", tempfile.mkdtemp(prefix="dpclip-cache-"))
 
 TINY = {
     "data": {"dataset": "digits", "seed": 0},

@@ -58,12 +58,15 @@ def test_a_remembered_sigma_is_the_searched_one_and_is_checked_before_use(tmp_pa
 
     from dpclip import privacy
 
+    monkeypatch.delenv("DPCLIP_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert privacy.noise_memo_path() == tmp_path / "dpclip" / "noise_multipliers.json"
+    monkeypatch.setenv("DPCLIP_CACHE", str(tmp_path / "own"))
     args = (4.0, 1e-5, 0.05, 300, "rdp", 0.01)
     noise_for_epsilon.cache_clear()
     searched = noise_for_epsilon(*args)
     memo = privacy.noise_memo_path()
-    assert memo.parent == tmp_path / "dpclip" and list(json.loads(memo.read_text()).values()) \
+    assert memo.parent == tmp_path / "own" and list(json.loads(memo.read_text()).values()) \
         == [searched]
 
     searches = []

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
-import warnings
 from pathlib import Path
 
 from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs, parse_scalar
-from dpclip.pipeline.side_by_side import default_jobs, start_server
+from dpclip.pipeline.side_by_side import configure_process, default_jobs, start_server
 from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
@@ -41,7 +39,8 @@ def _stage_parser(sub, stage: Stage) -> None:
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     """One run's options: all four name one run; none means every configured run that is not
-    up to date (one process for all, dpclip.pipeline.provenance)."""
+    up to date (one command for all, dpclip.pipeline.provenance; side by side in workers,
+    dpclip.pipeline.side_by_side)."""
     p.add_argument("--method")
     p.add_argument("--epsilon", help="target epsilon, as in params.yaml")
     p.add_argument("--alpha", help="'iid' or a Dirichlet alpha")
@@ -50,7 +49,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="without run options: also the runs that are up to date")
     p.add_argument("--jobs", type=int, help="without run options: runs side by side, one "
                                             "worker process each (default: $DPCLIP_JOBS, "
-                                            "else one per CPU; each run keeps "
+                                            "else twice the CPUs in threads, at most one "
+                                            "per CPU, and 1 on a GPU; each run keeps "
                                             "train.threads, so its numbers do not change)")
 
 
@@ -150,12 +150,7 @@ def _check_choice(key: str, value, allowed: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("opacus").setLevel(logging.WARNING)  # per-layer mode notes at INFO
-    # Opacus warns whenever the best RDP order is its largest: the epsilon it then gives is
-    # still an upper bound (valid, if not the tightest), and the warning repeats per search
-    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha",
-                            category=UserWarning)
+    configure_process()
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
     if args.command == "preset":  # reads params.yaml under its own overlays
@@ -165,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":  # reads DVC's experiments, not params.yaml
         return _tool("compare")(args)
     try:
-        if _side_by_side_jobs(args) > 1:  # its imports overlap this process's own
-            start_server(BY_NAME[args.command].module)
+        if _side_by_side_jobs(args, *_threads_and_device_as_written(args.params)) > 1:
+            start_server(BY_NAME[args.command].module)  # its imports overlap this process's
         # by name: validating every family's sections (every method's options, ...) refuses
         # bad input and fills in defaults that only the stages running that family read, and
         # import; so that code is no dependency of the stages that run none of it
@@ -223,23 +218,43 @@ def run_stage(stage: Stage, args, params, layout) -> int:
         print(f"{key.name}: {describe(result, layout)}")
         return 0
     runs = configured_runs(params)
-    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force,
-                                                jobs=_side_by_side_jobs(args), **options)
+    jobs = _side_by_side_jobs(args, params.train.threads, params.train.device)
+    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force, jobs=jobs,
+                                                **options)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else describe(result, layout)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)
     return 0
 
 
-def _side_by_side_jobs(args) -> int:
-    """How many runs a per-run stage's command runs side by side (1: none, or one run named)."""
+def _side_by_side_jobs(args, threads: int | None, device: str) -> int:
+    """How many runs a per-run stage's command runs side by side (1: none, or one run named):
+    ``--jobs``, else :func:`~dpclip.pipeline.side_by_side.default_jobs` for the runs'
+    ``train.threads`` and ``train.device``."""
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        raise DpclipError(f"--jobs: {args.jobs} must be at least 1")
     stage = BY_NAME.get(args.command)
     if stage is None or stage.scope != PER_RUN or \
             any(getattr(args, name) is not None for name in RUN_OPTIONS):
         return 1
-    if args.jobs is not None and args.jobs < 1:
-        raise DpclipError(f"--jobs: {args.jobs} must be at least 1")
-    return default_jobs() if args.jobs is None else args.jobs
+    return default_jobs(threads, device) if args.jobs is None else args.jobs
+
+
+def _threads_and_device_as_written(path: str) -> tuple[int | None, str]:
+    """params.yaml's ``train.threads`` and ``train.device`` as written, the schema's defaults
+    where it gives none: read before torch is imported, to start the workers' fork server
+    early (the validation that follows reports a bad file)."""
+    import yaml
+
+    from dpclip.config import TrainParams
+
+    fields = TrainParams.model_fields
+    threads, device = fields["threads"].default, fields["device"].default
+    try:
+        train = (yaml.safe_load(Path(path).read_text()) or {}).get("train") or {}
+        return train.get("threads", threads), train.get("device", device)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return threads, device
 
 
 def _one_run(args, params, given: list[str]) -> RunKey:

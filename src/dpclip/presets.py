@@ -24,7 +24,6 @@ Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -42,6 +41,7 @@ from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
 from dpclip.pipeline.provenance import TRAIN
+from dpclip.pipeline.side_by_side import cpu_count
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
@@ -197,8 +197,7 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
 
 def default_jobs() -> int:
     """One variant process per CPU this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    return cpu_count()
 
 
 def run_preset(name: str, *, variants: list[str] | None = None, project: Path = Path("."),

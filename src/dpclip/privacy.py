@@ -196,16 +196,22 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
 
 
 def noise_memo_path() -> Path:
-    """``$XDG_CACHE_HOME/dpclip/noise_multipliers.json`` (``~/.cache`` without it)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "dpclip" / "noise_multipliers.json"
+    """``noise_multipliers.json`` in ``$DPCLIP_CACHE``, else in ``$XDG_CACHE_HOME/dpclip``
+    (``~/.cache/dpclip``)."""
+    folder = os.environ.get("DPCLIP_CACHE") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpclip"
+    return Path(folder) / "noise_multipliers.json"
 
 
 def _memo_key(target_epsilon, delta, sample_rate, steps, kind, tolerance) -> str:
+    """The search's arguments and the versions of the libraries it computes with (a sigma
+    searched with others could differ in its last bits and would change results)."""
+    import scipy
     from opacus import __version__ as opacus_version
 
     return (f"{kind} eps={target_epsilon!r} delta={delta!r} q={sample_rate!r} steps={steps} "
-            f"tolerance={tolerance!r} opacus={opacus_version}")
+            f"tolerance={tolerance!r} opacus={opacus_version} numpy={np.__version__} "
+            f"scipy={scipy.__version__}")
 
 
 def _search_would_stop_at(sigma: float, target_epsilon: float, delta: float,

@@ -64,6 +64,62 @@ def test_the_worker_count_dvc_cannot_pass_comes_from_the_environment(tmp_path, t
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_default_count_fills_twice_the_cpus_with_threads_and_keeps_a_gpu_to_one(
+        monkeypatch):
+    """Measured: two workers of two threads on two cores beat one, compute-bound runs
+    included (docs/measurements.md); on a GPU one process, unless asked for more."""
+    from dpclip.pipeline import side_by_side
+
+    monkeypatch.delenv("DPCLIP_JOBS", raising=False)
+    monkeypatch.setattr(side_by_side, "cpu_count", lambda: 2)
+    assert [side_by_side.default_jobs(t, "cpu") for t in (1, 2, 4, None)] == [2, 2, 1, 2]
+    monkeypatch.setattr(side_by_side, "cpu_count", lambda: 16)
+    assert [side_by_side.default_jobs(t, "cpu") for t in (1, 2, 4, None)] == [16, 16, 8, 2]
+    assert side_by_side.default_jobs(2, "cuda") == 1
+    monkeypatch.setenv("DPCLIP_JOBS", "4")
+    assert side_by_side.default_jobs(2, "cuda") == 4
+
+
+def mark_and_maybe_fail(key: tuple) -> dict:
+    """Key (folder, i): run 0 is slow, run 1 fails at once, the others are quick; each run
+    that ends well leaves a file named after it."""
+    import time
+
+    folder, i = key
+    if i == 1:
+        raise DpclipError("run 1 failed")
+    time.sleep(1.5 if i == 0 else 0.2)
+    (Path(folder) / str(i)).write_text("done")
+    return {"i": i}
+
+
+def test_a_failure_stops_the_runs_not_taken_without_waiting_for_the_runs_before_it(tmp_path):
+    """Run 1 fails while run 0 still runs: the error comes back then, not after run 0, and the
+    runs no worker took are not run; run 0, under way, finishes and is kept."""
+    keys = [(str(tmp_path), i) for i in range(12)]
+    with pytest.raises(DpclipError, match="run 1 failed"):
+        list(run_side_by_side(mark_and_maybe_fail, keys, 2, "dpclip.io"))
+    ran = sorted(int(p.name) for p in tmp_path.iterdir())
+    # the pool had handed up to 4 runs to its queue (Python's process pool queues a few ahead);
+    # waiting for run 0 first, the other worker ran 2 .. 8 or 9 meanwhile
+    assert ran[0] == 0 and len(ran) <= 6, ran
+
+
+def die_on_one(key: int) -> dict:
+    import os
+    import signal
+
+    if key == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+    return {"key": key}
+
+
+def test_a_worker_that_dies_gives_one_clear_error():
+    with pytest.raises(DpclipError, match="a worker process of io died .* --jobs or "
+                                          "DPCLIP_JOBS"):
+        list(run_side_by_side(die_on_one, [0, 1, 2], 2, "dpclip.io"))
+
+
 def fail_on_two(key: int) -> dict:
     """A run function for the workers (module level: it goes to them by pickle)."""
     if key == 2:
@@ -71,12 +127,12 @@ def fail_on_two(key: int) -> dict:
     return {"key": key, "row": PROGRESS_ROW}
 
 
-def test_a_failed_run_raises_its_own_error_after_the_runs_before_it():
+def test_a_failed_run_raises_its_own_error_and_the_runs_before_it_come_in_order():
     done = []
     with pytest.raises(ConfigError) as raised:
         for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "dpclip.io"):
             done.append((key, result["key"]))
-    assert done == [(0, 0), (1, 1)]
+    assert done == [(0, 0), (1, 1)][:len(done)]  # those done before the failure came back
     assert raised.value.problems == ["train.lr: 2 is bad"]  # the exception, unpickled whole
     assert isinstance(raised.value, DpclipError)
 

@@ -1,11 +1,12 @@
-"""Per-run caching inside the ``train`` and ``evaluate`` stages, which DVC starts once for all
-configured runs.
+"""Per-run caching inside the per-run stages (``train``, ``audit``, ``reference``,
+``evaluate``), which DVC starts once for all configured runs.
 
-Why one process for all runs: starting Python with torch, Opacus and scikit-learn costs about
+Why one command for all runs: starting Python with torch, Opacus and scikit-learn costs about
 5 s on a 2-core machine, while a default run trains in about 1 s, so one DVC stage per run
-spent most of the pipeline importing. Merging the runs into one stage must not lose what the
-per-run stages gave: adding a method, or changing one method's options or module, re-runs only
-that method's runs.
+spent most of the pipeline importing (the command's runs go side by side in worker processes
+forked from one that imported once: :mod:`dpclip.pipeline.side_by_side`). Merging the runs into
+one stage must not lose what the per-run stages gave: adding a method, or changing one method's
+options or module, re-runs only that method's runs.
 
 So every run records its ``provenance.json`` after its outputs are complete: the parameters and
 the hashes of the files it read (the keys and paths a per-run DVC stage would list) and the

@@ -13,16 +13,25 @@ torch's OpenMP thread pool does not survive a fork: a child forked after its par
 parallel region hangs in its own first one. The command starts the server before it imports
 torch itself (:func:`start_server`), so the two imports overlap on two cores.
 
-Each run writes its outputs and its provenance itself, as in one process: a run that fails
-stops the runs no worker has taken yet, the runs under way finish and are kept, and the error is
-raised after them.
+Each run writes its outputs and its provenance itself, as in one process. A run that fails
+stops the runs no worker has taken yet; the runs under way finish and are kept, and then its
+error is raised. Ctrl-C stops the workers at once, as it stops a run in one process (training
+resumes from its last checkpoint). A worker that dies (killed for memory) ends the other
+workers' runs too (Python's process pool does so), which is reported as one error.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+import signal
+import threading
+import time
+import warnings
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Callable, Iterator
 
 from dpclip.errors import DpclipError
@@ -31,20 +40,47 @@ from dpclip.errors import DpclipError
 # other on one terminal; read by dpclip.train.runs.base (not imported here: no torch yet)
 PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 
-
 # the worker count when the command gives none: `dvc repro` runs the command dvc.yaml states
 JOBS_VARIABLE = "DPCLIP_JOBS"
 
 
-def default_jobs() -> int:
-    """``$DPCLIP_JOBS`` when it is set, else one worker per CPU this process may use."""
+def cpu_count() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def default_jobs(threads: int | None = None, device: str = "cpu") -> int:
+    """``$DPCLIP_JOBS`` when it is set; else one worker when the runs may train on a GPU
+    (``train.device`` cuda, or auto on a machine with an NVIDIA device: processes sharing one
+    GPU is the user's choice, its memory the limit), and otherwise twice as many threads as
+    CPUs, at most one worker per CPU: with ``train.threads`` 2 on 2 cores, 2 workers.
+
+    Measured on 2 cores (docs/measurements.md): two workers of two threads took the default
+    pipeline's train stage from 11.7 to 7.8 s, and four paper-CNN runs on MNIST (compute
+    bound) from 17.9-18.2 to 16.7-16.9 s, so twice the threads does not slow the compute."""
     given = os.environ.get(JOBS_VARIABLE, "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
             raise DpclipError(f"{JOBS_VARIABLE}: {given!r} must be a whole number of at least 1")
         return int(given)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+        return 1
+    if device == "cuda" or (device == "auto" and Path("/dev/nvidiactl").exists()):
+        return 1
+    cpus = cpu_count()
+    return max(1, min(cpus, 2 * cpus // (threads or cpus)))
+
+
+def configure_process() -> None:
+    """What a dpclip command's process reports, in the command and in each worker: log lines
+    with their level and logger, Opacus's per-layer notes hidden, and Opacus's warning that
+    the best RDP order is its largest filtered (the epsilon it then gives is still an upper
+    bound, valid if not the tightest, and the warning repeats per search)."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opacus").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha",
+                            category=UserWarning)
 
 
 def _context(module: str):
@@ -60,7 +96,7 @@ def start_server(module: str) -> None:
     Its workers wait for work in OpenMP's passive mode (``OMP_WAIT_POLICY=PASSIVE``, unless
     the environment sets a policy): two workers of two threads each on two cores, spinning as
     OpenMP's threads do by default, took the default pipeline's train stage from 11.7 s (one
-    process) to 46 s; passive, 8.8 s. The policy changes when a thread sleeps, not what it
+    process) to 46 s; passive, 7.8 s. The policy changes when a thread sleeps, not what it
     computes. This process keeps its own policy (it reads it when it imports torch, after)."""
     _context(module)
     from multiprocessing import forkserver
@@ -75,8 +111,26 @@ def start_server(module: str) -> None:
             del os.environ["OMP_WAIT_POLICY"]
 
 
-def _take_row(rows) -> None:
+def _start_worker(rows, owner: int) -> None:
+    """A worker's set-up: its progress-bar row, the command's reporting, and a watch on the
+    command's process (``owner``): the fork server outlives it while workers run, so a worker
+    whose command died (killed, say) ends itself within a second rather than finish its run
+    unowned and race a new command on the same outputs."""
     os.environ[PROGRESS_ROW] = str(rows.get())
+    configure_process()
+    threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
+
+
+def _end_with(owner: int) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(owner, 0)  # signal 0: only whether the process exists
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        except PermissionError:  # it exists (another user's process took the id: unlikely)
+            pass
 
 
 def run_side_by_side(run: Callable, keys: list, jobs: int, module: str) -> Iterator[tuple]:
@@ -84,16 +138,40 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str) -> Itera
     in worker processes. ``run`` must pickle (a module-level function, or a
     ``functools.partial`` of one)."""
     jobs = max(1, min(jobs, len(keys)))
+    start_server(module)  # the command started it already, unless called from elsewhere
     context = _context(module)
     rows = context.Queue()
     for row in range(jobs):
         rows.put(row)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_take_row,
-                               initargs=(rows,))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
+                               initargs=(rows, os.getpid()))
+    interrupted, futures = False, []
     try:
-        futures: list[Future] = [pool.submit(run, key) for key in keys]
-        for key, future in zip(keys, futures):
-            yield key, future.result()
+        futures = [pool.submit(run, key) for key in keys]
+        waiting = list(zip(keys, futures))
+        while waiting:
+            wait([future for _, future in waiting if not future.done()],
+                 return_when=FIRST_COMPLETED)
+            while waiting and waiting[0][1].done() and waiting[0][1].exception() is None:
+                key, future = waiting.pop(0)
+                yield key, future.result()
+            failed = [future for _, future in waiting
+                      if future.done() and future.exception() is not None]
+            if failed:  # now, not after the runs before it in the order
+                raise failed[0].exception()
+    except BrokenProcessPool as exc:
+        lost = [str(getattr(key, "name", key)) for key, future in zip(keys, futures)
+                if future.done() and not future.cancelled()
+                and isinstance(future.exception(), BrokenProcessPool)]
+        raise DpclipError(f"a worker process of {module.rsplit('.', 1)[-1]} died (killed, "
+                          f"perhaps for memory), which ended the runs under way or waiting "
+                          f"({', '.join(lost) or 'none'}); the finished runs are kept. Fewer "
+                          f"workers: --jobs or {JOBS_VARIABLE}") from exc
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        # after a failure: the runs no worker has taken stay stale, those under way finish
+        if interrupted:  # stop now, as Ctrl-C stops a run in one process
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)

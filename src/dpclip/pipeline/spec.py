@@ -143,7 +143,8 @@ DECLARED: tuple[Stage, ...] = (
     Stage(
         name="train", scope=PER_RUN, progress=True, quiet=False,
         help="train one run, or every run that is not up to date",
-        comment="one process for every configured run (imports cost more than a digits run). "
+        comment="one command for every configured run (imports cost more than a digits run), "
+                "the runs side by side in worker processes (dpclip.pipeline.side_by_side). "
                 "Each run records its inputs in a provenance.json and is skipped while they "
                 "are unchanged (dpclip.pipeline.provenance), so a change re-runs only the runs it "
                 "touches; the lists below are the union of every run's inputs, so DVC starts "

@@ -113,8 +113,9 @@ def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, l
 def audit_all(params: Params, layout: Layout = Layout(), force: bool = False,
               jobs: int = 1):
     """Audit every configured run that is not up to date (all with ``force``), in this
-    process or ``jobs`` at a time side by side; yields (run, its audit, or None when it was up to date). The audits of runs no
-    longer configured are set aside first (:mod:`dpclip.retire`)."""
+    process or ``jobs`` at a time side by side; yields (run, its audit, or None when it was
+    up to date). The audits of runs no longer configured are set aside first
+    (:mod:`dpclip.retire`)."""
     set_aside_unconfigured_audits(params, layout)
     return AUDIT.each_run(params, layout, for_key(audit, params, layout), force, jobs)
 

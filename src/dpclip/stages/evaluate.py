@@ -335,7 +335,8 @@ def run_summary(metrics: dict) -> dict:
 def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False,
                  jobs: int = 1):
     """Evaluate every configured run that is not up to date (all with ``force``), in this
-    process or ``jobs`` at a time side by side; yields (run, its metrics, or None when they were up to date)."""
+    process or ``jobs`` at a time side by side; yields (run, its metrics, or None when they
+    were up to date)."""
     # dvc.yaml declares the folder even when evaluate.ir_attack is off and it stays empty
     layout.ir_attack("any").parent.mkdir(parents=True, exist_ok=True)
     remove_unconfigured_evaluations(params, layout)
