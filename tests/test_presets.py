@@ -112,6 +112,32 @@ def test_variants_side_by_side_give_the_numbers_one_after_another_gives(tmp_path
         run_preset("tiny", project=tmp_path / "jobs1", jobs=0)
 
 
+def test_one_variant_runs_its_runs_side_by_side_with_the_numbers_of_one_process(
+        tmp_path, monkeypatch):
+    """With one variant there is nothing to put beside it: its runs go side by side instead
+    (two seeds, two workers), each with its one thread, and give the numbers of --jobs 1."""
+    import pandas as pd
+
+    from dpclip.pipeline import provenance
+
+    side_by_side = []
+    real = provenance.run_side_by_side
+    monkeypatch.setattr(provenance, "run_side_by_side", lambda run, keys, jobs, module: (
+        side_by_side.append((module, len(keys), jobs)) or real(run, keys, jobs, module)))
+    tables = {}
+    for jobs in (1, 2):
+        project = _two_variant_project(tmp_path / f"jobs{jobs}")
+        assert main(["--root", str(project), "--quiet", "preset", "tiny", "--variant", "C2",
+                     "--seeds", "2", "--jobs", str(jobs)]) == 0
+        table = pd.read_csv(project / "results" / "presets" / "tiny" / "C2" / "reports" /
+                            "comparison.csv")
+        tables[jobs] = table[["run", "accuracy", "ece", "epsilon", "mia_auc", "c_final"]]
+    assert len(tables[1]) == 2
+    pd.testing.assert_frame_equal(tables[1], tables[2])
+    assert ("dpclip.stages.train", 2, 2) in side_by_side  # --jobs 2 only
+    assert all(jobs == 2 for _, _, jobs in side_by_side)
+
+
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
     from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout

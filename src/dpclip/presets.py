@@ -12,9 +12,10 @@ and the wall time of each variant; :mod:`dpclip.reporting.evidence` reads the re
 Variants run side by side, one process each (``jobs``, default one per CPU), and every preset
 run trains with :data:`PRESET_THREADS` torch thread unless the preset sets ``train.threads``
 (params.yaml's does not count): a run's numbers depend on its thread count (floating-point
-sums split differently), never on how many runs share the machine. On a 2-core CPU two single-threaded runs side by side train 1.2x
-(the paper CNN) to 1.6x (the MNIST MLP) as many runs per hour as one two-threaded run after
-another (docs/measurements.md).
+sums split differently), never on how many runs share the machine. On a 2-core CPU two
+single-threaded runs side by side train 1.2x (the paper CNN) to 1.6x (the MNIST MLP) as many
+runs per hour as one two-threaded run after another (docs/measurements.md). One variant alone
+runs its runs side by side instead, ``jobs`` at a time (:mod:`dpclip.pipeline.side_by_side`).
 
 ``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``
 (default: ``datasets/`` in the project, which git ignores), where the real MNIST,
@@ -177,9 +178,11 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
     return folders
 
 
-def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True) -> float:
-    """Write ``root/params.yaml`` and run every stage into ``root``; the wall time in s. Before
-    training, the expected training time of the runs to train is printed."""
+def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True,
+                jobs: int = 1) -> float:
+    """Write ``root/params.yaml`` and run every stage into ``root``, ``jobs`` runs side by side
+    in the per-run stages; the wall time in s. Before training, the expected training time of
+    the runs to train is printed."""
     params_path = root / "params.yaml"
     root.mkdir(parents=True, exist_ok=True)
     write_text(params_path, yaml.safe_dump(raw, sort_keys=False))
@@ -191,7 +194,7 @@ def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = Tru
         if progress and stage.name == "train":
             print(cost_text(expected_cost(params, layout)), flush=True)
 
-    run_stages(params, layout, progress=progress, before=before, track=track)
+    run_stages(params, layout, progress=progress, before=before, track=track, jobs=jobs)
     return time.perf_counter() - started
 
 
@@ -245,14 +248,17 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
                                        "devices": _devices(out / variant)}
         write_json(record_path, record)
 
-    jobs = min(jobs, len(chosen))
-    if jobs == 1:
+    if len(chosen) == 1 or jobs == 1:
+        # one variant: its runs side by side instead (each keeps its one thread), so that
+        # `--variant X` or a preset of one setting fills the CPUs too
+        runs_at_once = jobs if len(chosen) == 1 else 1
         for variant in chosen:
             if progress:
                 print(f"preset {name}, variant {variant}", flush=True)
             finished(variant, run_variant(raws[variant], out / variant, track=track,
-                                          progress=progress))
+                                          progress=progress, jobs=runs_at_once))
     else:
+        jobs = min(jobs, len(chosen))
         _run_side_by_side(name, raws, out, jobs, track, progress, finished)
     return {k: v for k, v in record.items() if v is not None}
 

@@ -19,10 +19,12 @@ def stage_options(stage: Stage, progress: bool, **given) -> dict:
 
 
 def run_stages(params, layout: Layout, progress: bool = True,
-               before: Callable[[Stage], None] | None = None, **given) -> None:
+               before: Callable[[Stage], None] | None = None, jobs: int = 1,
+               **given) -> None:
     """Run every stage in pipeline order: once, per alpha, or every configured run that is
-    not up to date (printing each run done when ``progress``). ``before(stage)`` is called
-    before each stage; ``given`` holds the flags' keywords (``track=False``)."""
+    not up to date, ``jobs`` runs side by side (printing each run done when ``progress``).
+    ``before(stage)`` is called before each stage; ``given`` holds the flags' keywords
+    (``track=False``)."""
     for stage in STAGES:
         if before is not None:
             before(stage)
@@ -34,6 +36,7 @@ def run_stages(params, layout: Layout, progress: bool = True,
             for alpha in params.partition.alphas:
                 getattr(module, stage.name)(params, alpha, layout, **options)
         else:
-            for key, result in getattr(module, f"{stage.name}_all")(params, layout, **options):
+            for key, result in getattr(module, f"{stage.name}_all")(params, layout, jobs=jobs,
+                                                                    **options):
                 if progress and result is not None:
                     print(f"  {stage.name} {key.name}", flush=True)

@@ -96,8 +96,9 @@ def start_server(module: str) -> None:
     Its workers wait for work in OpenMP's passive mode (``OMP_WAIT_POLICY=PASSIVE``, unless
     the environment sets a policy): two workers of two threads each on two cores, spinning as
     OpenMP's threads do by default, took the default pipeline's train stage from 11.7 s (one
-    process) to 46 s; passive, 7.8 s. The policy changes when a thread sleeps, not what it
-    computes. This process keeps its own policy (it reads it when it imports torch, after)."""
+    process) to 46 s; passive (the workers only), 7.8 s. The policy changes when a thread
+    sleeps, not what it computes. This process keeps its own policy (it reads it when it
+    imports torch, after)."""
     _context(module)
     from multiprocessing import forkserver
 
