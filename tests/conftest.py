@@ -27,8 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The per-run stages' commands run their runs in this process: pytest-xdist already fills the
 # cores, and workers would import Opacus and scikit-learn again for runs of a fraction of a
 # second (about 5 s more for tests/test_cli.py and two other modules). Side-by-side runs are
-# tested where a test asks for them: tests/pipeline/test_side_by_side.py, and the project of
-# tests/test_e2e_experiments.py, whose build is compared byte for byte with test_e2e.py's.
+# tested where a test asks for them (tests/pipeline/test_side_by_side.py, tests/test_presets.py).
 os.environ.setdefault("DPCLIP_JOBS", "1")
 # The noise searches the tests remember stay theirs (not the user's ~/.cache/dpclip)
 os.environ.setdefault("DPCLIP_CACHE", tempfile.mkdtemp(prefix="dpclip-cache-"))

@@ -68,10 +68,11 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
     """A copy of the project with tiny params, after one `dvc repro`: (temporary folder,
     project, environment, the output of the repro). Each module that changes it makes its own
     (tests/test_e2e_experiments.py), so that pytest-xdist can run them side by side. ``jobs``:
-    the per-run stages' workers (``DPCLIP_JOBS``). This module's project runs its runs in the
-    stage's process, whose imports the ``executed`` fixture records (a worker's are not: it
-    ends without Python's exit handlers); test_e2e_experiments.py's runs them side by side, and
-    the two builds are compared byte for byte there."""
+    the per-run stages' workers (``DPCLIP_JOBS``); 1, so that the ``executed`` fixture records
+    every import of a stage's command (a worker ends without Python's exit handlers), and
+    because workers for runs of a fraction of a second, beside the other pytest worker, made
+    these modules slower (tests/pipeline/test_side_by_side.py compares the outputs of every
+    per-run stage with and without workers)."""
     tmp = tmp_path_factory.mktemp("e2e")
     project = tmp / "project"
     project.mkdir()

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-experiments")]
 
 @pytest.fixture(scope="module")
 def dvc_project(tmp_path_factory):
-    return make_dvc_project(tmp_path_factory, jobs=2)  # runs side by side
+    return make_dvc_project(tmp_path_factory)
 
 
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):

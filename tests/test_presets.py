@@ -112,30 +112,19 @@ def test_variants_side_by_side_give_the_numbers_one_after_another_gives(tmp_path
         run_preset("tiny", project=tmp_path / "jobs1", jobs=0)
 
 
-def test_one_variant_runs_its_runs_side_by_side_with_the_numbers_of_one_process(
-        tmp_path, monkeypatch):
-    """With one variant there is nothing to put beside it: its runs go side by side instead
-    (two seeds, two workers), each with its one thread, and give the numbers of --jobs 1."""
-    import pandas as pd
+def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
+    """With one variant there is nothing to put beside it: its runs go side by side instead,
+    ``--jobs`` at a time (tests/pipeline/test_side_by_side.py: the same numbers); variants one
+    after another (``--jobs 1``) keep their runs in one process."""
+    from dpclip import presets
 
-    from dpclip.pipeline import provenance
-
-    side_by_side = []
-    real = provenance.run_side_by_side
-    monkeypatch.setattr(provenance, "run_side_by_side", lambda run, keys, jobs, module: (
-        side_by_side.append((module, len(keys), jobs)) or real(run, keys, jobs, module)))
-    tables = {}
-    for jobs in (1, 2):
-        project = _two_variant_project(tmp_path / f"jobs{jobs}")
-        assert main(["--root", str(project), "--quiet", "preset", "tiny", "--variant", "C2",
-                     "--seeds", "2", "--jobs", str(jobs)]) == 0
-        table = pd.read_csv(project / "results" / "presets" / "tiny" / "C2" / "reports" /
-                            "comparison.csv")
-        tables[jobs] = table[["run", "accuracy", "ece", "epsilon", "mia_auc", "c_final"]]
-    assert len(tables[1]) == 2
-    pd.testing.assert_frame_equal(tables[1], tables[2])
-    assert ("dpclip.stages.train", 2, 2) in side_by_side  # --jobs 2 only
-    assert all(jobs == 2 for _, _, jobs in side_by_side)
+    calls = []
+    monkeypatch.setattr(presets, "run_variant", lambda raw, root, track=False, progress=True,
+                        jobs=1: calls.append((root.name, jobs)) or 1.0)
+    project = _two_variant_project(tmp_path / "project")
+    presets.run_preset("tiny", project=project, variants=["C2"], jobs=2, progress=False)
+    presets.run_preset("tiny", project=project, jobs=1, progress=False)
+    assert calls == [("C2", 2), ("C1", 1), ("C2", 1)]
 
 
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
@@ -204,7 +193,7 @@ def _fake_run(seconds_per_seed: float, calls: list):
     with the differences above; its wall time is the new seeds' cost."""
     import pandas as pd
 
-    def run_variant(raw, root, track=False, progress=True):
+    def run_variant(raw, root, track=False, progress=True, jobs=1):
         seeds = raw["train"]["seeds"]
         calls.append(len(seeds))
         done = len(pd.read_csv(root / "reports" / "comparison.csv")) // 2 \

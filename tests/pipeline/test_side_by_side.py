@@ -15,9 +15,10 @@ from dpclip.pipeline.side_by_side import PROGRESS_ROW, run_side_by_side
 
 
 def _outputs(root: Path) -> dict[str, bytes]:
-    """Every file the runs' stages wrote that DVC hashes (provenance records name the code,
-    which is the same here)."""
-    folders = ("runs", "traces", "metrics", "scores", "plots/roc", "plots/reliability")
+    """Every file the per-run stages wrote that DVC hashes, but for the figures (PNG files
+    carry no number of their own)."""
+    folders = ("runs", "traces", "audits", "references", "metrics", "scores", "plots/roc",
+               "plots/reliability")
     return {str(p.relative_to(root)): p.read_bytes() for folder in folders
             for p in sorted((root / folder).rglob("*")) if p.is_file()}
 
@@ -25,16 +26,18 @@ def _outputs(root: Path) -> dict[str, bytes]:
 def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny_raw,
                                                                    write_params, capsys):
     """Each run sets its own thread count and seeds, so two workers write the same models,
-    traces and metrics as one process; the lines come in the configured order."""
-    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd", "auto_s"]})
+    traces, audits, reference models' signals and metrics as one process, in every per-run
+    stage; the lines come in the configured order."""
+    raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"]},
+                   attack={"references": 2})
     roots = {jobs: tmp_path / f"jobs{jobs}" for jobs in (1, 2)}
     for jobs, root in roots.items():
         root.mkdir()
         base = prepared_project(root, raw, write_params)
-        for stage in ("train", "evaluate"):
+        for stage in ("train", "audit", "reference", "evaluate"):
             assert main([*base, stage, "--jobs", str(jobs)]) == 0
     out = capsys.readouterr().out
-    assert out.count("[3/3] auto_s-eps8-iid-seed0") == 4
+    assert out.count("[1/2] dp_sgd-eps8-iid-seed0") == out.count("[2/2] auto_s-eps8") == 8
     one, two = _outputs(roots[1]), _outputs(roots[2])
     assert len(one) > 10 and one.keys() == two.keys()
     assert [name for name in one if one[name] != two[name]] == []
