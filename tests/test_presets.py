@@ -125,6 +125,11 @@ def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
     presets.run_preset("tiny", project=project, variants=["C2"], jobs=2, progress=False)
     presets.run_preset("tiny", project=project, jobs=1, progress=False)
     assert calls == [("C2", 2), ("C1", 1), ("C2", 1)]
+    # without --jobs: the per-run stages' rule (one thread a run: a worker per CPU; a GPU: 1)
+    monkeypatch.delenv("DPCLIP_JOBS", raising=False)
+    monkeypatch.setattr("dpclip.pipeline.side_by_side.cpu_count", lambda: 3)
+    presets.run_preset("tiny", project=project, variants=["C1"], progress=False)
+    assert calls[-1] == ("C1", 3)
 
 
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):

@@ -252,9 +252,13 @@ def _threads_and_device_as_written(path: str) -> tuple[int | None, str]:
     threads, device = fields["threads"].default, fields["device"].default
     try:
         train = (yaml.safe_load(Path(path).read_text()) or {}).get("train") or {}
-        return train.get("threads", threads), train.get("device", device)
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return threads, device
+    written = train.get("threads", threads) if isinstance(train, dict) else threads
+    written_device = train.get("device", device) if isinstance(train, dict) else device
+    # a value the validation would convert or refuse ("2", "two") counts as not given here
+    return (written if written is None or type(written) is int else threads,
+            written_device if isinstance(written_device, str) else device)
 
 
 def _one_run(args, params, given: list[str]) -> RunKey:

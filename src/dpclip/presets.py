@@ -42,7 +42,7 @@ from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
 from dpclip.pipeline.provenance import TRAIN
-from dpclip.pipeline.side_by_side import cpu_count
+from dpclip.pipeline.side_by_side import cpu_count, default_jobs as side_by_side_jobs
 
 PRESETS = Path("presets")
 RESULTS = Path("results") / "presets"
@@ -211,6 +211,7 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
     :func:`default_jobs`); write and return ``preset.json``. Runs already done are not run
     again (the per-run provenance), so more seeds only train the new ones. A variant that fails
     stops no other: the others finish and are recorded, then the first failure is raised."""
+    asked = jobs
     jobs = default_jobs() if jobs is None else jobs
     if jobs < 1:
         raise DpclipError(f"--jobs: {jobs} must be at least 1")
@@ -249,18 +250,29 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
         write_json(record_path, record)
 
     if len(chosen) == 1 or jobs == 1:
-        # one variant: its runs side by side instead (each keeps its one thread), so that
-        # `--variant X` or a preset of one setting fills the CPUs too
-        runs_at_once = jobs if len(chosen) == 1 else 1
         for variant in chosen:
             if progress:
                 print(f"preset {name}, variant {variant}", flush=True)
             finished(variant, run_variant(raws[variant], out / variant, track=track,
-                                          progress=progress, jobs=runs_at_once))
+                                          progress=progress,
+                                          jobs=_runs_at_once(raws[variant], asked, chosen)))
     else:
         jobs = min(jobs, len(chosen))
         _run_side_by_side(name, raws, out, jobs, track, progress, finished)
     return {k: v for k, v in record.items() if v is not None}
+
+
+def _runs_at_once(raw: dict, asked: int | None, chosen: list[str]) -> int:
+    """A variant run alone (one chosen) has nothing beside it: its runs go side by side
+    instead, ``--jobs`` at a time, else as the per-run stages' commands would (one per CPU
+    with the presets' one thread, one on a GPU); variants run one after another with
+    ``--jobs 1`` keep their runs in one process."""
+    if len(chosen) > 1:
+        return 1
+    if asked is not None:
+        return asked
+    train = raw.get("train") or {}
+    return side_by_side_jobs(train.get("threads", PRESET_THREADS), train.get("device", "auto"))
 
 
 PROGRESS_LOG = "preset.log"  # in a variant's folder: its progress when run side by side

@@ -83,6 +83,20 @@ def test_the_default_count_fills_twice_the_cpus_with_threads_and_keeps_a_gpu_to_
     assert side_by_side.default_jobs(2, "cuda") == 4
 
 
+@pytest.mark.parametrize("written, read", [("threads: 4", 4), ("threads: null", None),
+                                           ("threads: '2'", None), ("threads: two", None),
+                                           ("[not, a, mapping]", None)])
+def test_the_thread_count_read_before_validation_is_a_whole_number_or_none(tmp_path, written,
+                                                                         read):
+    """The command reads train.threads before torch (to start the workers' server early):
+    what the validation would convert or refuse must not crash that arithmetic."""
+    from dpclip.cli import _threads_and_device_as_written
+
+    params = tmp_path / "params.yaml"
+    params.write_text(f"train:\n  {written}\n" if "threads" in written else written)
+    assert _threads_and_device_as_written(str(params)) == (read, "auto")
+
+
 def mark_and_maybe_fail(key: tuple) -> dict:
     """Key (folder, i): run 0 is slow, run 1 fails at once, the others are quick; each run
     that ends well leaves a file named after it."""
@@ -97,14 +111,15 @@ def mark_and_maybe_fail(key: tuple) -> dict:
 
 
 def test_a_failure_stops_the_runs_not_taken_without_waiting_for_the_runs_before_it(tmp_path):
-    """Run 1 fails while run 0 still runs: the error comes back then, not after run 0, and the
-    runs no worker took are not run; run 0, under way, finishes and is kept."""
+    """Run 1 fails while run 0 still runs: the runs not yet handed to the workers are not run
+    (the pool does not go on working through the list while run 0 is awaited), and run 0,
+    under way, finishes and is kept."""
     keys = [(str(tmp_path), i) for i in range(12)]
     with pytest.raises(DpclipError, match="run 1 failed"):
         list(run_side_by_side(mark_and_maybe_fail, keys, 2, "dpclip.io"))
     ran = sorted(int(p.name) for p in tmp_path.iterdir())
-    # the pool had handed up to 4 runs to its queue (Python's process pool queues a few ahead);
-    # waiting for run 0 first, the other worker ran 2 .. 8 or 9 meanwhile
+    # the pool queues one run beyond its two workers, and a few more can go while the error
+    # travels back; waiting for run 0 first, the other worker ran 2 .. 8 or 9 meanwhile
     assert ran[0] == 0 and len(ran) <= 6, ran
 
 

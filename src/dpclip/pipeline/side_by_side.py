@@ -14,8 +14,9 @@ parallel region hangs in its own first one. The command starts the server before
 torch itself (:func:`start_server`), so the two imports overlap on two cores.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
-stops the runs no worker has taken yet; the runs under way finish and are kept, and then its
-error is raised. Ctrl-C stops the workers at once, as it stops a run in one process (training
+stops the runs not yet handed to the workers (Python's pool hands over one run more than it
+has workers), without waiting for the runs before it in the order; the runs under way finish
+and are kept, and then its error is raised. Ctrl-C stops the workers at once, as it stops a run in one process (training
 resumes from its last checkpoint). A worker that dies (killed for memory) ends the other
 workers' runs too (Python's process pool does so), which is reported as one error.
 """
@@ -172,6 +173,7 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str) -> Itera
         interrupted = True
         raise
     finally:
+        # after a failure: the runs not handed over stay stale, those under way finish
         if interrupted:  # stop now, as Ctrl-C stops a run in one process
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.terminate()
