@@ -23,6 +23,9 @@ from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stag
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
+# report's default: more workers would mostly wait for the store (SQLite takes one writer at a
+# time); a choice, not a measurement (measured: 2 workers on 2 cores, docs/measurements.md)
+MOST_LOGGING_WORKERS = 4
 
 
 def _stage_parser(sub, stage: Stage) -> None:
@@ -32,6 +35,11 @@ def _stage_parser(sub, stage: Stage) -> None:
         parser.add_argument("--alpha", required=True, help="'iid' or a Dirichlet alpha")
     elif stage.scope == PER_RUN:
         _run_args(parser)
+    elif stage.workers:  # report: the MLflow children
+        parser.add_argument("--jobs", type=int, help="MLflow children logged side by side, "
+                                                     "one worker process each (default: "
+                                                     "$DPCLIP_JOBS, else one per CPU, at "
+                                                     f"most {MOST_LOGGING_WORKERS})")
     for flag in stage.flags:
         parser.add_argument(flag.option, dest=flag.keyword, action="store_const",
                             const=flag.value, default=None, help=flag.help)
@@ -161,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tool("compare")(args)
     try:
         if _side_by_side_jobs(args, *_threads_and_device_as_written(args.params)) > 1:
-            start_server(BY_NAME[args.command].module)  # its imports overlap this process's
+            first, *preload = BY_NAME[args.command].workers  # imported as this process works
+            start_server(first, tuple(preload))
         # by name: validating every family's sections (every method's options, ...) refuses
         # bad input and fills in defaults that only the stages running that family read, and
         # import; so that code is no dependency of the stages that run none of it
@@ -203,6 +212,8 @@ def run_stage(stage: Stage, args, params, layout) -> int:
     if stage.progress:
         options["progress"] = not args.quiet
     if stage.scope == ONCE:
+        if stage.workers:
+            options["jobs"] = _side_by_side_jobs(args, params.train.threads, params.train.device)
         print(describe(getattr(module, stage.name)(params, layout, **options), layout))
         return 0
     if stage.scope == PER_ALPHA:
@@ -228,16 +239,22 @@ def run_stage(stage: Stage, args, params, layout) -> int:
 
 
 def _side_by_side_jobs(args, threads: int | None, device: str) -> int:
-    """How many runs a per-run stage's command runs side by side (1: none, or one run named):
+    """How many runs a per-run stage's command runs side by side (1: none, or one run named),
+    or how many MLflow children ``report`` logs side by side (1: none, or ``--no-track``):
     ``--jobs``, else :func:`~dpclip.pipeline.side_by_side.default_jobs` for the runs'
-    ``train.threads`` and ``train.device``."""
+    ``train.threads`` and ``train.device`` (report: one thread each on the CPU, at most
+    :data:`MOST_LOGGING_WORKERS`)."""
     if getattr(args, "jobs", None) is not None and args.jobs < 1:
         raise DpclipError(f"--jobs: {args.jobs} must be at least 1")
     stage = BY_NAME.get(args.command)
-    if stage is None or stage.scope != PER_RUN or \
-            any(getattr(args, name) is not None for name in RUN_OPTIONS):
+    if stage is None or not stage.workers or getattr(args, "track", None) is False or \
+            any(getattr(args, name, None) is not None for name in RUN_OPTIONS):
         return 1
-    return default_jobs(threads, device) if args.jobs is None else args.jobs
+    if args.jobs is not None:
+        return args.jobs
+    if stage.scope != PER_RUN:  # report's children: one thread of logging each, on the CPU
+        return min(default_jobs(1, "cpu"), MOST_LOGGING_WORKERS)
+    return default_jobs(threads, device)
 
 
 def _threads_and_device_as_written(path: str) -> tuple[int | None, str]:

@@ -23,24 +23,68 @@ def _outputs(root: Path) -> dict[str, bytes]:
             for p in sorted((root / folder).rglob("*")) if p.is_file()}
 
 
+# what differs between two stores' records of the same child: ids, times, where it is stored
+_STORE_TAGS = {"mlflow.parentRunId", "dpclip.pipelines", "dpclip.model_uri",
+               "mlflow.log-model.history"}
+
+
+def _children(root: Path) -> dict[str, dict]:
+    """Each configuration child of the project's MLflow store: its name, parameters, metrics
+    (last values but the training's wall times, and the number of steps), tags but the store's own, and artifact paths."""
+    import mlflow
+
+    from dpclip.tracking import TIMING_METRICS
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow/mlflow.db'}")
+    experiment = client.get_experiment_by_name("dpclip-digits")
+
+    def artifacts(run_id: str, folder: str | None = None) -> list[str]:
+        return [path for item in client.list_artifacts(run_id, folder) for path in (
+            artifacts(run_id, item.path) if item.is_dir else [item.path])]
+
+    return {run.data.tags["dpclip.run"]: {
+        "name": run.info.run_name, "params": run.data.params,
+        "metrics": {k: v for k, v in run.data.metrics.items() if k not in TIMING_METRICS},
+        "steps": len(client.get_metric_history(run.info.run_id, "clip_threshold")),
+        "tags": {k: v for k, v in run.data.tags.items() if k not in _STORE_TAGS},
+        "inputs": sorted(i.dataset.digest for i in run.inputs.dataset_inputs),
+        "artifacts": sorted(artifacts(run.info.run_id)),
+        "model": run.data.tags["dpclip.model_uri"][:len("models:/")]}
+        for run in client.search_runs([experiment.experiment_id])
+        if run.data.tags.get("dpclip.kind") == "configuration"}
+
+
 def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny_raw,
-                                                                   write_params, capsys):
+                                                                   write_params, capsys,
+                                                                   monkeypatch):
     """Each run sets its own thread count and seeds, so two workers write the same models,
     traces, audits, reference models' signals and metrics as one process, in every per-run
-    stage; the lines come in the configured order."""
+    stage; the lines come in the configured order. The report's MLflow children, logged by
+    two workers, hold what one process logs."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # each project's own store
     raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"]},
                    attack={"references": 2})
     roots = {jobs: tmp_path / f"jobs{jobs}" for jobs in (1, 2)}
     for jobs, root in roots.items():
         root.mkdir()
         base = prepared_project(root, raw, write_params)
-        for stage in ("train", "audit", "reference", "evaluate"):
+        for stage in ("train", "audit", "reference", "evaluate", "report"):
             assert main([*base, stage, "--jobs", str(jobs)]) == 0
     out = capsys.readouterr().out
     assert out.count("[1/2] dp_sgd-eps8-iid-seed0") == out.count("[2/2] auto_s-eps8") == 8
     one, two = _outputs(roots[1]), _outputs(roots[2])
     assert len(one) > 10 and one.keys() == two.keys()
     assert [name for name in one if one[name] != two[name]] == []
+    logged = {jobs: _children(root) for jobs, root in roots.items()}
+    assert sorted(logged[1]) == ["auto_s-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
+    child = logged[1]["dp_sgd-eps8-iid-seed0"]
+    assert child["steps"] > 0 and "accuracy" in child["metrics"]
+    assert "checkpoint/model.pt" in child["artifacts"] and child["model"].startswith("models:/")
+    differing = {(run, part) for run in logged[1] for part in logged[1][run]
+                 if logged[1][run][part] != logged[2][run][part]}
+    assert differing == set(), [(k, v, logged[2][r][p].get(k)) for r, p in differing
+                                for k, v in logged[1][r][p].items()
+                                if logged[2][r][p].get(k) != v]
 
 
 def test_a_worker_count_below_one_is_refused(tmp_path, tiny_raw, write_params, capsys):

@@ -84,15 +84,16 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
-def _context(module: str):
+def _context(module: str, preload: tuple[str, ...] = ()):
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["dpclip", module])
+    context.set_forkserver_preload(["dpclip", module, *preload])
     return context
 
 
-def start_server(module: str) -> None:
-    """Start the fork server now, importing ``module`` (the stage's), so that its imports run
-    while this process imports its own.
+def start_server(module: str, preload: tuple[str, ...] = ()) -> None:
+    """Start the fork server now, importing ``module`` (the stage's) and ``preload`` (what its
+    workers import later: each would else import it again), so that these imports run while
+    this process imports its own and works.
 
     Its workers wait for work in OpenMP's passive mode (``OMP_WAIT_POLICY=PASSIVE``, unless
     the environment sets a policy): two workers of two threads each on two cores, spinning as
@@ -100,7 +101,7 @@ def start_server(module: str) -> None:
     process) to 46 s; passive (the workers only), 7.8 s. The policy changes when a thread
     sleeps, not what it computes. This process keeps its own policy (it reads it when it
     imports torch, after)."""
-    _context(module)
+    _context(module, preload)
     from multiprocessing import forkserver
 
     chosen = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
@@ -135,13 +136,15 @@ def _end_with(owner: int) -> None:
             pass
 
 
-def run_side_by_side(run: Callable, keys: list, jobs: int, module: str) -> Iterator[tuple]:
+def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
+                     preload: tuple[str, ...] = ()) -> Iterator[tuple]:
     """Yield (key, ``run(key)``) for each of ``keys`` in their order, ``jobs`` runs at a time
     in worker processes. ``run`` must pickle (a module-level function, or a
-    ``functools.partial`` of one)."""
+    ``functools.partial`` of one); ``module`` and ``preload``: what the workers import first
+    (:func:`start_server`)."""
     jobs = max(1, min(jobs, len(keys)))
-    start_server(module)  # the command started it already, unless called from elsewhere
-    context = _context(module)
+    start_server(module, preload)  # the command started it already, unless called elsewhere
+    context = _context(module, preload)
     rows = context.Queue()
     for row in range(jobs):
         rows.put(row)

@@ -27,6 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ONCE, PER_ALPHA, PER_RUN = "once", "per_alpha", "per_run"
+# what logging MLflow children needs besides dpclip.tracking (report's workers import it while
+# the stage draws its figures): dpclip.tracking.log_children
+MLFLOW_IMPORTS = ("mlflow", "mlflow.pytorch", "mlflow.store.tracking.sqlalchemy_store",
+                  "torch.export")
 PLUGIN_FAMILIES = ("methods", "attacks", "data.sources")  # modules found at run time
 
 
@@ -72,6 +76,14 @@ class Stage:
     provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
     # DVC runs it on every `dvc repro`: it reads what DVC cannot list (files params.yaml names)
     always_changed: bool = False
+    # what its worker processes (dpclip.pipeline.side_by_side) import first: a stage run once
+    # that hands work to workers names them (per run: the stage's module, always)
+    worker_imports: tuple[str, ...] = ()
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """The modules its workers import first; () when it has none."""
+        return (self.module,) if self.scope == PER_RUN else self.worker_imports
 
     @property
     def module(self) -> str:
@@ -213,7 +225,7 @@ DECLARED: tuple[Stage, ...] = (
         outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
-        runs=("attacks",),
+        runs=("attacks",), worker_imports=("dpclip.tracking", *MLFLOW_IMPORTS),
         flags=(Flag("--no-track", "track", False, "skip MLflow logging"),)),
 )
 

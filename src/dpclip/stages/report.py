@@ -413,7 +413,10 @@ class ReportResult:
     mlflow: dict | None  # what tracking logged (None when tracking was skipped)
 
 
-def report(params: Params, layout: Layout = Layout(), track: bool = True) -> ReportResult:
+def report(params: Params, layout: Layout = Layout(), track: bool = True,
+           jobs: int = 1) -> ReportResult:
+    """Write the tables and figures from the metrics files, then (``track``) log the pipeline
+    execution to MLflow, its children ``jobs`` at a time in worker processes."""
     runs = configured_runs(params)
     missing = [k.name for k in runs if not (layout.metrics(k.name).exists()
                                             and layout.summary(k.name).exists())]
@@ -475,7 +478,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True) -> Rep
     privacy_utility_figure(out / "privacy_utility.png", overlays["privacy_utility_seeds.csv"])
     logged = None
     if track:
-        logged = log_pipeline(params, layout, runs)
+        logged = log_pipeline(params, layout, runs, jobs)
     return ReportResult(table, short, logged)
 
 
