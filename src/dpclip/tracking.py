@@ -589,9 +589,8 @@ class Children:
 def log_children(children: Children, runs: list[RunKey], jobs: int = 1,
                  splits: _Splits | None = None):
     """Yield (key, whether it was logged new) for each of ``runs``, in order: ``jobs`` > 1
-    logs them side by side in worker processes (:mod:`dpclip.pipeline.side_by_side`; the store
-    takes their writes one at a time: SQLite locks it, a server serialises them), else in this
-    process. Each child's records are the same either way; only their wall-clock order in
+    logs them side by side in worker processes (:mod:`dpclip.pipeline.side_by_side`; a SQLite
+    store takes one writer at a time, the others wait), else in this process. Each child's records are the same either way; only their wall-clock order in
     the store differs.
 
     Why: exporting a model (``torch.export``), validating its input example and logging its
