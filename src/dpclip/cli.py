@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from dpclip.errors import DpclipError
 from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs, parse_scalar
-from dpclip.pipeline.side_by_side import configure_process, default_jobs, start_server
+from dpclip.pipeline.side_by_side import (JOBS_VARIABLE, configure_process, default_jobs,
+                                          start_server)
 from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
@@ -253,7 +255,9 @@ def _side_by_side_jobs(args, threads: int | None, device: str) -> int:
     if args.jobs is not None:
         return args.jobs
     if stage.scope != PER_RUN:  # report's children: one thread of logging each, on the CPU
-        return min(default_jobs(1, "cpu"), MOST_LOGGING_WORKERS)
+        jobs = default_jobs(1, "cpu")  # $DPCLIP_JOBS as given, else one per CPU, capped
+        return jobs if os.environ.get(JOBS_VARIABLE, "").strip() else \
+            min(jobs, MOST_LOGGING_WORKERS)
     return default_jobs(threads, device)
 
 

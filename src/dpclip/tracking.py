@@ -53,12 +53,14 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dpclip.artifacts import load_model, load_split
 from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
 from dpclip.data.sources import get_source
+from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
 from dpclip.io import read_json
 from dpclip.layout import Layout
@@ -381,20 +383,31 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int)
         tables = _log_tables(mlflow, layout)
         _log_shadow(mlflow, layout)
         _log_tuning(mlflow, experiment_id, layout)
-        # the prepared splits are the parent's inputs too: the pipeline read them, and the
-        # children's workers then find each dataset in the store (MLflow looks a dataset up,
-        # then inserts it: two workers creating one at once failed a UNIQUE constraint)
-        splits = _Splits(layout)
-        for name, context in SPLIT_CONTEXTS.items():
-            mlflow.log_input(splits[name], context=context)
         parent_id = parent.info.run_id
-        children = Children(uri=uri, experiment_id=experiment_id, parent_id=parent_id,
-                            layout=layout, commit=commit,
-                            private_diagnostics=params.tracking.private_diagnostics,
-                            model_format=params.tracking.model_format,
-                            dvc_experiment=exp_name)
-        reused = [key.name for key, new in log_children(children, runs, jobs, splits)
-                  if not new]
+        reused, new = [], []
+        for key in runs:  # a model logged before is linked to this parent, not logged again
+            logged = _logged_child(mlflow, experiment_id, key.name, _fingerprint(layout, key))
+            if logged is not None:
+                _link(mlflow, logged, parent_id)
+                reused.append(key.name)
+            else:
+                new.append(key)
+        if new:
+            # the prepared splits are the parent's inputs too (the pipeline read them): so
+            # each dataset is in the store before the children log it as theirs (MLflow looks
+            # a dataset up, then inserts it: two workers creating one at once failed a UNIQUE
+            # constraint), and the children get its name and digest, not its records
+            splits = _Splits(layout)
+            for name, context in SPLIT_CONTEXTS.items():
+                mlflow.log_input(splits[name], context=context)
+            children = Children(
+                uri=uri, experiment_id=experiment_id, parent_id=parent_id, layout=layout,
+                private_diagnostics=params.tracking.private_diagnostics,
+                model_format=params.tracking.model_format, dvc_experiment=exp_name,
+                source_tags=source_tags(commit), inputs=splits.metadata(),
+                example=splits.example())
+            for _ in log_children(children, new, jobs):
+                pass
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
                          "dpclip.children_filter": _children_filter(parent_id)})
         summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
@@ -573,34 +586,34 @@ def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
 
 @dataclass(frozen=True)
 class Children:
-    """What logging a configuration as a child of one pipeline execution's parent run needs,
-    in this process or in a worker (it pickles): the store, the parent, and how to log."""
+    """What logging a configuration as a new child of one pipeline execution's parent run
+    needs, in this process or in a worker (it pickles; nothing a worker reads from its own
+    environment, which is its fork server's): the store, the parent, and how to log."""
 
     uri: str
     experiment_id: str
     parent_id: str
     layout: Layout
-    commit: str
     private_diagnostics: bool
     model_format: str
     dvc_experiment: str | None  # DVC_EXP_NAME of the command, which names the children
+    source_tags: dict  # source_tags() of the command
+    inputs: tuple  # (name, digest, file, context) of each split, as _Splits.metadata()
+    example: np.ndarray  # two public records: the logged model's input example
 
 
-def log_children(children: Children, runs: list[RunKey], jobs: int = 1,
-                 splits: _Splits | None = None):
-    """Yield (key, whether it was logged new) for each of ``runs``, in order: ``jobs`` > 1
+def log_children(children: Children, runs: list[RunKey], jobs: int = 1):
+    """Log each of ``runs`` as a new child, yielding (key, its run id) in order: ``jobs`` > 1
     logs them side by side in worker processes (:mod:`dpclip.pipeline.side_by_side`; a SQLite
-    store takes one writer at a time, the others wait), else in this process. Each child's records are the same either way; only their wall-clock order in
-    the store differs.
+    store takes one writer at a time, the others wait), else in this process. Each child's
+    records are the same either way; only their wall-clock order in the store differs.
 
     Why: exporting a model (``torch.export``), validating its input example and logging its
     metrics took 0.3 s of one core per child here, after a first child of 2.3 s (imports,
-    the first export), which the workers' fork server imports while the report draws.
-    ``splits``: the prepared splits this process loaded already."""
+    the first export), which the workers' fork server imports while the report draws."""
     if jobs <= 1 or len(runs) <= 1:
-        splits = splits or _Splits(children.layout)
         for key in runs:
-            yield key, _log_configuration(children, key, splits)
+            yield key, log_child(children, key)
         return
     from dpclip.pipeline.side_by_side import run_side_by_side
 
@@ -609,17 +622,43 @@ def log_children(children: Children, runs: list[RunKey], jobs: int = 1,
                                 preload=MLFLOW_IMPORTS)
 
 
-_WORKER_SPLITS: dict[str, _Splits] = {}  # a worker's splits, per parent run
-
-
-def log_child(children: Children, key: RunKey) -> bool:
-    """One child, in a worker process (whether it was logged new; False: linked)."""
+def log_child(children: Children, key: RunKey) -> str:
+    """Log one configuration as a new child (here or in a worker); its run id. A failure
+    names the run (an error that would not pickle back from a worker would else read as a
+    worker that died)."""
     import mlflow
 
     if mlflow.get_tracking_uri() != children.uri:
         mlflow.set_tracking_uri(children.uri)
-    splits = _WORKER_SPLITS.setdefault(children.parent_id, _Splits(children.layout))
-    return _log_configuration(children, key, splits)
+    try:
+        return _log_configuration(children, key)
+    except Exception as exc:
+        raise DpclipError(f"MLflow: logging {key.name} failed ({type(exc).__name__}: "
+                          f"{exc})") from exc
+
+
+def _fingerprint(layout: Layout, key: RunKey) -> str:
+    """The SHA-256 of the run's trained weights (its record)."""
+    return read_json(layout.run_dir(key.name) / "record.json")["weights_sha256"]
+
+
+def _logged_child(mlflow, experiment_id: str, run: str, fingerprint: str):
+    """The child that logged this run's model already (same run name and weights), or None."""
+    found = mlflow.search_runs(
+        experiment_ids=[experiment_id], output_format="list", max_results=1,
+        filter_string=f"tags.`dpclip.fingerprint` = '{fingerprint}' and "
+                      f"tags.`dpclip.run` = '{run}'")
+    return found[0] if found else None
+
+
+def _link(mlflow, child, parent_id: str) -> None:
+    """Add ``parent_id`` to a logged child's pipelines (tag ``dpclip.pipelines``)."""
+    pipelines = child.data.tags.get(PIPELINES_TAG, child.data.tags.get(
+        "mlflow.parentRunId", ""))
+    ids = [i for i in pipelines.split(",") if i] + [parent_id]
+    while len(",".join(ids)) > 5000:  # MLflow's tag limit: the oldest parents go first
+        ids.pop(0)
+    mlflow.tracking.MlflowClient().set_tag(child.info.run_id, PIPELINES_TAG, ",".join(ids))
 
 
 class _Splits:
@@ -644,38 +683,40 @@ class _Splits:
         the data owner's store)."""
         return load_split(self.layout, "shadow_holdout")[0][:2].astype("float32")
 
+    def metadata(self) -> tuple:
+        """(name, digest, file, context) of each split: what a child logs of a split that the
+        store holds already (:func:`_split_dataset`), without its records."""
+        return tuple((name, self[name].digest, str(self.layout.split(name).resolve()), context)
+                     for name, context in SPLIT_CONTEXTS.items())
 
-def _log_configuration(children: Children, key: RunKey, splits: _Splits) -> bool:
-    """Log one configuration as a child run unless its model is already logged (then link the
-    logged child to the current parent). The trace's private diagnostics go along only when
-    ``private_diagnostics`` asks for them."""
+
+def _split_dataset(name: str, digest: str, path: str):
+    """An MLflow dataset of a split's name, digest and file, with no records (MLflow's
+    ``MetaDataset``): logged as an input, it names the stored dataset of that name and
+    digest."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with warnings.catch_warnings():  # MLflow registers two sources for local paths
+        warnings.filterwarnings("ignore", "The specified dataset source can be")
+        return MetaDataset(resolve_dataset_source(path), name=name, digest=digest)
+
+
+def _log_configuration(children: Children, key: RunKey) -> str:
+    """Log one configuration as a new child run; its run id. The trace's private diagnostics
+    go along only when ``private_diagnostics`` asks for them."""
     import mlflow
 
-    experiment_id, layout, commit = children.experiment_id, children.layout, children.commit
+    experiment_id, layout = children.experiment_id, children.layout
     private_diagnostics, model_format = children.private_diagnostics, children.model_format
-    run = key.name
-    record = read_json(layout.run_dir(run) / "record.json")
-    fingerprint = record["weights_sha256"]
-    existing = mlflow.search_runs(
-        experiment_ids=[experiment_id], output_format="list", max_results=1,
-        filter_string=f"tags.`dpclip.fingerprint` = '{fingerprint}' and "
-                      f"tags.`dpclip.run` = '{run}'")
-    parent_id = children.parent_id
-    if existing:
-        child = existing[0]
-        pipelines = child.data.tags.get(PIPELINES_TAG, child.data.tags.get(
-            "mlflow.parentRunId", ""))
-        ids = [i for i in pipelines.split(",") if i] + [parent_id]
-        while len(",".join(ids)) > 5000:  # MLflow's tag limit: the oldest parents go first
-            ids.pop(0)
-        mlflow.tracking.MlflowClient().set_tag(child.info.run_id, PIPELINES_TAG, ",".join(ids))
-        return False
+    run, parent_id = key.name, children.parent_id
+    fingerprint = _fingerprint(layout, key)
     metrics = read_json(layout.metrics(run))
     privacy = metrics["privacy"]
     tags = {"dpclip.kind": "configuration", "dpclip.run": run, "dpclip.fingerprint": fingerprint,
             "dataset": metrics["dataset"], "method": metrics["method"],
             "alpha": "iid" if metrics["alpha"] is None else str(metrics["alpha"]),
-            "seed": str(metrics["seed"]), **source_tags(commit),
+            "seed": str(metrics["seed"]), **children.source_tags,
             "dp_guarantee": str(privacy["dp_guarantee"]).lower(),
             "adjacency": str(privacy.get("adjacency")),
             "secure_noise": str(bool(privacy.get("secure_noise"))).lower(),
@@ -705,11 +746,11 @@ def _log_configuration(children: Children, key: RunKey, splits: _Splits) -> bool
             mlflow.log_metrics({f"ir_mia_accuracy_{layer}": values["accuracy"],
                                 f"ir_mia_auc_{layer}": values["auc"]})
         mlflow.log_metrics(timing.metrics)
-        for name, context in SPLIT_CONTEXTS.items():
-            mlflow.log_input(splits[name], context=context)
+        for name, digest, path, context in children.inputs:
+            mlflow.log_input(_split_dataset(name, digest, path), context=context)
         # before the step metrics: the logged model copies the run's metrics so far (the
         # summary, shown in the UI's model list), and thousands of step values took a second
-        _log_model(mlflow, layout, run, splits.example(), model_format,
+        _log_model(mlflow, layout, run, children.example, model_format,
                    model_name(child_name))
         if not private_diagnostics:
             trace = trace.drop(columns=[c for c in PRIVATE_DIAGNOSTICS if c in trace])
@@ -724,7 +765,7 @@ def _log_configuration(children: Children, key: RunKey, splits: _Splits) -> bool
             mlflow.log_artifact(str(png), artifact_path="plots")
     if timing.ended_ms is not None:  # the child lasts as long as its training did
         client.set_terminated(child.info.run_id, "FINISHED", end_time=timing.ended_ms)
-    return True
+    return child.info.run_id
 
 
 class _Timing:

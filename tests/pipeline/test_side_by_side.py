@@ -28,9 +28,18 @@ _STORE_TAGS = {"mlflow.parentRunId", "dpclip.pipelines", "dpclip.model_uri",
                "mlflow.log-model.history"}
 
 
+def _logged_model(client, run) -> tuple:
+    """The child's logged model (its tag dpclip.model_uri): its name, whether the child logged
+    it, and its files."""
+    model = client.get_logged_model(run.data.tags["dpclip.model_uri"].removeprefix("models:/"))
+    files = sorted(item.path for item in client.list_logged_model_artifacts(model.model_id))
+    return model.name, model.source_run_id == run.info.run_id, files
+
+
 def _children(root: Path) -> dict[str, dict]:
     """Each configuration child of the project's MLflow store: its name, parameters, metrics
-    (last values but the training's wall times, and the number of steps), tags but the store's own, and artifact paths."""
+    (last values but the training's wall times, and the number of steps), tags but the
+    store's own, inputs, artifact paths and logged model."""
     import mlflow
 
     from dpclip.tracking import TIMING_METRICS
@@ -49,7 +58,7 @@ def _children(root: Path) -> dict[str, dict]:
         "tags": {k: v for k, v in run.data.tags.items() if k not in _STORE_TAGS},
         "inputs": sorted(i.dataset.digest for i in run.inputs.dataset_inputs),
         "artifacts": sorted(artifacts(run.info.run_id)),
-        "model": run.data.tags["dpclip.model_uri"][:len("models:/")]}
+        "model": _logged_model(client, run)}
         for run in client.search_runs([experiment.experiment_id])
         if run.data.tags.get("dpclip.kind") == "configuration"}
 
@@ -61,15 +70,18 @@ def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny
     traces, audits, reference models' signals and metrics as one process, in every per-run
     stage; the lines come in the configured order. The report's MLflow children, logged by
     two workers, hold what one process logs."""
+    from dpclip.tracking import model_name
+
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # each project's own store
     raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"]},
                    attack={"references": 2})
     roots = {jobs: tmp_path / f"jobs{jobs}" for jobs in (1, 2)}
+    bases = {}
     for jobs, root in roots.items():
         root.mkdir()
-        base = prepared_project(root, raw, write_params)
+        bases[jobs] = prepared_project(root, raw, write_params)
         for stage in ("train", "audit", "reference", "evaluate", "report"):
-            assert main([*base, stage, "--jobs", str(jobs)]) == 0
+            assert main([*bases[jobs], stage, "--jobs", str(jobs)]) == 0
     out = capsys.readouterr().out
     assert out.count("[1/2] dp_sgd-eps8-iid-seed0") == out.count("[2/2] auto_s-eps8") == 8
     one, two = _outputs(roots[1]), _outputs(roots[2])
@@ -79,12 +91,40 @@ def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny
     assert sorted(logged[1]) == ["auto_s-eps8-iid-seed0", "dp_sgd-eps8-iid-seed0"]
     child = logged[1]["dp_sgd-eps8-iid-seed0"]
     assert child["steps"] > 0 and "accuracy" in child["metrics"]
-    assert "checkpoint/model.pt" in child["artifacts"] and child["model"].startswith("models:/")
+    assert "checkpoint/model.pt" in child["artifacts"] and child["model"][1]
+    assert child["model"][0] == model_name(child["name"])
+    assert "MLmodel" in child["model"][2]
     differing = {(run, part) for run in logged[1] for part in logged[1][run]
                  if logged[1][run][part] != logged[2][run][part]}
     assert differing == set(), [(k, v, logged[2][r][p].get(k)) for r, p in differing
                                 for k, v in logged[1][r][p].items()
                                 if logged[2][r][p].get(k) != v]
+    # a child that fails in a worker is named in one clear error (a new store: nothing reused)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'another.db'}")
+    (roots[2] / "runs" / "auto_s-eps8-iid-seed0" / "model.pt").unlink()
+    capsys.readouterr()
+    assert main([*bases[2], "report", "--jobs", "2"]) == 2
+    assert "MLflow: logging auto_s-eps8-iid-seed0 failed (FileNotFoundError" in \
+        capsys.readouterr().err
+
+
+def test_the_report_logs_one_child_per_cpu_at_most_four_unless_told(monkeypatch):
+    from argparse import Namespace
+
+    from dpclip import cli
+    from dpclip.pipeline import side_by_side
+
+    monkeypatch.delenv("DPCLIP_JOBS", raising=False)
+    args = Namespace(command="report", jobs=None, track=None)
+    for cpus, jobs in ((1, 1), (2, 2), (16, 4)):
+        monkeypatch.setattr(side_by_side, "cpu_count", lambda: cpus)
+        assert cli._side_by_side_jobs(args, 2, "cuda") == jobs  # the runs' device: no matter
+    monkeypatch.setenv("DPCLIP_JOBS", "8")
+    assert cli._side_by_side_jobs(args, 2, "cpu") == 8  # as given
+    assert cli._side_by_side_jobs(Namespace(command="report", jobs=3, track=None), 2,
+                                  "cpu") == 3
+    assert cli._side_by_side_jobs(Namespace(command="report", jobs=3, track=False), 2,
+                                  "cpu") == 1  # --no-track: nothing to log
 
 
 def test_a_worker_count_below_one_is_refused(tmp_path, tiny_raw, write_params, capsys):
