@@ -64,7 +64,7 @@ def dvc_project(tmp_path_factory):
     return make_dvc_project(tmp_path_factory)
 
 
-def make_dvc_project(tmp_path_factory, jobs: int = 1):
+def make_dvc_project(tmp_path_factory, jobs: int = 1, warm: bool = False):
     """A copy of the project with tiny params, after one `dvc repro`: (temporary folder,
     project, environment, the output of the repro). Each module that changes it makes its own
     (tests/test_e2e_experiments.py), so that pytest-xdist can run them side by side. ``jobs``:
@@ -72,7 +72,9 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
     every import of a stage's command (a worker ends without Python's exit handlers), and
     because workers for runs of a fraction of a second, beside the other pytest worker, made
     these modules slower (tests/pipeline/test_side_by_side.py compares the outputs of every
-    per-run stage with and without workers)."""
+    per-run stage with and without workers). ``warm``: the repro runs under ``dpclip warm``
+    (``make run``'s way), every stage's command forked from one process, and no import is
+    recorded."""
     tmp = tmp_path_factory.mktemp("e2e")
     project = tmp / "project"
     project.mkdir()
@@ -92,11 +94,23 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
              "plots/offline.html"], project, env)
     # the first repro runs every stage and every run: each stage's command records the dpclip
     # modules it imported (the `executed` fixture), so no stage has to run again for that
-    traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
-        [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
-    first = _sh([str(BIN / "dvc"), "repro"], project, traced)
+    if warm:
+        first = _sh(repro(warm=True), project, env)
+        # every stage's command ran warm (a refused one would say "cold" and why)
+        stages = first.count("Running stage")
+        assert stages >= 10 and f"{stages} dpclip command(s) started warm\n" in first
+    else:
+        traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
+            [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
+        first = _sh(repro(), project, traced)
     _leave_fresh_build(project, fresh_builds(tmp_path_factory) / fresh_build_name(tmp))
     return tmp, project, env, first
+
+
+def repro(warm: bool = False) -> list[str]:
+    """``dvc repro``, or ``dpclip warm -- dvc repro`` (``make run``'s)."""
+    return [str(BIN / "dpclip"), "warm", "--", str(BIN / "dvc"), "repro"] if warm else \
+        [str(BIN / "dvc"), "repro"]
 
 
 # what git tracks of a project's outputs (UNTRACKED_OUTPUTS: the rest), with its parameters

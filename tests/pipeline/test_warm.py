@@ -1,0 +1,65 @@
+"""``dpclip warm``: commands forked from a warm process say and return what cold ones do, and
+a command it cannot stand for runs cold. (A whole pipeline built warm gives the bytes of one
+built cold: tests/test_e2e_experiments.py against tests/test_e2e.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROJECT
+
+DPCLIP = str(Path(sys.executable).parent / "dpclip")
+COMMANDS = f"""
+{DPCLIP} --params bad.yaml validate; echo "status $?"
+{DPCLIP} validate; echo "status $?"
+{DPCLIP} no-such-command; echo "status $?"
+exit 3
+"""
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DPCLIP_WARM"}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _project(tmp_path: Path) -> Path:
+    shutil.copy(PROJECT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "bad.yaml").write_text("train:\n  epochs: -1\n")
+    (tmp_path / "commands.sh").write_text(COMMANDS)
+    return tmp_path
+
+
+def test_warm_commands_say_and_return_what_cold_ones_do(tmp_path):
+    project = _project(tmp_path)
+    cold = _run(["sh", "commands.sh"], project)
+    warm = _run([DPCLIP, "warm", "--", "sh", "commands.sh"], project)
+    assert warm.returncode == cold.returncode == 3  # the command's own status
+    assert warm.stdout == cold.stdout
+    assert [line for line in cold.stdout.splitlines() if line.startswith("status")] == \
+        ["status 2", "status 0", "status 2"]  # a bad value, a good file, argparse's refusal
+    assert "train.epochs: -1" in warm.stderr and "invalid choice: 'no-such-command'" in \
+        warm.stderr
+    assert warm.stderr.replace(
+        "dpclip warm: 3 dpclip command(s) started warm\n", "") == cold.stderr
+    refused = _run([DPCLIP, "warm"], project)
+    assert refused.returncode == 2 and "warm: no command given" in refused.stderr
+
+
+def test_a_command_the_warm_process_cannot_stand_for_runs_cold(tmp_path):
+    """Another environment (a variable torch or OpenMP may read at import) or another working
+    directory (a path resolved at import) than the warm process's: the command runs in its
+    own process, and the summary says why."""
+    project = _project(tmp_path)
+    (project / "elsewhere").mkdir()
+    script = (f"FOO=1 {DPCLIP} validate; echo \"status $?\"\n"
+              f"cd elsewhere && {DPCLIP} --params ../params.yaml validate; echo \"status $?\"\n")
+    warm = _run([DPCLIP, "warm", "--", "sh", "-c", script], project)
+    assert warm.returncode == 0
+    assert warm.stdout.splitlines() == ["params.yaml is valid", "status 0",
+                                        "params.yaml is valid", "status 0"]
+    assert f"0 dpclip command(s) started warm, 2 cold (another environment (FOO); another " \
+           f"working directory than {project})" in warm.stderr
