@@ -57,7 +57,7 @@ WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", "dpclip.stages.check",
                 "dpclip.stages.prepare", "dpclip.stages.partition", "dpclip.stages.shadow",
                 "dpclip.stages.tune", "dpclip.stages.train", "dpclip.stages.audit",
                 "dpclip.stages.reference", "dpclip.stages.evaluate", "dpclip.stages.report",
-                "torch._dynamo", "opacus", "sklearn.metrics", "scipy.stats", *MLFLOW_IMPORTS)
+                "matplotlib.pyplot", "torch._dynamo", "opacus", "sklearn.metrics", "scipy.stats", *MLFLOW_IMPORTS)
 HEADER = struct.Struct("!I")  # the length of each JSON message
 _in_child = False  # a forked child runs its command itself (it would else ask the server)
 
@@ -116,18 +116,21 @@ class _Server:
     def import_once(self, until) -> None:
         """Import :data:`WARM_IMPORTS` (a missing optional library is skipped), or as many as
         come before ``until()`` is true (the command has ended); the headless backend that the
-        figures choose is chosen here first."""
+        figures choose is chosen here first. A command that comes meanwhile is served between
+        two imports (the first, ``check``, needs only the first few; its copy imports the rest
+        it needs itself)."""
         import matplotlib
 
         self.fingerprint = source_fingerprint()  # before the imports: an edit meanwhile shows
         matplotlib.use("Agg")
-        for name in ("matplotlib.pyplot", *WARM_IMPORTS):
+        for name in WARM_IMPORTS:
             if until():
                 return
             try:
                 importlib.import_module(name)
             except ImportError:
                 pass
+            self.serve(timeout=0)
 
     def serve(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
