@@ -89,7 +89,7 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     else:
         for name in UNTRACKED_OUTPUTS + ["summary", "overlays"]:
             shutil.rmtree(project / name, ignore_errors=True)
-        _sh(repro(warm=True), project, env)
+        _sh(repro(), project, env)  # cold: the comparison is warm against cold
         assert _sh(["git", "status", "--porcelain"], project, env) == ""
     # what the commit's outputs were, to get them back from DVC's cache after the experiment
     kept = {path: (project / path).read_bytes() for path in (
@@ -98,8 +98,9 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     # another training length: new models (an evaluation change may leave an underfit
     # model's summary as it was: ECE with 5 or 10 bins is the same when every confidence
     # falls into one bin)
-    _sh([str(BIN / "dpclip"), "warm", "--", str(BIN / "dvc"), "exp", "run", "-S", "train.epochs=3",
-         "-n", "epochs3"], project, env)
+    ran = _sh([str(BIN / "dpclip"), "warm", "--", str(BIN / "dvc"), "exp", "run", "-S",
+               "train.epochs=3", "-n", "epochs3"], project, env)
+    assert " cold (" not in ran  # DVC's experiment variables do not keep it cold
     shown = _sh([str(BIN / "dvc"), "exp", "show", "--json"], project, env)
     (commit,) = [r for r in json.loads(shown[shown.index("["):]) if r["rev"] != "workspace"]
     rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()
     if args.command == "warm":
         try:
-            return serve(args.run[1:] if args.run[:1] == ["--"] else args.run)
+            return serve(args.run[1:] if args.run[:1] == ["--"] else args.run, main)
         except DpclipError as exc:
             print(f"dpclip: error: {exc}", file=sys.stderr)
             return 2

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import PROJECT
@@ -63,3 +65,32 @@ def test_a_command_the_warm_process_cannot_stand_for_runs_cold(tmp_path):
                                         "params.yaml is valid", "status 0"]
     assert f"0 dpclip command(s) started warm, 2 cold (another environment (FOO); another " \
            f"working directory than {project})" in warm.stderr
+
+
+def test_ctrl_c_stops_a_warm_command_as_it_stops_a_cold_one(tmp_path, tiny_raw, write_params):
+    """The copy joins the waiting command's process group, so the terminal's Ctrl-C (a SIGINT
+    to the foreground group) reaches it as it reaches a cold command: KeyboardInterrupt, and
+    the same status."""
+    from conftest import prepared_project
+
+    base = prepared_project(tmp_path, tiny_raw(train={"epochs": 100000}), write_params)
+    command = [DPCLIP, *base, "train", "--method", "non_private", "--epsilon", "8",
+               "--alpha", "iid", "--seed", "0"]
+    statuses, outputs = {}, {}
+    for way, args in (("cold", command), ("warm", [DPCLIP, "warm", "--", *command])):
+        env = {k: v for k, v in os.environ.items() if k != "DPCLIP_WARM"}
+        running = subprocess.Popen(args, cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)  # a terminal's group
+        checkpoint = tmp_path / ".dpclip" / "checkpoints" / "non_private-eps8-iid-seed0.pt"
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and running.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running.poll() is None, running.communicate()[1]  # training, after 5 epochs
+        os.killpg(running.pid, signal.SIGINT)
+        _, outputs[way] = running.communicate(timeout=60)
+        statuses[way] = running.returncode
+        checkpoint.unlink()
+    assert "KeyboardInterrupt" in outputs["cold"] and "KeyboardInterrupt" in outputs["warm"]
+    assert statuses["warm"] == statuses["cold"] != 0
+    assert "dpclip warm: 1 dpclip command(s) started warm" in outputs["warm"]

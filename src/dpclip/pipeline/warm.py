@@ -42,33 +42,45 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
+from importlib.metadata import distributions
 from pathlib import Path
+from typing import Callable
 
 from dpclip.errors import DpclipError
 from dpclip.pipeline.spec import MLFLOW_IMPORTS
 
 SOCKET_VARIABLE = "DPCLIP_WARM"
-# set per command by DVC (the stage's name and root) or by a shell: not read at import
-PER_COMMAND_VARIABLES = ("PWD", "OLDPWD", "SHLVL", "_", "DVC_ROOT", "DVC_STAGE")
+# set per command by DVC (the stage; an experiment's name and base) or by a shell; no library
+# reads them at import
+PER_COMMAND_VARIABLES = ("PWD", "OLDPWD", "SHLVL", "_", "DVC_ROOT", "DVC_STAGE",
+                         "DVC_EXP_BASELINE_REV", "DVC_EXP_NAME")
 # what the stages import as they work (each stage's module, then what its code imports on
-# first use): imported once here, so that no command imports them again
+# first use), in the order they are needed: imported once here, so that no command imports
+# them again
 WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", "dpclip.stages.check",
                 "dpclip.stages.prepare", "dpclip.stages.partition", "dpclip.stages.shadow",
                 "dpclip.stages.tune", "dpclip.stages.train", "dpclip.stages.audit",
                 "dpclip.stages.reference", "dpclip.stages.evaluate", "dpclip.stages.report",
-                "matplotlib.pyplot", "torch._dynamo", "opacus", "sklearn.metrics", "scipy.stats", *MLFLOW_IMPORTS)
+                "matplotlib.pyplot", "torch._dynamo", "opacus", "sklearn.metrics",
+                "scipy.stats", *MLFLOW_IMPORTS)
 HEADER = struct.Struct("!I")  # the length of each JSON message
-_in_child = False  # a forked child runs its command itself (it would else ask the server)
+UCRED = struct.Struct("iII")  # SO_PEERCRED: pid, uid, gid
+STOP_WAIT_S = 10  # a copy still running when the command ends: SIGTERM, then this, SIGKILL
+_in_child = False  # a forked copy runs its command itself (it would else ask the server)
 
 
-def serve(command: list[str]) -> int:
-    """Run ``command`` with warm dpclip commands (module docstring); its exit status."""
+def serve(command: list[str], main: Callable[[list[str]], int]) -> int:
+    """Run ``command`` with warm dpclip commands (module docstring); its exit status. ``main``:
+    what a copy runs with the command's arguments (:func:`dpclip.cli.main`)."""
     if not command:
         raise DpclipError("warm: no command given (e.g. dpclip warm -- dvc repro)")
     folder = tempfile.mkdtemp(prefix="dpclip-warm-")  # mode 0700: only this user
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    handlers = {}
     try:
         listener.bind(path)
         listener.listen(16)
@@ -77,66 +89,87 @@ def serve(command: list[str]) -> int:
             running = subprocess.Popen(command, env=env)
         except OSError as exc:
             raise DpclipError(f"warm: cannot run {command[0]!r}: {exc}") from exc
-        server = _Server(listener, env)
-        interrupted = signal.signal(signal.SIGINT, lambda *_: None)  # the command handles it
+        # Ctrl-C reaches the command from the terminal; SIGTERM and SIGHUP are passed on to it,
+        # and this process ends when it does (so its copies and the socket's folder with it)
+        handlers[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            handlers[signum] = signal.signal(signum, lambda n, _: running.send_signal(n))
+        server = _Server(listener, env, main)
         try:
             server.import_once(until=lambda: running.poll() is not None)
             while running.poll() is None:
                 server.serve(timeout=0.1)
         finally:
-            signal.signal(signal.SIGINT, interrupted)
             server.close()
+            if running.poll() is None:  # this process failed: do not leave the command alone
+                running.terminate()
+                running.wait()
         print(server.summary(), file=sys.stderr)
         code = running.returncode
         return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
     finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def source_fingerprint() -> tuple:
-    """(path, size, modification time) of every dpclip source file: a changed file changes
-    it (a command is then refused: the warm process holds the old code)."""
+def plugin_modules() -> list[str]:
+    """The modules that installed plugins register (the ``dpclip.*`` entry-point groups)."""
+    return sorted({entry.module for dist in distributions() for entry in dist.entry_points
+                   if entry.group.startswith("dpclip")})
+
+
+def source_fingerprint(plugins: list[str] = ()) -> tuple:
+    """(path, size, modification time) of every dpclip source file, then of each of the
+    ``plugins`` modules imported so far: a changed file changes it (a command is then refused:
+    the warm process holds the old code)."""
     root = Path(__file__).resolve().parents[1]
-    return tuple((str(p), s.st_size, s.st_mtime_ns)
-                 for p in sorted(root.rglob("*.py")) for s in [p.stat()])
+    files = sorted(root.rglob("*.py"))
+    files += [Path(sys.modules[name].__file__) for name in plugins
+              if getattr(sys.modules.get(name), "__file__", None)]
+    return tuple((str(p), s.st_size, s.st_mtime_ns) for p in files for s in [p.stat()])
 
 
 class _Server:
-    """The warm process's side: accept commands, fork a child for each, report its status."""
+    """The warm process's side: accept commands, fork a copy for each, report its status."""
 
-    def __init__(self, listener: socket.socket, env: dict):
-        self.listener, self.env, self.cwd = listener, env, os.getcwd()
+    def __init__(self, listener: socket.socket, env: dict, main: Callable[[list[str]], int]):
+        self.listener, self.env, self.cwd, self.main = listener, env, os.getcwd(), main
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
         self.children: dict[int, socket.socket] = {}  # pid -> the waiting command's socket
-        self.fingerprint: tuple = ()
+        self.plugins = plugin_modules()
+        self.fingerprint: tuple = ()  # of the code imported so far (empty: refuse every command)
         self.served, self.refused = 0, []  # commands run warm; refusals' reasons
 
     def import_once(self, until) -> None:
-        """Import :data:`WARM_IMPORTS` (a missing optional library is skipped), or as many as
-        come before ``until()`` is true (the command has ended); the headless backend that the
-        figures choose is chosen here first. A command that comes meanwhile is served between
-        two imports (the first, ``check``, needs only the first few; its copy imports the rest
-        it needs itself)."""
+        """Import :data:`WARM_IMPORTS` (one that fails is skipped: a command that needs it
+        fails as it would cold), or as many as come before ``until()`` is true (the command
+        has ended); the headless backend that the figures choose is chosen here first. A
+        command that comes meanwhile is served between two imports (the first, ``check``,
+        needs only the first few; its copy imports the rest it needs itself)."""
         import matplotlib
 
-        self.fingerprint = source_fingerprint()  # before the imports: an edit meanwhile shows
+        base = self.fingerprint = source_fingerprint()  # an edit during the imports shows
         matplotlib.use("Agg")
         for name in WARM_IMPORTS:
             if until():
                 return
             try:
                 importlib.import_module(name)
-            except ImportError:
+            except Exception:  # noqa: BLE001
                 pass
+            now = source_fingerprint(self.plugins)  # with the plugins imported by now
+            self.fingerprint = now if now[:len(base)] == base else ()
             self.serve(timeout=0)
 
     def serve(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
             if key.fileobj is self.listener:
                 self._accept()
-            else:  # a waiting command went away (or broke the protocol): end its child
+            else:  # a waiting command went away (or broke the protocol): end its copy
+                self.selector.unregister(key.fileobj)
                 self._end(key.data)
         for pid in list(self.children):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -153,18 +186,25 @@ class _Server:
         return text
 
     def close(self) -> None:
-        """End the children still running (their commands are gone with ``<command>``)."""
+        """End the copies still running (their commands are gone with ``<command>``): SIGTERM
+        (and SIGCONT, should one be stopped), then SIGKILL after :data:`STOP_WAIT_S`."""
         for pid in list(self.children):
             self._end(pid)
-            os.waitpid(pid, 0)
+            for _ in range(STOP_WAIT_S * 10):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             self._report(pid, None)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         fds: list[int] = []
         try:
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                      struct.calcsize("3i")))[1]
+            uid = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               UCRED.size))[1]
             request, fds = _receive(conn, with_fds=True)
             refusal = self._refusal(uid, request, fds)
             if refusal:
@@ -176,26 +216,34 @@ class _Server:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                self._child(request, fds)  # never returns
-        except (OSError, ValueError):
-            conn.close()
+                self._child(request, fds, conn)  # never returns
+        except Exception:  # noqa: BLE001 - that command's failure, never the server's: its
+            conn.close()  # socket closes, and it says so
             return
         finally:
-            for fd in fds:  # the child has its copies: the command's readers must see EOF
+            for fd in fds:  # the copy has its own: the command's readers must see EOF
                 os.close(fd)
+        _join_group(pid, request["pgrp"])  # as the copy does: no signal comes before it
         self.served += 1
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
         try:
             _send(conn, {"pid": pid})
-        except OSError:  # the command went away: so does its child
+        except OSError:  # the command went away: so does its copy
+            self.selector.unregister(conn)
             self._end(pid)
 
     def _refusal(self, uid: int, request: dict, fds: list[int]) -> str | None:
+        """Why a command cannot run warm (None: it can): what the warm process read at import
+        could differ from what the command would read."""
         if uid != os.getuid():
             return "another user"
+        if not {"argv", "cwd", "env", "pgrp", "umask", "cpus"} <= set(request):
+            return "an incomplete request"
         if len(fds) != 3:
             return "not the three standard streams"
+        if (request.get("python"), request.get("dpclip")) != (sys.executable, _package()):
+            return "another Python or dpclip installation"
         if request.get("cwd") != self.cwd:
             return f"another working directory than {self.cwd}"
         ignored = set(PER_COMMAND_VARIABLES)
@@ -204,54 +252,67 @@ class _Server:
                            if k not in ignored and env.get(k) != self.env.get(k))
         if differing:
             return f"another environment ({', '.join(differing[:5])})"
-        if source_fingerprint() != self.fingerprint:
+        if not self.fingerprint or source_fingerprint(self.plugins) != self.fingerprint:
             return "a dpclip source file changed since the warm imports"
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():  # pragma: no cover - GPU
+            return "CUDA was initialised in the warm process"
         return None
 
-    def _child(self, request: dict, fds: list[int]) -> None:
-        """In the forked child: become the command and exit with its status."""
+    def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
+        """In the forked copy: become the command and exit as its interpreter would."""
         global _in_child
         _in_child, code = True, 1
         try:
             self.selector.close()
             self.listener.close()
-            for conn in self.children.values():
-                conn.close()
-            os.setpgid(0, 0)  # signals reach it through the waiting command only
+            conn.close()
+            for other in self.children.values():
+                other.close()
+            _join_group(0, request["pgrp"])
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
+                os.close(fd)
+            fds.clear()
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             sys.stdout.reconfigure(line_buffering=os.isatty(1))
+            os.umask(request["umask"])
+            if request["cpus"] and hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, request["cpus"])
+            own = {k: v for k, v in os.environ.items() if k not in self.env}
             os.environ.clear()
+            os.environ.update(own)  # what the warm imports set, as a cold command's would
             os.environ.update(request["env"])
             sys.argv = list(request["argv"])
-            from dpclip.cli import main
-
-            code = main(sys.argv[1:])
+            code = self.main(sys.argv[1:])
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if not isinstance(exc.code, (int, type(None))):
                 print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - as an uncaught exception ends a cold command
-            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - as an uncaught exception (Ctrl-C's
+            traceback.print_exc()  # KeyboardInterrupt too) ends a cold command: status 1
         finally:
             try:
-                atexit._run_exitfuncs()  # what a cold command's interpreter runs at exit
+                threading._shutdown()  # what a cold interpreter does at exit: threads, then
+                atexit._run_exitfuncs()  # the exit handlers
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:
                 os._exit(code if isinstance(code, int) else 1)
 
     def _end(self, pid: int) -> None:
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        for signum in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     def _report(self, pid: int, code: int | None) -> None:
         conn = self.children.pop(pid)
-        self.selector.unregister(conn)
+        if conn in {key.fileobj for key in self.selector.get_map().values()}:
+            self.selector.unregister(conn)
         try:
             if code is not None:
                 _send(conn, {"exit": code})
@@ -260,35 +321,70 @@ class _Server:
         conn.close()
 
 
+def _join_group(pid: int, pgrp: int) -> None:
+    """Put the copy ``pid`` (0: this process) into the waiting command's process group, so
+    that the terminal treats it as that command (Ctrl-C, Ctrl-Z, reading standard input);
+    its own group where that is not allowed (another session)."""
+    try:
+        os.setpgid(pid, pgrp)
+    except OSError:
+        try:
+            os.setpgid(pid, 0)
+        except OSError:
+            pass
+
+
+def _package() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
 def run_warm(argv: list[str]) -> int | None:
     """Have the warm process named by :data:`SOCKET_VARIABLE` run ``dpclip <argv>``; its exit
     status, or None when there is none or it refuses (the caller then runs the command)."""
     path = os.environ.get(SOCKET_VARIABLE)
     if not path or _in_child:
         return None
+    umask = os.umask(0)
+    os.umask(umask)
+    request = {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
+               "pgrp": os.getpgrp(), "umask": umask, "python": sys.executable,
+               "dpclip": _package(),
+               "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else []}
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        _send(conn, {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(),
-                     "env": dict(os.environ)}, fds=[0, 1, 2])
-        reply, _ = _receive(conn)
+        _send(conn, request, fds=[0, 1, 2])
+    except OSError:
+        return None  # no warm process to ask: run cold
+    replies = conn.makefile("rb")
+    try:
+        reply = _read_message(replies)
     except (OSError, ValueError):
+        reply = {}
+    if "refused" in reply:
         return None
     if "pid" not in reply:
-        return None
+        print("dpclip: error: the warm process (dpclip warm) ended without starting the "
+              "command; run it without dpclip warm", file=sys.stderr)
+        return 1
     pid = reply["pid"]
 
-    def forward(signum, _frame):
+    def forward(signum, _frame):  # a signal sent to this process, not to its group
         try:
-            os.killpg(pid, signum)
-        except ProcessLookupError:
+            os.kill(pid, signum)
+        except OSError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C reaches the copy from the terminal (it is in this process's group): this process
+    # waits for its status, as the copy handles it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, forward)
     try:
-        done, _ = _receive(conn)
+        done = _read_message(replies)
     except (OSError, ValueError):
+        forward(signal.SIGTERM, None)
         print("dpclip: error: the warm process (dpclip warm) ended before the command",
               file=sys.stderr)
         return 1
@@ -306,9 +402,23 @@ def _send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> N
         conn.sendall(data)
 
 
+def _read_message(stream) -> dict:
+    """The next whole message from a buffered reader of the socket (replies can arrive
+    together: the process id and, for a short command, its status)."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        raise ValueError("the connection closed")
+    (size,) = HEADER.unpack(header)
+    body = stream.read(size)
+    if len(body) < size:
+        raise ValueError("the connection closed mid-message")
+    return json.loads(body)
+
+
 def _receive(conn: socket.socket, with_fds: bool = False) -> tuple[dict, list[int]]:
     """One message (and, ``with_fds``, the file descriptors sent with it); ValueError when the
-    connection closes before it is whole or it is no JSON (the descriptors then closed)."""
+    connection closes before it is whole or it is no JSON object (the descriptors then
+    closed)."""
     fds: list[int] = []
     if with_fds:
         data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
@@ -321,7 +431,10 @@ def _receive(conn: socket.socket, with_fds: bool = False) -> tuple[dict, list[in
             if not more:
                 raise ValueError("the connection closed mid-message")
             data += more
-        return json.loads(data[HEADER.size:HEADER.size + HEADER.unpack_from(data)[0]]), fds
+        message = json.loads(data[HEADER.size:HEADER.size + HEADER.unpack_from(data)[0]])
+        if not isinstance(message, dict):
+            raise ValueError("not a request")
+        return message, fds
     except (ValueError, OSError):
         for fd in fds:
             os.close(fd)
