@@ -31,6 +31,7 @@ checked). Nothing outlives ``<command>``: the socket's folder is removed when it
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -68,6 +69,7 @@ WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", "dpclip.stages.check",
                 "scipy.stats", *MLFLOW_IMPORTS)
 HEADER = struct.Struct("!I")  # the length of each JSON message
 UCRED = struct.Struct("iII")  # SO_PEERCRED: pid, uid, gid
+PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the copy's, as a cold command's
 STOP_WAIT_S = 10  # a copy still running when the command ends: SIGTERM, then this, SIGKILL
 _in_child = False  # a forked copy runs its command itself (it would else ask the server)
 
@@ -93,7 +95,8 @@ def serve(command: list[str], main: Callable[[list[str]], int]) -> int:
         # and this process ends when it does (so its copies and the socket's folder with it)
         handlers[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            handlers[signum] = signal.signal(signum, lambda n, _: running.send_signal(n))
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: stays ignored
+                handlers[signum] = signal.signal(signum, lambda n, _: running.send_signal(n))
         server = _Server(listener, env, main)
         try:
             server.import_once(until=lambda: running.poll() is not None)
@@ -200,7 +203,10 @@ class _Server:
             self._report(pid, None)
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
         fds: list[int] = []
         try:
             uid = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
@@ -214,21 +220,26 @@ class _Server:
                 return
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                self._child(request, fds, conn)  # never returns
+            # no signal between the fork and the copy's own handlers: it waits for them
+            signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_SIGNALS)
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    self._child(request, fds, conn)  # never returns
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)
         except Exception:  # noqa: BLE001 - that command's failure, never the server's: its
             conn.close()  # socket closes, and it says so
             return
         finally:
             for fd in fds:  # the copy has its own: the command's readers must see EOF
                 os.close(fd)
-        _join_group(pid, request["pgrp"])  # as the copy does: no signal comes before it
+        joined = _join_group(pid, request["pgrp"])  # as the copy does: no signal before it
         self.served += 1
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
         try:
-            _send(conn, {"pid": pid})
+            _send(conn, {"pid": pid, "joined": joined})
         except OSError:  # the command went away: so does its copy
             self.selector.unregister(conn)
             self._end(pid)
@@ -238,7 +249,7 @@ class _Server:
         could differ from what the command would read."""
         if uid != os.getuid():
             return "another user"
-        if not {"argv", "cwd", "env", "pgrp", "umask", "cpus"} <= set(request):
+        if not {"argv", "cwd", "env", "pgrp", "umask", "cpus", "ignored"} <= set(request):
             return "an incomplete request"
         if len(fds) != 3:
             return "not the three standard streams"
@@ -274,9 +285,11 @@ class _Server:
                 os.dup2(fd, target)
                 os.close(fd)
             fds.clear()
-            for signum in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for signum in PASSED_SIGNALS:  # what a cold command starts with
+                signal.signal(signum, signal.SIG_IGN if signum in request["ignored"] else
+                              signal.default_int_handler if signum == signal.SIGINT else
+                              signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)
             sys.stdout.reconfigure(line_buffering=os.isatty(1))
             os.umask(request["umask"])
             if request["cpus"] and hasattr(os, "sched_setaffinity"):
@@ -296,7 +309,8 @@ class _Server:
         finally:
             try:
                 threading._shutdown()  # what a cold interpreter does at exit: threads, then
-                atexit._run_exitfuncs()  # the exit handlers
+                atexit._run_exitfuncs()  # the exit handlers, then the last collection
+                gc.collect()
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:
@@ -321,17 +335,19 @@ class _Server:
         conn.close()
 
 
-def _join_group(pid: int, pgrp: int) -> None:
+def _join_group(pid: int, pgrp: int) -> bool:
     """Put the copy ``pid`` (0: this process) into the waiting command's process group, so
     that the terminal treats it as that command (Ctrl-C, Ctrl-Z, reading standard input);
-    its own group where that is not allowed (another session)."""
+    its own group where that is not allowed (another session). Whether it joined."""
     try:
         os.setpgid(pid, pgrp)
+        return True
     except OSError:
         try:
             os.setpgid(pid, 0)
         except OSError:
             pass
+        return False
 
 
 def _package() -> str:
@@ -346,9 +362,10 @@ def run_warm(argv: list[str]) -> int | None:
         return None
     umask = os.umask(0)
     os.umask(umask)
+    ignored = [int(n) for n in PASSED_SIGNALS if signal.getsignal(n) is signal.SIG_IGN]
     request = {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
                "pgrp": os.getpgrp(), "umask": umask, "python": sys.executable,
-               "dpclip": _package(),
+               "dpclip": _package(), "ignored": ignored,
                "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else []}
     try:
@@ -376,11 +393,12 @@ def run_warm(argv: list[str]) -> int | None:
         except OSError:
             pass
 
-    # Ctrl-C reaches the copy from the terminal (it is in this process's group): this process
-    # waits for its status, as the copy handles it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+    # in this process's group, the copy gets the terminal's Ctrl-C itself: this process waits
+    # for its status, as the copy handles it; in a group of its own, Ctrl-C is passed on
+    for signum in PASSED_SIGNALS:  # one this process ignores, the copy ignores too
+        if signum not in ignored:
+            joined = signum == signal.SIGINT and reply.get("joined")
+            signal.signal(signum, signal.SIG_IGN if joined else forward)
     try:
         done = _read_message(replies)
     except (OSError, ValueError):
