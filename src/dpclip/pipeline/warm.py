@@ -11,21 +11,24 @@ is carried out by a process forked from it (a zygote: the fork server of
 1. ``<command>`` gets the environment variable :data:`SOCKET_VARIABLE`, the path of a Unix
    socket in a private folder (mode 0700) that this process listens on;
 2. a ``dpclip`` command that finds it (:func:`run_warm`) sends its arguments, working
-   directory and environment, and passes its standard input, output and error (the file
-   descriptors themselves, ``SCM_RIGHTS``), instead of running;
-3. this process forks; the child takes the command's standard streams, environment and
-   arguments, runs :func:`dpclip.cli.main` in its own process group, and exits with its status,
-   which goes back to the waiting command; a signal the waiting command gets (Ctrl-C,
-   SIGTERM) goes to the child, and a child whose command went away is ended.
+   directory, environment, umask, CPU set and ignored signals, and passes its standard input,
+   output and error (the file descriptors themselves, ``SCM_RIGHTS``), instead of running;
+3. this process forks a copy; the copy joins the waiting command's process group (so the
+   terminal's Ctrl-C reaches it as it would reach the command), takes the command's streams,
+   environment and arguments, runs :func:`dpclip.cli.main` and exits as a cold interpreter
+   would (threads joined, exit handlers run); its status goes back to the waiting command,
+   which passes on a SIGTERM or SIGHUP it gets; a copy whose command went away is ended.
 
-The child executes only its own stage's code, with the very modules a cold command imports:
-the results are the same bytes (``tests/pipeline/test_warm.py`` compares a warm build with a
-cold one). A command is refused, and then simply runs as usual in its own process, when what
-the warm process read at import could differ from what the command would read: another
-working directory, another environment (but for the variables DVC sets per stage and the
-shell's own, :data:`PER_COMMAND_VARIABLES`), or a dpclip source file changed since the
-imports. Only the user who started it can connect (the folder's mode, and the peer's uid is
-checked). Nothing outlives ``<command>``: the socket's folder is removed when it ends.
+The copy executes only its own stage's code, in a process that has imported every stage's
+modules and their libraries (module code that defines functions and classes): the results are
+the same bytes (tests/test_e2e_experiments.py builds a project warm and compares every
+committed file with tests/test_e2e.py's cold build). A command is refused, and then simply
+runs as usual in its own process, when what the warm process read at import could differ from
+what the command would read: another working directory, another environment (but for
+:data:`PER_COMMAND_VARIABLES`), another Python or dpclip installation, or a dpclip source file
+or plugin module changed since the imports. Only the user who started it can connect (the
+folder's mode, and the peer's uid is checked). When ``<command>`` ends, so does this process,
+after ending any copy still running, and the socket's folder is removed.
 """
 
 from __future__ import annotations
@@ -127,8 +130,7 @@ def source_fingerprint(plugins: list[str] = ()) -> tuple:
     """(path, size, modification time) of every dpclip source file, then of each of the
     ``plugins`` modules imported so far: a changed file changes it (a command is then refused:
     the warm process holds the old code)."""
-    root = Path(__file__).resolve().parents[1]
-    files = sorted(root.rglob("*.py"))
+    files = sorted(Path(_package()).rglob("*.py"))
     files += [Path(sys.modules[name].__file__) for name in plugins
               if getattr(sys.modules.get(name), "__file__", None)]
     return tuple((str(p), s.st_size, s.st_mtime_ns) for p in files for s in [p.stat()])
