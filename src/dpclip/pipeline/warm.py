@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Callable
 
 from dpclip.errors import DpclipError
-from dpclip.pipeline.spec import MLFLOW_IMPORTS
+from dpclip.pipeline.spec import MLFLOW_IMPORTS, STAGES
 
 SOCKET_VARIABLE = "DPCLIP_WARM"
 # set per command by DVC (the stage; an experiment's name and base) or by a shell; no library
@@ -64,10 +64,7 @@ PER_COMMAND_VARIABLES = ("PWD", "OLDPWD", "SHLVL", "_", "DVC_ROOT", "DVC_STAGE",
 # what the stages import as they work (each stage's module, then what its code imports on
 # first use), in the order they are needed: imported once here, so that no command imports
 # them again
-WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", "dpclip.stages.check",
-                "dpclip.stages.prepare", "dpclip.stages.partition", "dpclip.stages.shadow",
-                "dpclip.stages.tune", "dpclip.stages.train", "dpclip.stages.audit",
-                "dpclip.stages.reference", "dpclip.stages.evaluate", "dpclip.stages.report",
+WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", *(stage.module for stage in STAGES),
                 "matplotlib.pyplot", "torch._dynamo", "opacus", "sklearn.metrics",
                 "scipy.stats", *MLFLOW_IMPORTS)
 HEADER = struct.Struct("!I")  # the length of each JSON message
