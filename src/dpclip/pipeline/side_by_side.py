@@ -7,11 +7,12 @@ its own thread count (``train.threads``) and seeds its own generators, so a run 
 same bytes in any process; ``dpclip verify`` compares the results of a pipeline run with a
 commit's.
 
-The workers are forked from multiprocessing's fork server, a process that imported the stage's
-module and has run nothing else. Forking the stage's own process instead would be cheaper, but
-torch's OpenMP thread pool does not survive a fork: a child forked after its parent ran one
-parallel region hangs in its own first one. The command starts the server before it imports
-torch itself (:func:`start_server`), so the two imports overlap on two cores.
+The workers are forked from a fork server (:mod:`dpclip.pipeline.fork_server`), a process that
+imported the stage's module and has run nothing else. Forking the stage's own process instead
+would be cheaper, but torch's OpenMP thread pool does not survive a fork: a child forked after
+its parent ran one parallel region hangs in its own first one. A command on its own starts the
+server before it imports torch itself (:func:`start_server`), so the two imports overlap on two
+cores; under ``dpclip warm`` the stage commands share the one the warm process started.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
 stops the runs not yet handed to the workers (Python's pool hands over one run more than it
@@ -24,7 +25,6 @@ workers' runs too (Python's process pool does so), which is reported as one erro
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dpclip.errors import DpclipError
+from dpclip.pipeline import fork_server
 
 # the worker's row for its progress bar (tqdm's position), so that bars do not overwrite each
 # other on one terminal; read by dpclip.train.runs.base (not imported here: no torch yet)
@@ -65,7 +66,7 @@ def default_jobs(threads: int | None = None, device: str = "cpu") -> int:
         if not given.isdigit() or int(given) < 1:
             raise DpclipError(f"{JOBS_VARIABLE}: {given!r} must be a whole number of at least 1")
         return int(given)
-    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
+    if not fork_server.available():  # Windows
         return 1
     if device == "cuda" or (device == "auto" and Path("/dev/nvidiactl").exists()):
         return 1
@@ -84,41 +85,21 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
-def _context(module: str, preload: tuple[str, ...] = ()):
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["dpclip", module, *preload])
-    return context
-
-
 def start_server(module: str, preload: tuple[str, ...] = ()) -> None:
-    """Start the fork server now, importing ``module`` (the stage's) and ``preload`` (what its
-    workers import later: each would else import it again), so that these imports run while
-    this process imports its own and works.
-
-    Its workers wait for work in OpenMP's passive mode (``OMP_WAIT_POLICY=PASSIVE``, unless
-    the environment sets a policy): two workers of two threads each on two cores, spinning as
-    OpenMP's threads do by default, took the default pipeline's train stage from 11.7 s (one
-    process) to 46 s; passive (the workers only), 7.8 s. The policy changes when a thread
-    sleeps, not what it computes. This process keeps its own policy (it reads it when it
-    imports torch, after)."""
-    _context(module, preload)
-    from multiprocessing import forkserver
-
-    chosen = {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    if not any(chosen.values()):
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        forkserver.ensure_running()
-    finally:
-        if not any(chosen.values()):
-            del os.environ["OMP_WAIT_POLICY"]
+    """Start the workers' fork server now, importing ``module`` (the stage's) and ``preload``
+    (what its workers import later: each would else import it again), so that these imports
+    run while this process imports its own and works; under ``dpclip warm`` the server the
+    warm process started serves instead."""
+    fork_server.start_server(("dpclip", module, *preload))
 
 
-def _start_worker(rows, owner: int) -> None:
-    """A worker's set-up: its progress-bar row, the command's reporting, and a watch on the
-    command's process (``owner``): the fork server outlives it while workers run, so a worker
-    whose command died (killed, say) ends itself within a second rather than finish its run
-    unowned and race a new command on the same outputs."""
+def _start_worker(rows, owner: int, streams: tuple[int, int]) -> None:
+    """A worker's set-up: the command's standard output and error, its progress-bar row, the
+    command's reporting, and a watch on the command's process (``owner``): the fork server
+    outlives it while workers run, so a worker whose command died (killed, say) ends itself
+    within a second rather than finish its run unowned and race a new command on the same
+    outputs."""
+    fork_server.attach_streams(streams)
     os.environ[PROGRESS_ROW] = str(rows.get())
     configure_process()
     threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
@@ -144,12 +125,12 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
     (:func:`start_server`)."""
     jobs = max(1, min(jobs, len(keys)))
     start_server(module, preload)  # the command started it already, unless called elsewhere
-    context = _context(module, preload)
-    rows = context.Queue()
+    rows = fork_server.WORKERS.Queue()
     for row in range(jobs):
         rows.put(row)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker,
-                               initargs=(rows, os.getpid()))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=fork_server.WORKERS,
+                               initializer=_start_worker,
+                               initargs=(rows, os.getpid(), fork_server.StandardStreams()))
     interrupted, futures = False, []
     try:
         futures = [pool.submit(run, key) for key in keys]

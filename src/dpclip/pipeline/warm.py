@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Callable
 
 from dpclip.errors import DpclipError
+from dpclip.pipeline import fork_server
+from dpclip.pipeline.side_by_side import default_jobs
 from dpclip.pipeline.spec import MLFLOW_IMPORTS, STAGES
 
 SOCKET_VARIABLE = "DPCLIP_WARM"
@@ -154,6 +156,7 @@ class _Server:
         import matplotlib
 
         base = self.fingerprint = source_fingerprint()  # an edit during the imports shows
+        _start_worker_server()
         matplotlib.use("Agg")
         for name in WARM_IMPORTS:
             if until():
@@ -217,6 +220,7 @@ class _Server:
                 _send(conn, {"refused": refusal})
                 conn.close()
                 return
+            fork_server.drop_ended_server()  # the copy inherits a running one or none
             sys.stdout.flush()
             sys.stderr.flush()
             # no signal between the fork and the copy's own handlers: it waits for them
@@ -332,6 +336,19 @@ class _Server:
         except OSError:
             pass
         conn.close()
+
+
+def _start_worker_server() -> None:
+    """Start the fork server of every stage's side-by-side workers, which the copies inherit
+    (:mod:`dpclip.pipeline.fork_server`), unless the commands would run no workers (one CPU,
+    a GPU, ``DPCLIP_JOBS=1``; a command that does start workers then starts its own)."""
+    try:
+        if default_jobs(device="auto") < 2:
+            return
+    except DpclipError:  # a bad DPCLIP_JOBS: each command says so
+        return
+    modules = dict.fromkeys(("dpclip", *(name for stage in STAGES for name in stage.workers)))
+    fork_server.start_server(tuple(modules))
 
 
 def _join_group(pid: int, pgrp: int) -> bool:
