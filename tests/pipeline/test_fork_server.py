@@ -115,7 +115,8 @@ def test_the_warm_process_starts_one_server_for_every_stages_workers(monkeypatch
     monkeypatch.setattr(fork_server, "start_server", started.append)
     monkeypatch.setenv("DPCLIP_JOBS", "2")
     warm._start_worker_server()
-    assert set(started[0]) == {"dpclip", *(m for stage in STAGES for m in stage.workers)}
+    assert set(started[0]) == {"dpclip", *(m for stage in STAGES for m in stage.workers),
+                               *warm.FIRST_USE_IMPORTS}
     assert "dpclip.stages.train" in started[0] and "mlflow" in started[0]
     monkeypatch.setenv("DPCLIP_JOBS", "1")  # no command would start workers
     warm._start_worker_server()
