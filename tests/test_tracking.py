@@ -232,13 +232,19 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
         assert {"path": "summary.json", "type": "table"} in json.loads(
             parent.data.tags["mlflow.loggedArtifacts"])
 
-    # without reports/summary.csv the pipeline is logged all the same, and the log says so
+    # without reports/summary.csv the pipeline is logged all the same, and the log says so;
+    # a figure drawn meanwhile (the report's worker) is logged once `figures` returns
     summary_csv.unlink()
+    late = tmp_path / "reports" / "privacy_utility.png"
+    late.unlink(missing_ok=True)
     params = load_params(tmp_path / "params.yaml")
     with caplog.at_level(logging.WARNING, logger="dpclip.tracking"):
-        result = log_pipeline(params, Layout(tmp_path), configured_runs(params))
+        result = log_pipeline(params, Layout(tmp_path), configured_runs(params),
+                              figures=lambda: late.write_bytes(b"drawn meanwhile"))
     assert result["tables"] == ["comparison.json"] and result["reused"] == [RUN]
     assert "summary.csv not in" in caplog.text
+    assert "report/privacy_utility.png" in {a.path for a in client.list_artifacts(
+        result["parent_run_id"], "report")}
     assert {a.path for a in client.list_artifacts(result["parent_run_id"])} >= {
         "comparison.json"}
     assert "summary.json" not in {a.path for a in client.list_artifacts(

@@ -52,6 +52,7 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -340,14 +341,17 @@ def source_tags(commit: str) -> dict:
     return tags
 
 
-def log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int = 1) -> dict:
+def log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int = 1,
+                 figures: Callable[[], object] = lambda: None) -> dict:
     """Log one pipeline execution; returns the parent run id and what was new or reused. The
-    children are logged ``jobs`` at a time in worker processes (:func:`log_children`).
-    ``MLFLOW_TRACKING_URI`` is put back as it was after (mlflow.set_tracking_uri exports it),
-    so a process this one starts later does not log into this project's store."""
+    children are logged ``jobs`` at a time in worker processes (:func:`log_children`);
+    ``figures()`` returns once the report's figures are drawn (they may be drawn meanwhile),
+    before they are logged. ``MLFLOW_TRACKING_URI`` is put back as it was after
+    (mlflow.set_tracking_uri exports it), so a process this one starts later does not log into
+    this project's store."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     try:
-        return _log_pipeline(params, layout, runs, jobs)
+        return _log_pipeline(params, layout, runs, jobs, figures)
     finally:
         if before is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -355,7 +359,8 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int =
             os.environ["MLFLOW_TRACKING_URI"] = before
 
 
-def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int) -> dict:
+def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
+                  figures: Callable[[], object]) -> dict:
     import mlflow
 
     root = layout.root.resolve()
@@ -372,14 +377,6 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int)
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", {**params.to_dict(), "data": params.data.as_written()}, {}))
-        roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
-        for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
-                     "clip_thresholds.png", *roc_figures,
-                     "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
-                     "paired_vs_dp_sgd.csv", "tuning.csv",
-                     "data_use.md"):
-            if (layout.reports / name).exists():
-                mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         tables = _log_tables(mlflow, layout)
         _log_shadow(mlflow, layout)
         _log_tuning(mlflow, experiment_id, layout)
@@ -408,6 +405,15 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int)
                 example=splits.example())
             for _ in log_children(children, new, jobs):
                 pass
+        figures()
+        roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
+        for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
+                     "clip_thresholds.png", *roc_figures,
+                     "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
+                     "paired_vs_dp_sgd.csv", "tuning.csv",
+                     "data_use.md"):
+            if (layout.reports / name).exists():
+                mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
                          "dpclip.children_filter": _children_filter(parent_id)})
         summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"

@@ -11,14 +11,15 @@ import pytest
 from conftest import prepared_project
 from dpclip.cli import main
 from dpclip.errors import ConfigError, DpclipError
-from dpclip.pipeline.side_by_side import PROGRESS_ROW, run_side_by_side
+from dpclip.pipeline.side_by_side import PROGRESS_ROW, in_a_worker, run_side_by_side
 
 
 def _outputs(root: Path) -> dict[str, bytes]:
-    """Every file the per-run stages wrote that DVC hashes, but for the figures (PNG files
-    carry no number of their own)."""
+    """Every file the per-run stages wrote that DVC hashes, but for their figures (PNG files
+    carry no number of their own), and the report's files, its figures too (drawn in a worker
+    with two jobs, in the command's process with one)."""
     folders = ("runs", "traces", "audits", "references", "metrics", "scores", "plots/roc",
-               "plots/reliability")
+               "plots/reliability", "reports")
     return {str(p.relative_to(root)): p.read_bytes() for folder in folders
             for p in sorted((root / folder).rglob("*")) if p.is_file()}
 
@@ -106,6 +107,30 @@ def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny
     assert main([*bases[2], "report", "--jobs", "2"]) == 2
     assert "MLflow: logging auto_s-eps8-iid-seed0 failed (FileNotFoundError" in \
         capsys.readouterr().err
+
+
+def whose(path: str) -> int:
+    """Write this process's id into ``path``; return it (a function for a worker)."""
+    import os
+
+    Path(path).write_text(str(os.getpid()))
+    return os.getpid()
+
+
+def fail(_path: str) -> None:
+    raise ConfigError(["report.figures: cannot draw"])
+
+
+def test_in_a_worker_runs_beside_the_body_and_raises_what_the_function_raised(tmp_path):
+    import functools
+    import os
+
+    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "dpclip.io") as done:
+        assert done.result() != os.getpid()
+    assert (tmp_path / "pid").read_text() == str(done.result())
+    with in_a_worker(functools.partial(fail, ""), "dpclip.io") as done:
+        with pytest.raises(ConfigError, match="cannot draw"):
+            done.result()
 
 
 def test_the_report_logs_one_child_per_cpu_at_most_four_unless_told(monkeypatch):

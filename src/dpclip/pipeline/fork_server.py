@@ -14,8 +14,11 @@ one fork per request; the worker's pid, then its exit status, go back on a pipe)
 protocol, but keeps the server's address and "alive" pipe in an object that a forked process
 inherits and uses as it is. The warm process starts one for every stage's workers as it starts,
 so the stage commands it forks find theirs running; a command on its own starts its own, as
-before. A worker is the same either way: forked from a server that imported the same modules
-with the same environment, it computes the same bytes (``dpclip verify``).
+before. The warm process's server imports more (every stage's worker modules, and what the
+runs import on first use) and has the warm process's environment (a command's differs at most
+by variables DVC sets per stage, which no worker reads); a worker takes from the command that
+asked for it what it would have inherited from it (:class:`AskingProcess`), and computes the
+same bytes either way (``dpclip verify``; tests/pipeline/test_fork_server.py).
 
 The server imports in OpenMP's passive mode (``OMP_WAIT_POLICY=PASSIVE``, unless the
 environment sets a policy): two workers of two threads each on two cores, spinning as OpenMP's
@@ -23,28 +26,49 @@ threads do by default, took the default pipeline's train stage from 11.7 s (one 
 46 s; passive (the workers only), 7.8 s. The policy changes when a thread sleeps, not what it
 computes; the process that starts the server keeps its own.
 
-Each worker writes to the standard output and error of the process that asked for it, not the
-server's (they differ under ``dpclip warm``, whose copies take the waiting command's streams).
 """
 
 from __future__ import annotations
 
 import atexit
 import io
+import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing.context import ForkServerContext, ForkServerProcess, set_spawning_popen
 
 from dpclip.errors import DpclipError
 
+log = logging.getLogger(__name__)
 PASSIVE_UNLESS_SET = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # a policy the user chose is kept
+PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # ignored in a worker as asked
 _server: ForkServer | None = None  # this process's, or the one inherited from its starter
+
+
+# run by the server's interpreter: import the modules (one that fails is skipped, as a worker
+# would then fail on its own import; Ctrl-C cannot end the server half-way), freeze what they
+# allocated out of the garbage collector's reach (a worker's collections then leave those
+# pages shared with the server), then multiprocessing's own server loop
+SERVER_CODE = """import gc, importlib, signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+for name in {modules!r}:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+gc.freeze()
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from multiprocessing.forkserver import main
+main({listener}, {alive}, [])
+"""
 
 
 class ForkServer:
@@ -54,54 +78,64 @@ class ForkServer:
 
     def __init__(self, modules: tuple[str, ...]):
         self.modules, self.owner = tuple(modules), os.getpid()
-        self.folder = tempfile.mkdtemp(prefix="dpclip-workers-")  # mode 0700: this user only
+        try:
+            self.folder = tempfile.mkdtemp(prefix="dpclip-workers-")  # mode 0700: this user only
+        except OSError as exc:
+            raise DpclipError(f"cannot start the workers' fork server: {exc}") from exc
         self.address = os.path.join(self.folder, "socket")
+        self.alive_w: int | None = None
         env = dict(os.environ)
         if not any(env.get(name) for name in PASSIVE_UNLESS_SET):
             env["OMP_WAIT_POLICY"] = "PASSIVE"
-        with socket.socket(socket.AF_UNIX) as listener:
-            listener.bind(self.address)
-            listener.listen()
-            # every holder of alive_w (this process, the processes forked from it, the
-            # workers) keeps the server up; when the last one closes it, the server ends
-            alive_r, self.alive_w = os.pipe()
-            code = (f"from multiprocessing.forkserver import main; "
-                    f"main({listener.fileno()}, {alive_r}, {list(self.modules)!r})")
-            try:
-                self.process = subprocess.Popen([sys.executable, "-c", code], env=env,
-                                                pass_fds=(listener.fileno(), alive_r),
-                                                stdin=subprocess.DEVNULL)
-            except OSError as exc:
+        try:
+            with socket.socket(socket.AF_UNIX) as listener:
+                listener.bind(self.address)
+                listener.listen()
+                # every holder of alive_w (this process, the processes forked from it, the
+                # workers) keeps the server up; when the last one closes it, the server ends
+                alive_r, self.alive_w = os.pipe()
+                code = SERVER_CODE.format(modules=list(self.modules),
+                                          listener=listener.fileno(), alive=alive_r)
+                try:  # the interpreter and its flags, as multiprocessing starts its server
+                    self.process = subprocess.Popen(
+                        [spawn.get_executable(), *util._args_from_interpreter_flags(), "-c",
+                         code], env=env, pass_fds=(listener.fileno(), alive_r),
+                        stdin=subprocess.DEVNULL)
+                finally:
+                    os.close(alive_r)
+        except OSError as exc:
+            if self.alive_w is not None:
                 os.close(self.alive_w)
-                shutil.rmtree(self.folder, ignore_errors=True)
-                raise DpclipError(f"cannot start the workers' fork server: {exc}") from exc
-            finally:
-                os.close(alive_r)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise DpclipError(f"cannot start the workers' fork server: {exc}") from exc
         atexit.register(self.close)
 
-    def ended(self) -> bool:
-        """Whether the server has ended (asked by its starter, its parent; a process forked
-        from the starter cannot ask, and relies on the starter having checked)."""
+    def known_ended(self) -> bool:
+        """Whether the server has ended, as far as this process can tell: only the process
+        that started it (its parent) can ask; a process forked from that one relies on it
+        having checked before the fork (:func:`drop_ended_server`)."""
         return os.getpid() == self.owner and self.process.poll() is not None
 
     def connect(self, fds: list[int]) -> tuple[int, int]:
         """Ask for a new worker (multiprocessing's protocol: the worker's data pipe, its status
         pipe, the alive pipe, the resource tracker and ``fds``): (status read end, data write
-        end), as ``multiprocessing.forkserver.connect_to_new_process`` returns them."""
+        end), as ``multiprocessing.forkserver.connect_to_new_process`` returns them; a
+        :class:`ServerGone` when the server cannot take the request."""
         with socket.socket(socket.AF_UNIX) as client:
             try:
                 client.connect(self.address)
             except OSError as exc:
-                raise DpclipError(f"the workers' fork server is gone ({exc}); run the command "
-                                  f"again") from exc
+                raise ServerGone(f"the workers' fork server is gone ({exc})") from exc
             parent_r, child_w = os.pipe()
             child_r, parent_w = os.pipe()
             try:
                 reduction.sendfds(client, [child_r, child_w, self.alive_w,
                                            resource_tracker.getfd(), *fds])
-            except BaseException:
+            except BaseException as exc:
                 os.close(parent_r)
                 os.close(parent_w)
+                if isinstance(exc, OSError):
+                    raise ServerGone(f"the workers' fork server is gone ({exc})") from exc
                 raise
             finally:
                 os.close(child_r)
@@ -133,12 +167,31 @@ class _Popen(popen_forkserver.Popen):
             reduction.dump(process_obj, data)
         finally:
             set_spawning_popen(None)
-        self.sentinel, write_end = _server.connect(self._fds)
-        # the worker reads a copy of the data pipe's write end as its parent's sentinel
+        self.sentinel, write_end = _connect(self._fds)
+        # this process keeps a copy of the data pipe's write end, so that the worker's copy of
+        # its read end (the worker's sentinel of this process) sees EOF when this one ends
         self.finalizer = util.Finalize(self, util.close_fds, (os.dup(write_end), self.sentinel))
-        with open(write_end, "wb", closefd=True) as pipe:
-            pipe.write(data.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        try:
+            with open(write_end, "wb", closefd=True) as pipe:
+                pipe.write(data.getbuffer())
+            self.pid = forkserver.read_signed(self.sentinel)
+        except (OSError, EOFError) as exc:
+            raise DpclipError(f"the workers' fork server ended before it started a worker "
+                              f"({type(exc).__name__}); run the command again") from exc
+
+
+def _connect(fds: list[int]) -> tuple[int, int]:
+    """:meth:`ForkServer.connect` to this process's server; one inherited from the process
+    this one was forked from that is gone is replaced by a server of this process's own."""
+    global _server
+    try:
+        return _server.connect(fds)
+    except ServerGone as exc:
+        if _server.owner == os.getpid():
+            raise DpclipError(f"{exc}; run the command again") from exc
+        log.warning("%s: starting one for this command", exc)
+        _server = ForkServer(_server.modules)
+        return _server.connect(fds)
 
 
 class _WorkerProcess(ForkServerProcess):
@@ -162,7 +215,8 @@ def start_server(modules: tuple[str, ...]) -> ForkServer:
     forked from (whatever that one imported: a module it did not, a worker imports on first
     use), else a new one importing ``modules``."""
     global _server
-    if _server is None or _server.ended():
+    if _server is None or _server.known_ended():
+        drop_ended_server()
         _server = ForkServer(modules)
     return _server
 
@@ -171,29 +225,69 @@ def drop_ended_server() -> None:
     """Forget this process's fork server if it has ended (the warm process calls it before
     each fork, so its copies inherit a running server or none)."""
     global _server
-    if _server is not None and _server.ended():
+    if _server is not None and _server.known_ended():
         _server.close()
         _server = None
 
 
-class StandardStreams:
-    """This process's standard output and error, passed to a worker with it
-    (:func:`attach_streams`): each end is sent as a file descriptor, as multiprocessing sends
-    a pipe's."""
+class ServerGone(DpclipError):
+    """The fork server did not take a request (it ended, or was killed)."""
+
+
+class AskingProcess:
+    """What a worker takes from the process that asks for it (:meth:`WorkerSetting.apply`),
+    which a worker forked from a server of its own process would have inherited: its standard
+    output and error (the file descriptors themselves, sent as multiprocessing sends a pipe's),
+    umask, CPU set and the signals it ignores (``nohup``). Pickled when the worker starts."""
 
     def __reduce__(self):
-        return (_streams, (reduction.DupFd(1), reduction.DupFd(2)))
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        ignored = [int(signum) for signum in PASSED_SIGNALS
+                   if signal.getsignal(signum) is signal.SIG_IGN]
+        return (_setting, (reduction.DupFd(1), reduction.DupFd(2), _umask(), cpus, ignored))
 
 
-def _streams(stdout, stderr) -> tuple[int, int]:
-    return stdout.detach(), stderr.detach()
+@dataclass
+class WorkerSetting:
+    """An :class:`AskingProcess` as a worker receives it."""
+
+    stdout: int
+    stderr: int
+    umask: int
+    cpus: list[int] | None
+    ignored: list[int]
+
+    def apply(self) -> None:
+        """Make this worker write to the asking process's streams, with its umask, CPU set
+        and ignored signals."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for descriptor, target in ((self.stdout, 1), (self.stderr, 2)):
+            os.dup2(descriptor, target)
+            os.close(descriptor)
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))  # as Python sets it at start-up
+        os.umask(self.umask)
+        if self.cpus is not None:
+            os.sched_setaffinity(0, self.cpus)
+        for signum in self.ignored:
+            signal.signal(signum, signal.SIG_IGN)
 
 
-def attach_streams(streams: tuple[int, int]) -> None:
-    """In a worker: write to the standard output and error ``streams`` (from
-    :class:`StandardStreams`) from now on."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for descriptor, target in zip(streams, (1, 2)):
-        os.dup2(descriptor, target)
-        os.close(descriptor)
+def _setting(stdout, stderr, umask: int, cpus, ignored: list[int]) -> WorkerSetting:
+    return WorkerSetting(stdout.detach(), stderr.detach(), umask, cpus, ignored)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux shows it; else set to a
+    stricter one for a moment and put back (a file another thread creates meanwhile gets the
+    stricter mode, never a looser one)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

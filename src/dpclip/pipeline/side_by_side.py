@@ -30,7 +30,8 @@ import signal
 import threading
 import time
 import warnings
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterator
@@ -93,14 +94,37 @@ def start_server(module: str, preload: tuple[str, ...] = ()) -> None:
     fork_server.start_server(("dpclip", module, *preload))
 
 
-def _start_worker(rows, owner: int, streams: tuple[int, int]) -> None:
-    """A worker's set-up: the command's standard output and error, its progress-bar row, the
-    command's reporting, and a watch on the command's process (``owner``): the fork server
-    outlives it while workers run, so a worker whose command died (killed, say) ends itself
-    within a second rather than finish its run unowned and race a new command on the same
-    outputs."""
-    fork_server.attach_streams(streams)
-    os.environ[PROGRESS_ROW] = str(rows.get())
+@contextmanager
+def in_a_worker(function: Callable[[], object], module: str) -> Iterator[Future]:
+    """Run ``function()`` in one worker process while the body runs; yields its future (the
+    body waits for it with ``result()``, which raises what the function raised). The body
+    leaving early stops the worker. ``function`` must pickle; ``module``: what the worker
+    imports first, as for :func:`run_side_by_side`."""
+    start_server(module)
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=fork_server.WORKERS,
+                               initializer=_start_worker,
+                               initargs=(None, os.getpid(), fork_server.AskingProcess()))
+    done = False
+    try:
+        yield pool.submit(function)
+        done = True
+    finally:
+        if not done:  # an error or Ctrl-C in the body: its drawing is of no use now
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(rows, owner: int, setting: fork_server.WorkerSetting) -> None:
+    """A worker's set-up: the command's standard output and error, umask, CPU set and ignored
+    signals (``setting``), its progress-bar row (one of ``rows``, a queue; None: it draws no
+    bar), the command's reporting, and a watch on the command's process (``owner``): the fork
+    server outlives it while workers run, so a worker whose command died (killed, say) ends
+    itself within a second rather than finish its run unowned and race a new command on the
+    same outputs."""
+    setting.apply()
+    if rows is not None:
+        os.environ[PROGRESS_ROW] = str(rows.get())
     configure_process()
     threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
 
@@ -130,7 +154,7 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
         rows.put(row)
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=fork_server.WORKERS,
                                initializer=_start_worker,
-                               initargs=(rows, os.getpid(), fork_server.StandardStreams()))
+                               initargs=(rows, os.getpid(), fork_server.AskingProcess()))
     interrupted, futures = False, []
     try:
         futures = [pool.submit(run, key) for key in keys]

@@ -345,16 +345,18 @@ class _Server:
 
 def _start_worker_server() -> None:
     """Start the fork server of every stage's side-by-side workers, which the copies inherit
-    (:mod:`dpclip.pipeline.fork_server`), with what their runs import on first use, unless the commands would run no workers (one CPU,
-    a GPU, ``DPCLIP_JOBS=1``; a command that does start workers then starts its own)."""
+    (:mod:`dpclip.pipeline.fork_server`), with what their runs import on first use; none
+    where the per-run stages would run no workers (one CPU, a GPU, ``DPCLIP_JOBS=1``) or it
+    cannot start: a command that does start workers (the report's, on a GPU machine) then
+    starts its own, as it would cold."""
     try:
         if default_jobs(device="auto") < 2:
             return
-    except DpclipError:  # a bad DPCLIP_JOBS: each command says so
-        return
-    modules = dict.fromkeys(("dpclip", *(name for stage in STAGES for name in stage.workers),
-                             *FIRST_USE_IMPORTS))
-    fork_server.start_server(tuple(modules))
+        modules = dict.fromkeys(("dpclip", *(name for stage in STAGES
+                                             for name in stage.workers), *FIRST_USE_IMPORTS))
+        fork_server.start_server(tuple(modules))
+    except DpclipError as exc:  # a bad DPCLIP_JOBS (each command says so), no server
+        print(f"dpclip warm: {exc}; each command starts its own", file=sys.stderr)
 
 
 def _join_group(pid: int, pgrp: int) -> bool:

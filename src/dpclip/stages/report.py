@@ -5,6 +5,7 @@ metrics files; then the MLflow record of this pipeline execution."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import pandas as pd
 
@@ -16,6 +17,7 @@ from dpclip.io import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
 from dpclip.naming import RunKey, configured_runs
+from dpclip.pipeline.side_by_side import in_a_worker
 from dpclip.reporting.plots import (audit_figure, clip_figure, comparison_figure,
                                     dp_bound_curve, privacy_utility_figure, roc_figure)
 from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE,
@@ -416,7 +418,8 @@ class ReportResult:
 def report(params: Params, layout: Layout = Layout(), track: bool = True,
            jobs: int = 1) -> ReportResult:
     """Write the tables and figures from the metrics files, then (``track``) log the pipeline
-    execution to MLflow, its children ``jobs`` at a time in worker processes."""
+    execution to MLflow, its children ``jobs`` at a time in worker processes; with ``jobs`` >
+    1 the figures are drawn in one more worker meanwhile (:func:`draw_figures`)."""
     runs = configured_runs(params)
     missing = [k.name for k in runs if not (layout.metrics(k.name).exists()
                                             and layout.summary(k.name).exists())]
@@ -452,6 +455,26 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
                + summary_markdown(short) + "\n\n" + LEGEND + "\n\n## Every run\n\n"
                + markdown_table(table) + "\n" + "\n".join(notes) + "\n")
     write_text(out / DATA_USE, data_use_markdown(metrics))
+    overlays = write_overlays(layout, runs)
+    drawing = partial(draw_figures, layout, runs, table, attacks_in(metrics),
+                      overlays["privacy_utility_seeds.csv"])
+    if track and jobs > 1:
+        # drawn in a worker while this process creates the MLflow store and the pipeline run
+        # (on a new store MLflow's schema migrations alone took 1.6 s here); logged once drawn
+        with in_a_worker(drawing, module=__name__) as drawn:
+            logged = log_pipeline(params, layout, runs, jobs, figures=drawn.result)
+    else:
+        drawing()
+        logged = log_pipeline(params, layout, runs, jobs) if track else None
+    return ReportResult(table, short, logged)
+
+
+def draw_figures(layout: Layout, runs: list[RunKey], table: pd.DataFrame, attacks: list[str],
+                 privacy_utility: pd.DataFrame) -> None:
+    """The report's figures in ``reports/``: claimed against audited epsilon, the comparison,
+    the clip thresholds (all runs, then per configuration), one ROC figure per attack, and
+    privacy against utility over seeds."""
+    out = layout.reports
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
     rocs = {k.name: read_roc(layout, k.name) for k in runs}
     # figures that exist only with what they show (audits, LiRA / RMIA, private runs): one
@@ -467,19 +490,14 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
         clip_figure(out / f"clip_thresholds-eps{epsilon}-{alpha}-seed{seed}.png",
                     {k.method: traces[k.name] for k in keys},
                     title=f"C_t by method (target eps {epsilon}, alpha {alpha}, seed {seed})")
-    for name in attacks_in(metrics):  # one figure per attack: roc.png (loss), roc_<name>.png
+    for name in attacks:  # one figure per attack: roc.png (loss), roc_<name>.png
         attack = get_attack(name)
         curves = {run: roc[roc["attack"] == name] for run, roc in rocs.items()}
         curves = {run: roc for run, roc in curves.items() if len(roc)}
         if curves:
             roc_figure(out / f"{attack.figure_stem()}.png", curves,
                        title=f"{attack.label} ROC by run")
-    overlays = write_overlays(layout, runs)
-    privacy_utility_figure(out / "privacy_utility.png", overlays["privacy_utility_seeds.csv"])
-    logged = None
-    if track:
-        logged = log_pipeline(params, layout, runs, jobs)
-    return ReportResult(table, short, logged)
+    privacy_utility_figure(out / "privacy_utility.png", privacy_utility)
 
 
 def describe(result: ReportResult, layout: Layout) -> str:
