@@ -346,7 +346,7 @@ def log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int =
     """Log one pipeline execution; returns the parent run id and what was new or reused. The
     children are logged ``jobs`` at a time in worker processes (:func:`log_children`);
     ``figures()`` returns once the report's figures are drawn (they may be drawn meanwhile),
-    before they are logged. ``MLFLOW_TRACKING_URI`` is put back as it was after
+    and is called once the store exists, before the pipeline's run starts. ``MLFLOW_TRACKING_URI`` is put back as it was after
     (mlflow.set_tracking_uri exports it), so a process this one starts later does not log into
     this project's store."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
@@ -370,6 +370,9 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
     mlflow.set_tracking_uri(uri)
     experiment_id = _experiment_id(mlflow, experiment_name(params), artifact_root(uri))
     commit = git_commit(root)
+    # drawn meanwhile (the report's worker, while the store was created): a drawing that
+    # failed stops here, before this execution has a run in the store
+    figures()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     exp_name = os.environ.get("DVC_EXP_NAME")
     with mlflow.start_run(experiment_id=experiment_id,
@@ -377,6 +380,14 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", {**params.to_dict(), "data": params.data.as_written()}, {}))
+        roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
+        for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
+                     "clip_thresholds.png", *roc_figures,
+                     "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
+                     "paired_vs_dp_sgd.csv", "tuning.csv",
+                     "data_use.md"):
+            if (layout.reports / name).exists():
+                mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         tables = _log_tables(mlflow, layout)
         _log_shadow(mlflow, layout)
         _log_tuning(mlflow, experiment_id, layout)
@@ -405,15 +416,6 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
                 example=splits.example())
             for _ in log_children(children, new, jobs):
                 pass
-        figures()
-        roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
-        for name in ("summary.csv", "comparison.md", "comparison.csv", "comparison.png",
-                     "clip_thresholds.png", *roc_figures,
-                     "claimed_vs_audited_epsilon.png", "privacy_utility.png", "seeds.csv",
-                     "paired_vs_dp_sgd.csv", "tuning.csv",
-                     "data_use.md"):
-            if (layout.reports / name).exists():
-                mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
                          "dpclip.children_filter": _children_filter(parent_id)})
         summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
@@ -616,7 +618,7 @@ def log_children(children: Children, runs: list[RunKey], jobs: int = 1):
 
     Why: exporting a model (``torch.export``), validating its input example and logging its
     metrics took 0.3 s of one core per child here, after a first child of 2.3 s (imports,
-    the first export), which the workers' fork server imports while the report draws."""
+    the first export), which the workers' fork server imports as the report starts."""
     if jobs <= 1 or len(runs) <= 1:
         for key in runs:
             yield key, log_child(children, key)

@@ -21,13 +21,18 @@ from dpclip.pipeline import fork_server
 from dpclip.pipeline.side_by_side import run_side_by_side
 
 
+def _process_facts() -> dict:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return {"umask": mask, "sighup_ignored": signal.getsignal(signal.SIGHUP) is signal.SIG_IGN,
+            "cpus": sorted(os.sched_getaffinity(0))}
+
+
 def worker_facts(_key=None) -> dict:
     """What a worker reports of itself (module level: it goes to the worker by pickle)."""
     print("a line from the worker", flush=True)
-    mask = os.umask(0o022)
-    os.umask(mask)
     return {"parent": os.getppid(), "policy": os.environ.get("OMP_WAIT_POLICY"),
-            "umask": mask, "sighup_ignored": signal.getsignal(signal.SIGHUP) is signal.SIG_IGN}
+            **_process_facts()}
 
 
 @pytest.fixture
@@ -63,8 +68,14 @@ def _in_forked_child(work) -> dict:
 
 
 def _facts_of_two_workers() -> dict:
-    return {"facts": dict(run_side_by_side(worker_facts, [0, 1], 2, "dpclip.io")),
-            "own_server": fork_server._server.owner == os.getpid()}
+    facts = {"facts": dict(run_side_by_side(worker_facts, [0, 1], 2, "dpclip.io")),
+             "own_server": fork_server._server.owner == os.getpid()}
+    if facts["own_server"] and os.getpid() != _TEST_PROCESS:
+        fork_server._server.close()  # a forked child's own: it exits with os._exit, no atexit
+    return facts
+
+
+_TEST_PROCESS = os.getpid()
 
 
 def test_a_process_forked_from_the_starter_gets_its_workers_from_the_same_server(server):
@@ -85,22 +96,28 @@ def test_a_forked_process_whose_inherited_server_is_gone_starts_its_own(server):
     assert fork_server._server is None and not os.path.exists(server.folder)
 
 
-def test_a_worker_takes_the_asking_processs_output_umask_and_ignored_signals(server, tmp_path):
+def test_a_worker_takes_the_asking_processs_output_umask_cpus_and_ignored_signals(server,
+                                                                                  tmp_path):
     log = tmp_path / "asked.log"
+    parent = _process_facts()
+    asked = {"umask": 0o027 if parent["umask"] == 0o077 else 0o077,
+             "sighup_ignored": not parent["sighup_ignored"], "cpus": parent["cpus"][:1]}
 
     def ask() -> dict:
         with open(log, "w") as out:
             os.dup2(out.fileno(), 1)
         sys.stdout = os.fdopen(1, "w", closefd=False)
-        os.umask(0o077)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a command
+        os.umask(asked["umask"])
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if asked["sighup_ignored"] else
+                      signal.SIG_DFL)  # as nohup starts a command, or not
+        os.sched_setaffinity(0, asked["cpus"])
         return dict(run_side_by_side(worker_facts, [0], 2, "dpclip.io"))
 
     facts = _in_forked_child(ask)["0"]  # its standard output is the file; the server's is not
     assert log.read_text().count("a line from the worker") == 1
-    assert facts["umask"] == 0o077 and facts["sighup_ignored"] is True
+    assert {k: facts[k] for k in asked} == asked
     here = dict(run_side_by_side(worker_facts, [0], 2, "dpclip.io"))[0]
-    assert here["umask"] != 0o077 and here["sighup_ignored"] is False
+    assert {k: here[k] for k in parent} == parent
 
 
 def test_the_server_imports_in_passive_mode_unless_a_policy_is_chosen(server, monkeypatch):
@@ -188,6 +205,7 @@ def test_runs_from_the_warm_processs_server_write_the_bytes_of_runs_in_one_proce
     assert main([*bases[1], "train", "--jobs", "1"]) == 0
     warm._start_worker_server()
     shared = fork_server._server
+    assert shared is not None
     try:
         def copy() -> dict:
             def refuse(*_args):

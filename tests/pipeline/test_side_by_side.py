@@ -109,10 +109,13 @@ def test_runs_side_by_side_write_the_bytes_of_runs_in_one_process(tmp_path, tiny
         capsys.readouterr().err
 
 
-def whose(path: str) -> int:
-    """Write this process's id into ``path``; return it (a function for a worker)."""
+def whose(path: str, delay: float = 0.0) -> int:
+    """After ``delay`` seconds, write this process's id into ``path``; return it (a function
+    for a worker)."""
     import os
+    import time
 
+    time.sleep(delay)
     Path(path).write_text(str(os.getpid()))
     return os.getpid()
 
@@ -125,12 +128,31 @@ def test_in_a_worker_runs_beside_the_body_and_raises_what_the_function_raised(tm
     import functools
     import os
 
-    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "dpclip.io") as done:
-        assert done.result() != os.getpid()
-    assert (tmp_path / "pid").read_text() == str(done.result())
-    with in_a_worker(functools.partial(fail, ""), "dpclip.io") as done:
+    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "dpclip.io",
+                     "writing") as done:
+        assert done() != os.getpid()
+    assert (tmp_path / "pid").read_text() == str(done())
+    with in_a_worker(functools.partial(fail, ""), "dpclip.io", "drawing") as done:
         with pytest.raises(ConfigError, match="cannot draw"):
-            done.result()
+            done()
+
+
+def test_in_a_worker_finishes_its_work_when_the_body_fails_and_stops_on_ctrl_c(tmp_path):
+    import functools
+    import time
+
+    finished = tmp_path / "finished"
+    with pytest.raises(ValueError, match="the store failed"):
+        with in_a_worker(functools.partial(whose, str(finished), 1.0), "dpclip.io", "w"):
+            raise ValueError("the store failed")
+    assert finished.exists()  # what it writes is complete, not cut off half-way
+    stopped = tmp_path / "stopped"
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with in_a_worker(functools.partial(whose, str(stopped), 30.0), "dpclip.io", "w"):
+            time.sleep(0.5)  # the worker is under way
+            raise KeyboardInterrupt
+    assert time.monotonic() - started < 20 and not stopped.exists()
 
 
 def test_the_report_logs_one_child_per_cpu_at_most_four_unless_told(monkeypatch):

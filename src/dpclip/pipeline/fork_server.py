@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 PASSIVE_UNLESS_SET = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # a policy the user chose is kept
 PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # ignored in a worker as asked
 _server: ForkServer | None = None  # this process's, or the one inherited from its starter
+_requested: tuple[str, ...] = ()  # the modules this process last asked its server for
 
 
 # run by the server's interpreter: import the modules (one that fails is skipped, as a worker
@@ -190,7 +191,7 @@ def _connect(fds: list[int]) -> tuple[int, int]:
         if _server.owner == os.getpid():
             raise DpclipError(f"{exc}; run the command again") from exc
         log.warning("%s: starting one for this command", exc)
-        _server = ForkServer(_server.modules)
+        _server = ForkServer(_requested or _server.modules)
         return _server.connect(fds)
 
 
@@ -214,7 +215,8 @@ def start_server(modules: tuple[str, ...]) -> ForkServer:
     """This process's fork server: the one it started or inherited from the process it was
     forked from (whatever that one imported: a module it did not, a worker imports on first
     use), else a new one importing ``modules``."""
-    global _server
+    global _server, _requested
+    _requested = tuple(modules)
     if _server is None or _server.known_ended():
         drop_ended_server()
         _server = ForkServer(modules)
@@ -263,14 +265,20 @@ class WorkerSetting:
         sys.stdout.flush()
         sys.stderr.flush()
         for descriptor, target in ((self.stdout, 1), (self.stderr, 2)):
-            os.dup2(descriptor, target)
-            os.close(descriptor)
+            if descriptor != target:
+                os.dup2(descriptor, target)
+                os.close(descriptor)
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # as Python sets it at start-up
         os.umask(self.umask)
         if self.cpus is not None:
-            os.sched_setaffinity(0, self.cpus)
-        for signum in self.ignored:
-            signal.signal(signum, signal.SIG_IGN)
+            try:
+                os.sched_setaffinity(0, self.cpus)
+            except OSError as exc:  # a CPU set this process may not take: it keeps its own
+                log.warning("worker: CPU set %s not applied (%s)", self.cpus, exc)
+        for signum in PASSED_SIGNALS:  # as a worker of the asking process's own server
+            signal.signal(signum, signal.SIG_IGN if signum in self.ignored else
+                          signal.default_int_handler if signum == signal.SIGINT else
+                          signal.SIG_DFL)
 
 
 def _setting(stdout, stderr, umask: int, cpus, ignored: list[int]) -> WorkerSetting:

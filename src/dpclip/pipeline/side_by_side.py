@@ -31,7 +31,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterator
@@ -95,21 +95,35 @@ def start_server(module: str, preload: tuple[str, ...] = ()) -> None:
 
 
 @contextmanager
-def in_a_worker(function: Callable[[], object], module: str) -> Iterator[Future]:
-    """Run ``function()`` in one worker process while the body runs; yields its future (the
-    body waits for it with ``result()``, which raises what the function raised). The body
-    leaving early stops the worker. ``function`` must pickle; ``module``: what the worker
-    imports first, as for :func:`run_side_by_side`."""
+def in_a_worker(function: Callable[[], object], module: str, what: str
+                ) -> Iterator[Callable[[], object]]:
+    """Run ``function()`` in one worker process while the body runs; yields a function that
+    waits for its result (and raises what ``function`` raised; a worker that died, as a
+    :class:`DpclipError` naming ``what``). The body failing waits for the worker too (what it
+    writes is then complete), unless the body was interrupted (Ctrl-C), which stops it.
+    ``function`` must pickle; ``module``: what the worker imports first, as for
+    :func:`run_side_by_side`."""
     start_server(module)
     pool = ProcessPoolExecutor(max_workers=1, mp_context=fork_server.WORKERS,
                                initializer=_start_worker,
                                initargs=(None, os.getpid(), fork_server.AskingProcess()))
-    done = False
+    future = pool.submit(function)
+
+    def result():
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            raise DpclipError(f"the worker process {what} died (killed, perhaps for memory); "
+                              f"--jobs 1 does it in the command's own process") from exc
+
+    interrupted = False
     try:
-        yield pool.submit(function)
-        done = True
+        yield result
+    except (KeyboardInterrupt, SystemExit):
+        interrupted = True
+        raise
     finally:
-        if not done:  # an error or Ctrl-C in the body: its drawing is of no use now
+        if interrupted:  # stop now, as Ctrl-C stops the command
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)

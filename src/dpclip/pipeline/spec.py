@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ONCE, PER_ALPHA, PER_RUN = "once", "per_alpha", "per_run"
-# what logging MLflow children needs besides dpclip.tracking (report's workers import it while
-# the stage draws its figures): dpclip.tracking.log_children
+# what logging MLflow children needs besides dpclip.tracking (report's workers import it as
+# the stage starts, while it writes its tables): dpclip.tracking.log_children
 MLFLOW_IMPORTS = ("mlflow", "mlflow.pytorch", "mlflow.store.tracking.sqlalchemy_store",
                   "torch.export")
 PLUGIN_FAMILIES = ("methods", "attacks", "data.sources")  # modules found at run time
@@ -225,7 +225,8 @@ DECLARED: tuple[Stage, ...] = (
         outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
-        runs=("attacks",), worker_imports=("dpclip.tracking", *MLFLOW_IMPORTS),
+        runs=("attacks",), worker_imports=("dpclip.tracking", *MLFLOW_IMPORTS,
+                                           "dpclip.stages.report", "matplotlib.pyplot"),
         flags=(Flag("--no-track", "track", False, "skip MLflow logging"),)),
 )
 

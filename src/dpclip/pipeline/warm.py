@@ -355,8 +355,8 @@ def _start_worker_server() -> None:
         modules = dict.fromkeys(("dpclip", *(name for stage in STAGES
                                              for name in stage.workers), *FIRST_USE_IMPORTS))
         fork_server.start_server(tuple(modules))
-    except DpclipError as exc:  # a bad DPCLIP_JOBS (each command says so), no server
-        print(f"dpclip warm: {exc}; each command starts its own", file=sys.stderr)
+    except DpclipError as exc:  # no server: each command that runs workers starts its own
+        print(f"dpclip warm: {exc}; no shared fork server", file=sys.stderr)
 
 
 def _join_group(pid: int, pgrp: int) -> bool:

@@ -461,8 +461,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
     if track and jobs > 1:
         # drawn in a worker while this process creates the MLflow store and the pipeline run
         # (on a new store MLflow's schema migrations alone took 1.6 s here); logged once drawn
-        with in_a_worker(drawing, module=__name__) as drawn:
-            logged = log_pipeline(params, layout, runs, jobs, figures=drawn.result)
+        with in_a_worker(drawing, __name__, "drawing the report's figures") as drawn:
+            logged = log_pipeline(params, layout, runs, jobs, figures=drawn)
     else:
         drawing()
         logged = log_pipeline(params, layout, runs, jobs) if track else None
