@@ -157,7 +157,8 @@ class _Server:
         fails as it would cold), or as many as come before ``until()`` is true (the command
         has ended); the headless backend that the figures choose is chosen here first. A
         command that comes meanwhile is served between two imports (the first, ``check``,
-        needs only the first few; its copy imports the rest it needs itself)."""
+        needs only the first few; its copy imports the rest it needs itself). Then what the
+        imports made is frozen out of the garbage collector's reach (``gc.freeze``)."""
         import matplotlib
 
         base = self.fingerprint = source_fingerprint()  # an edit during the imports shows
@@ -173,6 +174,12 @@ class _Server:
             now = source_fingerprint(self.plugins)  # with the plugins imported by now
             self.fingerprint = now if now[:len(base)] == base else ()
             self.serve(timeout=0)
+        # what the imports left is collected here, once, and the rest (reachable: modules,
+        # functions, classes) is moved out of the collector's reach: a copy's last collection
+        # then scans only what its command made (0.41-0.46 s a command with everything
+        # scanned, measured), and its collections leave those pages shared
+        gc.collect()
+        gc.freeze()
 
     def serve(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
