@@ -344,11 +344,11 @@ def source_tags(commit: str) -> dict:
 def log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int = 1,
                  figures: Callable[[], object] = lambda: None) -> dict:
     """Log one pipeline execution; returns the parent run id and what was new or reused. The
-    children are logged ``jobs`` at a time in worker processes (:func:`log_children`);
-    ``figures()`` returns once the report's figures are drawn (they may be drawn meanwhile),
-    and is called once the store exists, before the pipeline's run starts. ``MLFLOW_TRACKING_URI`` is put back as it was after
-    (mlflow.set_tracking_uri exports it), so a process this one starts later does not log into
-    this project's store."""
+    children are logged ``jobs`` at a time in worker processes (:func:`log_children`).
+    ``figures()`` returns once the report's figures are drawn (they may be drawn meanwhile);
+    it is called once the store exists, before the pipeline's run starts.
+    ``MLFLOW_TRACKING_URI`` is put back as it was after (mlflow.set_tracking_uri exports it),
+    so a process this one starts later does not log into this project's store."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         return _log_pipeline(params, layout, runs, jobs, figures)

@@ -104,9 +104,7 @@ def in_a_worker(function: Callable[[], object], module: str, what: str
     ``function`` must pickle; ``module``: what the worker imports first, as for
     :func:`run_side_by_side`."""
     start_server(module)
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=fork_server.WORKERS,
-                               initializer=_start_worker,
-                               initargs=(None, os.getpid(), fork_server.AskingProcess()))
+    pool = _pool(1, rows=None)
     future = pool.submit(function)
 
     def result():
@@ -124,9 +122,22 @@ def in_a_worker(function: Callable[[], object], module: str, what: str
         raise
     finally:
         if interrupted:  # stop now, as Ctrl-C stops the command
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
+            _stop(pool)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pool(workers: int, rows) -> ProcessPoolExecutor:
+    """``workers`` processes from this process's fork server, each set up by
+    :func:`_start_worker` (``rows``: their progress-bar rows, or None)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=fork_server.WORKERS,
+                               initializer=_start_worker,
+                               initargs=(rows, os.getpid(), fork_server.AskingProcess()))
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the pool's workers now (Python's pool has no public way to)."""
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
 
 
 def _start_worker(rows, owner: int, setting: fork_server.WorkerSetting) -> None:
@@ -166,9 +177,7 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
     rows = fork_server.WORKERS.Queue()
     for row in range(jobs):
         rows.put(row)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=fork_server.WORKERS,
-                               initializer=_start_worker,
-                               initargs=(rows, os.getpid(), fork_server.AskingProcess()))
+    pool = _pool(jobs, rows)
     interrupted, futures = False, []
     try:
         futures = [pool.submit(run, key) for key in keys]
@@ -197,6 +206,5 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
     finally:
         # after a failure: the runs not handed over stay stale, those under way finish
         if interrupted:  # stop now, as Ctrl-C stops a run in one process
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
+            _stop(pool)
         pool.shutdown(wait=True, cancel_futures=True)

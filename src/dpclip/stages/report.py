@@ -419,7 +419,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
            jobs: int = 1) -> ReportResult:
     """Write the tables and figures from the metrics files, then (``track``) log the pipeline
     execution to MLflow, its children ``jobs`` at a time in worker processes; with ``jobs`` >
-    1 the figures are drawn in one more worker meanwhile (:func:`draw_figures`)."""
+    1 the figures are drawn in one more worker as the store is opened (:func:`draw_figures`)."""
     runs = configured_runs(params)
     missing = [k.name for k in runs if not (layout.metrics(k.name).exists()
                                             and layout.summary(k.name).exists())]
@@ -459,8 +459,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
     drawing = partial(draw_figures, layout, runs, table, attacks_in(metrics),
                       overlays["privacy_utility_seeds.csv"])
     if track and jobs > 1:
-        # drawn in a worker while this process creates the MLflow store and the pipeline run
-        # (on a new store MLflow's schema migrations alone took 1.6 s here); logged once drawn
+        # drawn in a worker while this process creates the MLflow store (on a new store
+        # MLflow's schema migrations alone took 1.6 s here); logged once drawn
         with in_a_worker(drawing, __name__, "drawing the report's figures") as drawn:
             logged = log_pipeline(params, layout, runs, jobs, figures=drawn)
     else:
