@@ -49,7 +49,9 @@ from dpclip.errors import DpclipError
 
 log = logging.getLogger(__name__)
 PASSIVE_UNLESS_SET = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # a policy the user chose is kept
-PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # ignored in a worker as asked
+# the signals a process passes on as ignored to the process that stands in for it (a warm
+# copy, a worker), the rest as a fresh interpreter starts with them
+PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _server: ForkServer | None = None  # this process's, or the one inherited from its starter
 _requested: tuple[str, ...] = ()  # the modules this process last asked its server for
 
@@ -244,9 +246,8 @@ class AskingProcess:
 
     def __reduce__(self):
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        ignored = [int(signum) for signum in PASSED_SIGNALS
-                   if signal.getsignal(signum) is signal.SIG_IGN]
-        return (_setting, (reduction.DupFd(1), reduction.DupFd(2), _umask(), cpus, ignored))
+        return (_setting, (reduction.DupFd(1), reduction.DupFd(2), current_umask(), cpus,
+                           ignored_signals()))
 
 
 @dataclass
@@ -275,17 +276,29 @@ class WorkerSetting:
                 os.sched_setaffinity(0, self.cpus)
             except OSError as exc:  # a CPU set this process may not take: it keeps its own
                 log.warning("worker: CPU set %s not applied (%s)", self.cpus, exc)
-        for signum in PASSED_SIGNALS:  # as a worker of the asking process's own server
-            signal.signal(signum, signal.SIG_IGN if signum in self.ignored else
-                          signal.default_int_handler if signum == signal.SIGINT else
-                          signal.SIG_DFL)
+        start_signals(self.ignored)  # as a worker of the asking process's own server
 
 
 def _setting(stdout, stderr, umask: int, cpus, ignored: list[int]) -> WorkerSetting:
     return WorkerSetting(stdout.detach(), stderr.detach(), umask, cpus, ignored)
 
 
-def _umask() -> int:
+def ignored_signals() -> list[int]:
+    """Which of :data:`PASSED_SIGNALS` this process ignores (``nohup``: SIGHUP)."""
+    return [int(signum) for signum in PASSED_SIGNALS
+            if signal.getsignal(signum) is signal.SIG_IGN]
+
+
+def start_signals(ignored) -> None:
+    """Set :data:`PASSED_SIGNALS` as a fresh interpreter started with ``ignored`` ignored has
+    them: those ignored, SIGINT raising KeyboardInterrupt, the others the default action."""
+    for signum in PASSED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN if signum in ignored else
+                      signal.default_int_handler if signum == signal.SIGINT else
+                      signal.SIG_DFL)
+
+
+def current_umask() -> int:
     """This process's umask, read without changing it where Linux shows it; else set to a
     stricter one for a moment and put back (a file another thread creates meanwhile gets the
     stricter mode, never a looser one)."""

@@ -56,6 +56,7 @@ from typing import Callable
 from dpclip.errors import DpclipError
 from dpclip.pipeline import fork_server
 from dpclip.pipeline.side_by_side import default_jobs
+from dpclip.pipeline.fork_server import PASSED_SIGNALS
 from dpclip.pipeline.spec import MLFLOW_IMPORTS, STAGES
 
 SOCKET_VARIABLE = "DPCLIP_WARM"
@@ -76,7 +77,6 @@ WARM_IMPORTS = ("dpclip.cli", "dpclip.pipeline.params", *(stage.module for stage
                 *FIRST_USE_IMPORTS, *MLFLOW_IMPORTS)
 HEADER = struct.Struct("!I")  # the length of each JSON message
 UCRED = struct.Struct("iII")  # SO_PEERCRED: pid, uid, gid
-PASSED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the copy's, as a cold command's
 STOP_WAIT_S = 10  # a copy still running when the command ends: SIGTERM, then this, SIGKILL
 _in_child = False  # a forked copy runs its command itself (it would else ask the server)
 
@@ -300,10 +300,7 @@ class _Server:
                 os.dup2(fd, target)
                 os.close(fd)
             fds.clear()
-            for signum in PASSED_SIGNALS:  # what a cold command starts with
-                signal.signal(signum, signal.SIG_IGN if signum in request["ignored"] else
-                              signal.default_int_handler if signum == signal.SIGINT else
-                              signal.SIG_DFL)
+            fork_server.start_signals(request["ignored"])  # what a cold command starts with
             signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_SIGNALS)
             sys.stdout.reconfigure(line_buffering=os.isatty(1))
             os.umask(request["umask"])
@@ -391,9 +388,7 @@ def run_warm(argv: list[str]) -> int | None:
     path = os.environ.get(SOCKET_VARIABLE)
     if not path or _in_child:
         return None
-    umask = os.umask(0)
-    os.umask(umask)
-    ignored = [int(n) for n in PASSED_SIGNALS if signal.getsignal(n) is signal.SIG_IGN]
+    umask, ignored = fork_server.current_umask(), fork_server.ignored_signals()
     request = {"argv": [sys.argv[0], *argv], "cwd": os.getcwd(), "env": dict(os.environ),
                "pgrp": os.getpgrp(), "umask": umask, "python": sys.executable,
                "dpclip": _package(), "ignored": ignored,
