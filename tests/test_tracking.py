@@ -363,3 +363,21 @@ def test_the_ui_address_is_the_tracking_servers_own_when_there_is_one():
     assert "MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/3/" in local
     served = describe({**summary, "tracking_uri": "http://10.0.0.5:5001/"})
     assert "MLflow UI: http://10.0.0.5:5001/#/experiments/3/runs?" in served
+
+
+def test_the_logging_workers_inherit_mlflows_package_map_from_their_server():
+    """MLflow builds its module-to-distribution map on a process's first logged model (1.2-1.5
+    s here); the report's workers' fork server imports dpclip.mlflow_preload, which builds it
+    there once. In a fresh interpreter: no map, then the preload's import builds it (this
+    fails when MLflow no longer keeps it where the preload looks)."""
+    import subprocess
+    import sys
+
+    from dpclip.pipeline.spec import BY_NAME
+
+    assert "dpclip.mlflow_preload" in BY_NAME["report"].workers
+    code = ("from mlflow.utils import requirements_utils as r\n"
+            "assert r._MODULES_TO_PACKAGES is None\n"
+            "import dpclip.mlflow_preload\n"
+            "assert 'torch' in r._MODULES_TO_PACKAGES['torch'], r._MODULES_TO_PACKAGES\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -68,7 +68,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey
 from dpclip.pipeline.provenance import TRAIN
-from dpclip.pipeline.spec import MLFLOW_IMPORTS
+from dpclip.pipeline.spec import MLFLOW_WORKER_IMPORTS
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
@@ -627,7 +627,7 @@ def log_children(children: Children, runs: list[RunKey], jobs: int = 1):
 
     # the workers' fork server imports these once (about 3 s here, torch included)
     yield from run_side_by_side(partial(log_child, children), runs, jobs, __name__,
-                                preload=MLFLOW_IMPORTS)
+                                preload=MLFLOW_WORKER_IMPORTS)
 
 
 def log_child(children: Children, key: RunKey) -> str:
