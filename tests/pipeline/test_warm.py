@@ -57,12 +57,15 @@ def test_a_command_the_warm_process_cannot_stand_for_runs_cold(tmp_path):
     own process, and the summary says why."""
     project = _project(tmp_path)
     (project / "elsewhere").mkdir()
-    script = (f"FOO=1 {DPCLIP} validate; echo \"status $?\"\n"
-              f"cd elsewhere && {DPCLIP} --params ../params.yaml validate; echo \"status $?\"\n")
+    # `--help`: a command that needs no import of the libraries, cold (0.2 s against 2.8 s for
+    # `validate` here), whose output shows that it ran
+    script = (f"FOO=1 {DPCLIP} --help; echo \"status $?\"\n"
+              f"cd elsewhere && {DPCLIP} --help; echo \"status $?\"\n")
     warm = _run([DPCLIP, "warm", "--", "sh", "-c", script], project)
     assert warm.returncode == 0
-    assert warm.stdout.splitlines() == ["params.yaml is valid", "status 0",
-                                        "params.yaml is valid", "status 0"]
+    lines = warm.stdout.splitlines()
+    assert [line[:13] for line in lines if line.startswith(("usage: dpclip", "status"))] == \
+        ["usage: dpclip", "status 0", "usage: dpclip", "status 0"]
     assert f"0 dpclip command(s) started warm, 2 cold (another environment (FOO); another " \
            f"working directory than {project})" in warm.stderr
 
