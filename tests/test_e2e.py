@@ -47,6 +47,11 @@ def _env(tmp_path):
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    # the flow's temporary API and its database under PREFECT_HOME (prefect_artifacts reads it),
+    # not a server or database the developer's environment may name
+    for name in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL",
+                 "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        env.pop(name, None)
     for role in ("AUTHOR", "COMMITTER"):  # the project's commits in the tests
         env[f"GIT_{role}_NAME"], env[f"GIT_{role}_EMAIL"] = "dpclip tests", "tests@dpclip"
     return env
@@ -393,9 +398,8 @@ def prefect_artifacts(home: Path) -> set[tuple[str, str]]:
     import sqlite3
     from contextlib import closing
 
-    with closing(sqlite3.connect(f"file:{home / 'prefect.db'}?mode=ro", uri=True)) as db:
+    with closing(sqlite3.connect(f"{(home / 'prefect.db').as_uri()}?mode=ro", uri=True)) as db:
         return set(db.execute("SELECT key, type FROM artifact").fetchall())
-
 
 
 def test_prefect_serve_takes_the_schedule_from_params(tmp_path, write_params, tiny_raw):

@@ -644,7 +644,7 @@ def build_package_map() -> bool:
 
         requirements_utils._init_modules_to_packages_map()
         return requirements_utils._MODULES_TO_PACKAGES is not None
-    except (ImportError, AttributeError):
+    except Exception:  # noqa: BLE001 - a warm-up: whatever MLflow changed, log as before
         return False
 
 
