@@ -80,6 +80,17 @@ class PrivacyParams(Section):
     accountant: Literal["rdp", "prv"] = "rdp"
     epsilon_tolerance: Positive = 0.01
     secure_noise: StrictBool = False  # OS-entropy noise, never stored: for a released model
+    # runs of one seed share batches and noise (sharper paired comparisons); their models
+    # must never be released together: the noise cancels in their difference
+    common_random_numbers: StrictBool = False
+
+    @model_validator(mode="after")
+    def _shared_noise_is_not_secure(self):
+        if self.common_random_numbers and self.secure_noise:
+            raise ValueError("common_random_numbers: true shares one seed's noise across "
+                             "runs, which secure_noise: true (fresh entropy for every run) "
+                             "rules out; set one of them to false")
+        return self
 
 
 class EarlyStopping(Section):

@@ -12,9 +12,19 @@ Three streams, each its own ``torch.Generator``:
   draws of step j, and differences of traced noisy answers revealed private counts.
 
 Reproducible runs (``privacy.secure_noise: false``, the default) derive the seeds from
-``train.seed``; the generators' states are checkpointed, so a resumed run continues each
-stream where it stopped and equals an uninterrupted run. Anyone who knows the seed and the
-other records can replay such a run: the model is for research, not for release.
+``train.seed`` and the run's identity (its method, options, target epsilon, training settings,
+dataset and partition: :meth:`dpclip.train.setup.TrainConfig.stream_key`), so two runs that
+differ in anything draw independent streams: the difference of two released models holds the
+noise of both, as composition assumes. The generators' states are checkpointed, so a resumed
+run continues each stream where it stopped and equals an uninterrupted run. Anyone who knows
+the seed and the other records can replay such a run: the model is for research, not for
+release.
+
+Common random numbers (``privacy.common_random_numbers: true``) derive the seeds from
+``train.seed`` alone, so runs of one seed share their batches and noise: methods with the same
+noise scale add the very same noise at every step, which sharpens paired comparisons and
+cancels in the difference of their models (``W_a - W_b`` is then noise-free). Such models must
+never be released together; the record says ``noise_shared_across_runs: true``.
 
 Secure runs (``privacy.secure_noise: true``) seed every stream from the operating system's
 entropy (:func:`os.urandom`, 64 bits a stream). The seeds and generator states are never
@@ -26,6 +36,7 @@ sampling are out of scope.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -36,6 +47,13 @@ STREAMS = ("sampling", "noise", "extras")
 
 def _entropy_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1  # torch takes seeds below 2^63
+
+
+def _keyed_seed(seed: int, key: str, stream: str) -> int:
+    """A 63-bit seed from (seed, run identity, stream) by SHA-256: runs that differ in
+    anything get unrelated streams."""
+    digest = hashlib.sha256(f"{seed}\0{key}\0{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 @dataclass
@@ -49,10 +67,17 @@ class NoiseSources:
 
     @classmethod
     def for_run(cls, seed: int, device: torch.device | str = "cpu",
-                secure: bool = False) -> "NoiseSources":
+                secure: bool = False, key: str | None = None) -> "NoiseSources":
+        """The streams of one run: from OS entropy (``secure``), else from ``seed`` and the
+        run's identity ``key`` (independent of every other run's), else (``key`` None: common
+        random numbers) from ``seed`` alone."""
         device = torch.device(device)
-        seeds = [_entropy_seed() for _ in STREAMS] if secure else \
-            [seed * 7919 + k for k in (1, 2, 3)]
+        if secure:
+            seeds = [_entropy_seed() for _ in STREAMS]
+        elif key is None:
+            seeds = [seed * 7919 + k for k in (1, 2, 3)]
+        else:
+            seeds = [_keyed_seed(seed, key, name) for name in STREAMS]
         return cls(sampling=torch.Generator().manual_seed(seeds[0]),
                    noise=torch.Generator(device=device).manual_seed(seeds[1]),
                    extras=torch.Generator().manual_seed(seeds[2]), secure=secure)

@@ -746,6 +746,8 @@ def _log_configuration(children: Children, key: RunKey) -> str:
             "dp_guarantee": str(privacy["dp_guarantee"]).lower(),
             "adjacency": str(privacy.get("adjacency")),
             "secure_noise": str(bool(privacy.get("secure_noise"))).lower(),
+            # common random numbers: never release this model together with another run's
+            "noise_shared_across_runs": str(bool(privacy.get("noise_shared_across_runs"))).lower(),
             "dpclip.private_diagnostics": str(private_diagnostics).lower(),
             PIPELINES_TAG: parent_id}
     timing = _timing(layout, run)

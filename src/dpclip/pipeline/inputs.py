@@ -7,7 +7,7 @@ arrays, and reads no file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -76,7 +76,8 @@ def run_inputs(params: Params, key: RunKey, layout: Layout) -> RunInputs:
     x, y, _ = load_split(layout, "target_train")
     members = load_partition(layout, key.alpha)["positions"]
     tuned = tuned_values(params, layout, key.method, key.epsilon)
-    cfg = train_config(params, key.method, key.epsilon, key.seed, layout, tuned=tuned)
+    cfg = replace(train_config(params, key.method, key.epsilon, key.seed, layout, tuned=tuned),
+                  data_label=f"{params.data.as_written()} alpha={key.alpha}")
     return RunInputs(x[members], y[members], read_json(layout.prepared_meta), cfg,
                      load_public(layout) if needs_public(cfg) else None, tuned)
 

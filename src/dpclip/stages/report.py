@@ -49,7 +49,7 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "audit_status", "strongest_auc", "test_auc",
            "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
            "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train",
-           "clamp_hits_min", "clamp_hits_max", "clamp_share"]
+           "clamp_hits_min", "clamp_hits_max", "clamp_share", "noise_shared"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -93,7 +93,8 @@ def table_row(m: dict) -> dict:
             "c_median": m["clip"].get("c_median"),
             "peak_ir_mia_train": (m["mia"].get("ir_train") or {}).get("peak_accuracy"),
             **{key: m["clip"].get(key) for key in ("clamp_hits_min", "clamp_hits_max",
-                                                   "clamp_share")}}
+                                                   "clamp_share")},
+            "noise_shared": p.get("noise_shared_across_runs")}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
@@ -210,9 +211,11 @@ ADDED_NOTES = [
     "advance; `odometer` = the run was stopped early at a data-dependent epoch and its epsilon "
     "is an ex-post RDP privacy-odometer bound, valid at a stopping time; `planned` = stopped "
     "early, but the planned run's bound is smaller and is the one reported.",
-    "`secure_noise: False`: the noise is a deterministic function of train.seed (a "
-    "reproducible research run, not for release); `True`: seeded from operating-system "
-    "entropy, never stored.",
+    "`secure_noise: False`: the noise is a deterministic function of train.seed and the run's "
+    "identity (a reproducible research run, not for release); `True`: seeded from "
+    "operating-system entropy, never stored. `noise_shared: True` "
+    "(privacy.common_random_numbers): runs of one seed share their noise, which cancels in "
+    "the difference of two such models: never release them together.",
     "`dp_bound_margin`: the worst margin over every attack (loss and each IR layer) and every "
     "ROC point of TPR <= e^eps' FPR + delta' and 1 - FPR <= e^eps' (1 - TPR) + delta' (eps', "
     "delta' of the evaluation game for the row's adjacency: (eps, delta) for "

@@ -32,6 +32,9 @@ class TrainConfig:
     # the Poisson rate q when it is not train.batch_size / n: a reference model trained with
     # another run's q (so its steps and noise match that run's) on a set of another size
     sample_rate: float | None = None
+    # what the run's records are, beyond this configuration (the pipeline's dataset and
+    # partition): part of the key its noise is drawn from (stream_key)
+    data_label: str = ""
 
     @classmethod
     def of(cls, method: str, target_epsilon: float | None, seed: int = 0, *,
@@ -63,7 +66,18 @@ class TrainConfig:
                     "privacy": self.privacy.model_dump(exclude={"target_epsilons"})}
         if self.sample_rate is not None:  # absent otherwise: older checkpoints stay usable
             identity["sample_rate"] = self.sample_rate
+        if self.data_label:
+            identity["data_label"] = self.data_label
         return identity
+
+    def stream_key(self) -> str | None:
+        """The key this run's random streams are drawn from besides its seed
+        (:class:`dpclip.randomness.NoiseSources`): its whole identity, so that runs differing
+        in anything (method, options, epsilon, data) draw independent noise; None under
+        ``privacy.common_random_numbers`` (the seed alone: runs of one seed share noise)."""
+        if self.privacy.common_random_numbers:
+            return None
+        return repr(self.identity())
 
     def with_train(self, **changes) -> "TrainConfig":
         """The same run with some ``train.*`` fields changed (a method's own epochs or

@@ -51,7 +51,8 @@ class Run:
         self.steps_per_epoch = setup.steps_per_epoch
         self.total_steps = setup.total_steps
         self.device, self.loss_fn = setup.device, setup.loss_fn
-        self.rng = NoiseSources.for_run(self.cfg.seed, self.device, self.cfg.privacy.secure_noise)
+        self.rng = NoiseSources.for_run(self.cfg.seed, self.device, self.cfg.privacy.secure_noise,
+                                        key=self.cfg.stream_key())
         self.optimizer = make_optimizer(self.cfg, self.groups.flat())
         self.trace: list[dict] = []
         self.step_times: list[float] = []  # seconds each step took
@@ -99,7 +100,9 @@ class Run:
     def randomness_record(self) -> dict:
         """The neighbouring notion, how the noise was seeded, and which data each part saw."""
         return {"adjacency": self.method.adjacency, "secure_noise": self.rng.secure,
-                "reproducible": not self.rng.secure, "data_use": self.method.data_use()}
+                "reproducible": not self.rng.secure,
+                "noise_shared_across_runs": self.cfg.stream_key() is None and not self.rng.secure,
+                "data_use": self.method.data_use()}
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         """Train one epoch; False when the budget guard stopped training."""
