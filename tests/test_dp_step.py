@@ -119,7 +119,7 @@ def test_empty_batch_update_is_the_gradient_noise_alone():
     run = build_run((6,), 3, len(x), _cfg(lr=0.1))
     before = [p.detach().clone() for p in run.groups.flat()]
     run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
-    replay = NoiseSources.for_run(0)  # the run's streams, from the same seed
+    replay = NoiseSources.for_run(0, key=run.cfg.stream_key())  # the run's own streams
     for b, p in zip(before, run.groups.flat()):
         noise = torch.normal(0.0, run.sigma_train * 1.0, size=p.shape, generator=replay.noise)
         torch.testing.assert_close(p.detach() - b, -0.1 * noise / (run.q * len(x)))
@@ -301,7 +301,9 @@ def test_public_init_starts_from_the_public_pre_training_and_reads_no_member():
     assert run.public_init == {f"init_{k}": v for k, v in fit.items()}
     plain = build_run((6,), 3, len(x), _cfg(), public)
     assert plain.public_init == {}
-    assert torch.equal(run.rng.sampling.get_state(), plain.rng.sampling.get_state())
+    # the pre-training drew nothing from the run's own streams
+    untouched = NoiseSources.for_run(cfg.seed, key=cfg.stream_key())
+    assert torch.equal(run.rng.sampling.get_state(), untouched.sampling.get_state())
     with pytest.raises(DpclipError, match="train.public_init: true needs the public"):
         build_run((6,), 3, len(x), cfg)
 

@@ -132,7 +132,6 @@ def bodies(draw_int):
                                (2, 6, 6), False),
         "embedding": lambda: (Tokens(None, None), 8, (5,), True),
         "embedding padding_idx": lambda: (Tokens(0, None), 8, (5,), True),
-        "embedding max_norm": lambda: (Tokens(None, 1.0), 8, (5,), True),
     }
 
 

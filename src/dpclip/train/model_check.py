@@ -16,8 +16,23 @@ number drawn):
    norm) makes a record's clipped gradient depend on the others, and the sum's sensitivity
    is then no longer C.
 
-The records stay on the data owner's machine: the check releases nothing but "refused" with
-the layer's name.
+Then as the step runs it: on a copy in the model's own dtype and device, in training mode
+(dropout, a functional batch norm, a mixup that runs only while training), on a batch of the
+step's expected size, every random draw of the forward pass replayed from one state:
+
+3. what the step adds for a record (its per-layer norms and its block of the weighted sum)
+   must not change when the *other* records of its batch change (replaced by other records,
+   and, for real-valued inputs, scaled by 1e3): batch mixing is measured as contribution,
+   whatever layer or function does it, and the first module whose output for the record
+   changes is named;
+4. the forward and backward passes must leave every parameter as it was (an in-place
+   renormalisation such as ``Embedding(max_norm=...)`` moves the released weights with no
+   clipping and no noise), and a buffer they change must change the same way whatever the
+   records are (a counter may; running statistics, an EMA or an observer of the data may
+   not: they would be released without noise).
+
+The records stay on the data owner's machine: a refusal names the layer, parameter or buffer
+and prints nothing computed from the records.
 """
 
 from __future__ import annotations
@@ -33,13 +48,29 @@ from dpclip.train.step import (BookKeeping, LayerGroups, backward_keeping, per_l
 
 RECORDS_CHECKED = 4
 RELATIVE_TOLERANCE = 1e-6
+# the training-mode check compares the step's own arithmetic run twice on identical inputs
+# for the record: any change is the other records' doing, so the tolerance only absorbs a
+# device's kernel choice
+TRAIN_MODE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1e-2}
+LARGEST_BATCH_CHECKED = 512
+REPLAY_SEED = 20261129  # the forward pass's random draws (dropout masks), the same every pass
 
 
 def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
-                records: int = RECORDS_CHECKED) -> None:
+                records: int = RECORDS_CHECKED, batch_size: int | None = None) -> None:
     """Raise :class:`DpclipError` naming the first parameter whose per-sample gradient from
-    the DP step differs from float64 autograd's on one of the first ``records`` records.
-    ``model`` is not changed (a float64 copy is checked); no random number is drawn."""
+    the DP step differs from float64 autograd's on one of the first ``records`` records, or
+    the layer, parameter or buffer through which records of one batch (of ``batch_size``, the
+    step's expected batch; default ``records``) reach each other or the released state in
+    training mode. ``model`` is not changed (copies are checked), and the caller's random
+    streams are left as they were."""
+    check_in_eval_mode(model, loss_fn, x, y, records)
+    check_in_train_mode(model, loss_fn, x, y, batch_size or records)
+
+
+def check_in_eval_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                       records: int = RECORDS_CHECKED) -> None:
+    """Checks 1 and 2 of the module note, on a float64 copy in eval mode."""
     twin = copy.deepcopy(model).to(torch.float64).eval()
     device = x.device  # the model's: the step's weights must sit beside its gradients
     groups = LayerGroups.of(twin)
@@ -88,10 +119,150 @@ def step_gradients(wrapped, groups, loss_fn, x, y, factors) -> list[torch.Tensor
 def _refuse_if_apart(groups, names, got, expected, say) -> None:
     """Raise :class:`DpclipError` for the first parameter whose ``got`` and ``expected``
     gradients differ by more than 1e-6 of the expected norm (+ 1e-12); ``say(name)`` gives
-    what differs and why."""
+    what differs and why. The message holds no number computed from the records."""
     for p, mine, theirs in zip(groups.flat(), got, expected):
         theirs = torch.zeros_like(p) if theirs is None else theirs
         if float((mine - theirs).norm()) > RELATIVE_TOLERANCE * float(theirs.norm()) + 1e-12:
             what, why = say(names[id(p)])
-            raise DpclipError(f"{what}: norm {float(mine.norm()):.4g} against "
-                              f"{float(theirs.norm()):.4g}; {why}; the model is refused")
+            raise DpclipError(f"{what}; {why}; the model is refused")
+
+
+def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                        batch_size: int, records: int = 2) -> None:
+    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it."""
+    size = min(max(int(batch_size), records + 2), LARGEST_BATCH_CHECKED, len(x))
+    if size <= records:
+        return  # too few records to change the others
+    twin = copy.deepcopy(model).train()
+    groups = LayerGroups.of(twin)
+    wrapped = BookKeeping(twin, groups)
+    start = {name: t.detach().clone() for name, t in twin.state_dict(keep_vars=True).items()}
+    parameters = {name for name, _ in twin.named_parameters()}
+    dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
+    watch = _OutputsOfModules(twin)
+    try:
+        batch, labels = x[:size], y[:size]
+        base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch, labels, i)
+                for i in range(records)]
+        after = base[0].state
+        moved = [n for n in parameters if not torch.equal(after[n], start[n])]
+        if moved:
+            raise DpclipError(f"the forward pass changes parameter {moved[0]!r} in place (e.g. "
+                              f"Embedding(max_norm=...) renormalising the rows a batch uses): "
+                              f"the released weights would move with no clipping and no "
+                              f"noise; the model is refused")
+        written = [n for n in after if n not in parameters and
+                   not torch.equal(after[n], start[n])]
+        for others, labels_of_others in _other_records(x, y, size, records, twin):
+            changed_batch = torch.cat([batch[:records], others])
+            changed_labels = torch.cat([labels[:records], labels_of_others])
+            for i, seen in enumerate(base):
+                again = _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn,
+                                          changed_batch, changed_labels, i)
+                for name in written:
+                    if not torch.equal(again.state[name], after[name]):
+                        raise DpclipError(
+                            f"buffer {name!r} is written from the training records during the "
+                            f"forward pass (running statistics, an EMA or an observer): it "
+                            f"would be released with no clipping and no noise (use a layer "
+                            f"without tracked statistics, e.g. track_running_stats=False); "
+                            f"the model is refused")
+                _refuse_if_mixed(seen, again, dtype)
+    finally:
+        watch.remove()
+        for handle in wrapped._handles:
+            handle.remove()
+
+
+class _Pass:
+    """One record's part of a training-mode step: its per-layer norms, its block of the
+    weighted sum, each module's output for it (in call order) and the state after the pass."""
+
+    def __init__(self, norms, block, outputs, state):
+        self.norms, self.block, self.outputs, self.state = norms, block, outputs, state
+
+
+def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i) -> _Pass:
+    """The step on batch (x, y) from the state ``start``, in training mode, with the forward
+    pass's random draws replayed from :data:`REPLAY_SEED`: record ``i``'s part of it."""
+    twin.load_state_dict(start)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(REPLAY_SEED)
+        watch.start(i)
+        out, uses = wrapped.forward_keeping(x)
+        kept = backward_keeping(wrapped, loss_fn(out, y), uses)
+        norms = per_layer_norms(groups, kept)[i].detach()
+        factors = torch.zeros(len(x), dtype=norms.dtype, device=x.device)
+        factors[i] = 1
+        block = [g.detach() for g in scaled_sum(groups, kept, factors)]
+    return _Pass(norms, block, watch.stop(),
+                 {n: t.detach().clone() for n, t in twin.state_dict(keep_vars=True).items()})
+
+
+def _other_records(x, y, size, records, model):
+    """The batch's other records replaced: by other training records (or the same ones in
+    another order, when there are too few), and, for real-valued inputs to a model without
+    token lookups, by the same records scaled by 1e3 (an adversarial record)."""
+    count = size - records
+    if len(x) >= size + count:
+        yield x[size:size + count], y[size:size + count]
+    else:
+        yield x[records:size].roll(1, 0), y[records:size].roll(1, 0)
+    lookups = any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
+    if x.is_floating_point() and not lookups:
+        yield x[records:size] * 1e3, y[records:size]
+
+
+def _refuse_if_mixed(seen: _Pass, again: _Pass, dtype) -> None:
+    tolerance = TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
+    parts = [(seen.norms, again.norms)] + list(zip(seen.block, again.block))
+    if all(_close(a, b, tolerance) for a, b in parts):
+        return
+    first = next((name for (name, a), (_, b) in zip(seen.outputs, again.outputs)
+                  if not _close(a, b, tolerance)), None)
+    where = f"; the record's output first changes at module {first!r}" if first else ""
+    raise DpclipError(f"in training mode, records of one batch change each other's gradients "
+                      f"(what the step adds for one record changes when the other records of "
+                      f"its batch change{where}): an operation across the batch (a functional "
+                      f"batch norm, mixup, x - x.mean(0)) makes the clipped sum's sensitivity "
+                      f"exceed C; the model is refused")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    a, b = a.double(), b.double()
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return bool(torch.equal(a.nan_to_num(), b.nan_to_num()) and
+                    torch.equal(torch.isnan(a), torch.isnan(b)))
+    return float((a - b).norm()) <= tolerance * float(a.norm()) + 1e-30
+
+
+class _OutputsOfModules:
+    """Forward hooks on every module keeping its output's row for one record, in call order:
+    where a record's forward first depends on the rest of its batch."""
+
+    def __init__(self, model: nn.Module):
+        self._kept: list | None = None
+        self._row = 0
+        self._handles = [m.register_forward_hook(self._keep(name))
+                         for name, m in model.named_modules() if name]
+
+    def _keep(self, name):
+        def hook(module, args, output):
+            if self._kept is not None and isinstance(output, torch.Tensor) and output.dim() \
+                    and len(output) > self._row:
+                self._kept.append((name, output[self._row].detach().clone()))
+        return hook
+
+    def start(self, row: int) -> None:
+        self._kept, self._row = [], row
+
+    def stop(self) -> list:
+        kept, self._kept = self._kept, None
+        return kept
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()

@@ -122,8 +122,10 @@ class LayerTerms:
             try:
                 grads = grad_sampler(module)(module, self.activations, backprops)
             except (AttributeError, RuntimeError, ValueError, NotImplementedError) as exc:
+                hint = "; a layer that owns parameters must not draw random numbers (put " \
+                    "its Dropout in a module of its own)" if "random" in str(exc) else ""
                 raise DpclipError(f"{type(module).__name__} layer: its per-sample gradients "
-                                  f"failed ({type(exc).__name__}: {exc}); the model is "
+                                  f"failed ({type(exc).__name__}: {exc}){hint}; the model is "
                                   f"refused") from exc
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
                 grads[module.weight][:, module.padding_idx] = 0  # as autograd: no gradient
@@ -414,6 +416,10 @@ def refusal(module: nn.Module) -> str | None:
     if any(isinstance(hook, WeightNorm) for hook in module._forward_pre_hooks.values()):
         return ("it has torch.nn.utils.weight_norm: its trained parameters weight_g and "
                 "weight_v are not the weight the per-sample gradient paths differentiate")
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.max_norm is not None:
+        return ("it has max_norm set: its forward pass renormalises the rows of the tokens in "
+                "the batch in place, which moves the released weights with no clipping and no "
+                "noise (leave max_norm=None)")
     if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
         return ("it has scale_grad_by_freq=True: Opacus's per-sample gradient ignores the "
                 "frequency scaling")

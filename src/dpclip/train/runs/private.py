@@ -52,7 +52,8 @@ class PrivateRun(Run):
         refused before any step), then train. Opacus's own optimizer (a run kind on this one
         with Opacus's hooks) is not checked: the check is of dpclip's step."""
         if isinstance(self.model, BookKeeping):
-            check_model(self.network, self.loss_fn, x, y)
+            check_model(self.network, self.loss_fn, x, y,
+                        batch_size=round(self.q * self.n_records))
         super().fit(x, y, **kwargs)
 
     def apply_step(self, x, y, step: int) -> float:

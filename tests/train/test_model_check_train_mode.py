@@ -1,0 +1,204 @@
+"""The model check as the step runs the model (training mode, the step's batch size and dtype):
+batch mixing measured as contribution, parameters changed in place by the forward pass, and
+buffers written from the records. Each model here passed the eval-mode check before
+2026-11-29 and trained end to end (an independent privacy audit: 3.4-8.3 C for one record)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dpclip.errors import DpclipError
+from dpclip.train.model_check import check_model
+
+LOSS = nn.CrossEntropyLoss(reduction="none")
+
+
+class FunctionalBatchNorm(nn.Module):
+    """A parameter-free normalisation of the user's own: batch statistics while training,
+    running ones in eval mode (not a _BatchNorm subclass, so no type rule sees it)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(width), persistent=False)
+        self.register_buffer("running_var", torch.ones(width), persistent=False)
+
+    def forward(self, x):
+        return F.batch_norm(x, self.running_mean.clone(), self.running_var.clone(),
+                            training=self.training)
+
+
+class Net(nn.Module):
+    def __init__(self, middle: nn.Module, width=6):
+        super().__init__()
+        self.inp, self.middle, self.head = nn.Linear(6, width), middle, nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.middle(self.inp(x))))
+
+
+class Mixup(nn.Module):
+    """Manifold mixup inside forward, in training mode only."""
+
+    def forward(self, h):
+        if not self.training:
+            return h
+        lam = 0.7
+        return lam * h + (1 - lam) * h[torch.randperm(len(h))]
+
+
+class Counter(nn.Module):
+    """A buffer the forward pass writes, the same whatever the records: allowed."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, h):
+        self.calls += 1
+        return h
+
+
+class Ema(nn.Module):
+    """A buffer written from the records (an EMA of the batch mean): released without noise."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.register_buffer("average", torch.zeros(width))
+
+    def forward(self, h):
+        if self.training:
+            self.average.mul_(0.9).add_(0.1 * h.detach().mean(0))
+        return h
+
+
+def _data(n=40, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+
+
+@pytest.mark.parametrize("middle, module", [(FunctionalBatchNorm(6), "middle"),
+                                            (Mixup(), "middle")])
+def test_mixing_only_in_training_mode_is_refused_and_the_module_named(middle, module):
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match=f"training mode.*change each other's gradients"
+                                          f".*module '{module}'"):
+        check_model(Net(middle), LOSS, x, y, batch_size=8)
+
+
+def test_buffers_written_from_the_records_are_refused_by_name():
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match="buffer 'middle.average' is written from the "
+                                          "training records"):
+        check_model(Net(Ema(6)), LOSS, x, y, batch_size=8)
+    norm = nn.InstanceNorm1d(1, affine=False, track_running_stats=True)
+    model = Net(nn.Sequential(nn.Unflatten(1, (1, 6)), norm, nn.Flatten()))
+    with pytest.raises(DpclipError, match=r"buffer 'middle.1.running_(mean|var)'"):
+        check_model(model, LOSS, x, y, batch_size=8)
+
+
+def test_a_buffer_that_ignores_the_records_and_dropout_pass():
+    torch.manual_seed(0)
+    x, y = _data()
+    check_model(Net(Counter()), LOSS, x, y, batch_size=8)
+    check_model(Net(nn.Dropout(0.5)), LOSS, x, y, batch_size=16)
+
+
+class Tokens(nn.Module):
+    def __init__(self, **embedding):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(9, 4, **embedding), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.embed(x.long()).mean(1))
+
+
+def test_an_in_place_renormalisation_of_the_weights_is_refused():
+    # Embedding(max_norm) rescales the rows of the tokens in the batch, in place: the audit
+    # moved the released weights by 1.40 against the step's sensitivity lr C / B = 0.0125
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 9, (20, 5)).float() * 0 + torch.arange(5).float(), \
+        torch.randint(0, 3, (20,))
+    with pytest.raises(DpclipError, match="max_norm"):
+        check_model(Tokens(max_norm=0.1), LOSS, x, y, batch_size=8)
+    check_model(Tokens(), LOSS, x, y, batch_size=8)
+
+
+class RenormalisesInPlace(nn.Module):
+    """Any in-place change of a parameter in forward, not only Embedding's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.fc.weight.mul_(0.99)
+        return self.head(torch.tanh(self.fc(x)))
+
+
+def test_a_parameter_changed_by_the_forward_pass_is_refused_by_name():
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match="changes parameter 'fc.weight' in place"):
+        check_model(RenormalisesInPlace(), LOSS, x, y, batch_size=8)
+
+
+def test_refusals_print_nothing_computed_from_the_records():
+    # before: "norm 0.1197 against 0.03697", gradient norms of private records
+    from test_contribution_bound import CentresTheBatch, WeightUsedTwice
+
+    torch.manual_seed(0)
+    x, y = _data()
+    for model, inputs in ((WeightUsedTwice(), x[:, :5]), (CentresTheBatch(), x)):
+        with pytest.raises(DpclipError) as refused:
+            check_model(model, LOSS, inputs, y)
+        assert not re.search(r"\d\.\d|\de-?\d", str(refused.value)), str(refused.value)
+
+
+def test_a_private_run_refuses_train_mode_mixing_before_any_step(monkeypatch):
+    from conftest import gaussian_records, tiny_train_config
+    from dpclip.train import build_run, loop
+
+    monkeypatch.setattr(loop, "build_model", lambda *args: Net(FunctionalBatchNorm(6)))
+    x, y = gaussian_records(40)
+    run = build_run((6,), 3, len(x), tiny_train_config())
+    with pytest.raises(DpclipError, match="training mode"):
+        run.fit(torch.as_tensor(x), torch.as_tensor(y), progress=False, desc="")
+    assert not run.trace
+
+
+def test_the_check_leaves_the_caller_s_random_streams_alone():
+    x, y = _data()
+    model = Net(nn.Dropout(0.3))
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    check_model(model, LOSS, x, y, batch_size=8)
+    assert torch.equal(torch.rand(3), expected)
+
+
+class ScaleThenDropout(nn.Module):
+    """A bare parameter and Dropout in one layer: functorch's per-sample path cannot draw the
+    mask (before: accepted by the eval-mode check, then failed at the first step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.drop = nn.Parameter(torch.ones(6)), nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x * self.w)
+
+
+def test_a_layer_that_draws_random_numbers_is_refused_by_the_check_with_advice():
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match="ScaleThenDropout layer.*Dropout in a module of its"):
+        check_model(Net(ScaleThenDropout()), LOSS, x, y, batch_size=8)
