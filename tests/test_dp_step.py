@@ -366,3 +366,28 @@ def test_noise_drawn_in_chunks_is_the_one_draw_of_the_whole_tensor(monkeypatch, 
     noisy = step.add_noise(total.clone(), 1.5, chunked_gen)
     assert torch.equal(noisy, whole)
     assert torch.equal(chunked_gen.get_state(), whole_gen.get_state())
+
+
+@pytest.mark.parametrize("labels, words", [
+    ([0, 1, 3], "10 labels are outside the class indices 0..2"),
+    ([0, -1, 2], "outside the class indices"),
+    ([0, -100, 2], "outside the class indices"),  # the loss would ignore it silently
+    ([0.0, 1.5, 2.0], "whole numbers"),
+])
+def test_labels_that_are_not_class_indices_are_refused_before_any_step(labels, words):
+    from dpclip.errors import DpclipError
+
+    x, _ = _data(n=3)
+    y = np.array(labels)
+    with pytest.raises(DpclipError, match=words):
+        train_model(np.repeat(x, 10, axis=0), np.repeat(y, 10), (6,), 3, _cfg(epochs=1),
+                    progress=False)
+
+
+def test_records_with_features_that_are_not_finite_are_refused():
+    from dpclip.errors import DpclipError
+
+    x, y = _data()
+    x[4, 2] = np.nan
+    with pytest.raises(DpclipError, match="1 records have features that are not finite"):
+        train_model(x, y, (6,), 3, _cfg(epochs=1), progress=False)

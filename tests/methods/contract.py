@@ -130,6 +130,25 @@ def check_empty_batch(name: str, device: str = "cpu") -> None:
     assert all(not torch.equal(b, p) for b, p in zip(before, run.groups.flat()))
 
 
+def check_adversarial_records(name: str) -> None:
+    """No record can stop a private run or change its control flow (an audit: a NaN feature
+    or a gradient norm above ~1.8e19 made DC-SGD's histogram index negative, and lm_dp_sgd's
+    private layer weights NaN): records with NaN and huge features go through the real step,
+    contribute nothing, and every release (the noisy sum, the extra queries, the controller's
+    state) stays finite, step after step. (``adaclip_opacus`` is Opacus's optimizer as it is,
+    with no DP guarantee: not dpclip's step.)"""
+    if get_method(name).run_kind != "private":
+        pytest.skip(f"{name} does not run dpclip's DP step")
+    x, y = gaussian_records(100)
+    x[0], x[1], x[2] = np.nan, 1e25, -3e30
+    run = build_run((6,), 3, len(x), config(name), public_data())
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    for step in range(12):  # past every controller's first update (hist_every 5, probes 3)
+        run.step(xt, yt, [0, 1, 2] + list(range(3 + 7 * step, 10 + 7 * step)), epoch=1)
+        assert math.isfinite(run.method.clip_threshold) and run.method.clip_threshold > 0
+        assert all(torch.isfinite(p).all() for p in run.groups.flat()), (name, step)
+
+
 def check_determinism(name: str) -> None:
     """The same configuration and data give the same weights, the same trace in every column,
     the same training facts and privacy record: a wall-clock time in any of them would make

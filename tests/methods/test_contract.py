@@ -4,7 +4,7 @@ from the registry, so a new method module is covered without editing this file."
 from __future__ import annotations
 
 import pytest
-from contract import (DEVICES, check_clip_bound, check_declaration, check_determinism,
+from contract import (DEVICES, check_adversarial_records, check_clip_bound, check_declaration, check_determinism,
                       check_empty_batch, check_matched_budget, check_option_validation,
                       check_resume, check_step_metrics, check_tuning_space)
 
@@ -58,3 +58,8 @@ def test_step_metrics(name):
 @pytest.mark.parametrize("name", METHODS)
 def test_tuning_space(name, tiny_raw):
     check_tuning_space(name, tiny_raw)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_adversarial_records(name):
+    check_adversarial_records(name)

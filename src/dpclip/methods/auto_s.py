@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from dpclip.methods.base import Method, Option, Tunable, register, total_norms
+from dpclip.methods.base import (Method, Option, Tunable, factors_of, register,
+                                 total_norms)
 
 
 @register
 class AutoS(Method):
     name = "auto_s"
-    OPTIONS = {"gamma": Option(0.01, low=0.0, low_open=True,
-                               help="stability constant added to every norm")}
+    # gamma >= 1e-12 keeps every factor (at most C / gamma) finite in float32
+    OPTIONS = {"gamma": Option(0.01, low=1e-12,
+                               help="stability constant added to every norm (>= 1e-12)")}
     TUNED_OPTIONS = {"gamma": Tunable(0.001, 1.0, log=True)}
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
-        return self.clip_threshold / (total_norms(layer_norms) + self.options.gamma)
+        totals = total_norms(layer_norms)
+        return factors_of(self.clip_threshold, totals.double() + self.options.gamma,
+                          totals.dtype)

@@ -393,9 +393,35 @@ def _old_section_problems(old: str, section, classes: list[type[Method]]) -> lis
             for k, v in section.items() if k not in known]
 
 
+EPS64 = torch.finfo(torch.float64).eps
+
+
 def total_norms(layer_norms: torch.Tensor) -> torch.Tensor:
-    """n_i = sqrt(sum_l (n_i^(l))^2)."""
-    return layer_norms.pow(2).sum(dim=1).sqrt()
+    """n_i = sqrt(sum_l (n_i^(l))^2), never below the true value: summed in float64 (a float32
+    square of a norm below about 1e-23 is 0, and a nonzero block would then be scaled as a
+    zero one: auto_s's factor became C / gamma), the sum's and root's rounding added, and
+    rounded upwards to the norms' dtype."""
+    wide = layer_norms.double().square().sum(dim=1).sqrt() * \
+        (1 + (layer_norms.shape[1] + 4) * EPS64)
+    return rounded(wide, layer_norms.dtype, upward=True)
+
+
+def rounded(wide: torch.Tensor, dtype: torch.dtype, upward: bool) -> torch.Tensor:
+    """Float64 ``wide`` in ``dtype``, rounded upwards (a norm: never below the value) or
+    downwards towards 0 (a clip factor: never above it), one unit in the last place where the
+    nearest value lies on the wrong side."""
+    narrow = wide.to(dtype)
+    if dtype == torch.float64:
+        return narrow
+    wrong = narrow.double() < wide if upward else narrow.double() > wide
+    target = torch.full_like(narrow, torch.inf if upward else 0.0)
+    return torch.where(wrong, torch.nextafter(narrow, target), narrow)
+
+
+def factors_of(clip: float, denominators: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """C / d_i computed in float64 and rounded downwards to ``dtype``: a record scaled by it
+    never exceeds the bound its rule promises through the factor's own rounding."""
+    return rounded(clip / denominators.double(), dtype, upward=False)
 
 
 def clip_factors(layer_norms: torch.Tensor, clip: float, totals: torch.Tensor | None = None
@@ -403,4 +429,4 @@ def clip_factors(layer_norms: torch.Tensor, clip: float, totals: torch.Tensor | 
     """DP-SGD's rule s_i = min(1, C / n_i); n_i = 0 gives 1 (the clamp avoids 0/0).
     ``totals``: the n_i, when the caller has computed them already."""
     totals = total_norms(layer_norms) if totals is None else totals
-    return (clip / totals.clamp_min(1e-12)).clamp(max=1.0)
+    return factors_of(clip, totals.clamp_min(1e-12), totals.dtype).clamp(max=1.0)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from dpclip.methods.base import Method, Option, Tunable, register, total_norms
+from dpclip.methods.base import (Method, Option, Tunable, factors_of, register,
+                                 total_norms)
 
 
 @register
@@ -21,5 +22,5 @@ class DPPSAC(Method):
 
     def scale(self, layer_norms: torch.Tensor) -> torch.Tensor:
         norms = total_norms(layer_norms)
-        r = self.options.r
-        return self.clip_threshold / (norms + r / (norms + r))
+        wide, r = norms.double(), self.options.r
+        return factors_of(self.clip_threshold, wide + r / (wide + r), norms.dtype)

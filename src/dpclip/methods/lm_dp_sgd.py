@@ -134,16 +134,20 @@ class LMDPSGD(Method):
         totals = self.total_norms(layer_norms)
         if self.source == "batch" and len(layer_norms):  # the paper's rule: batch statistics
             ratios = layer_norms / totals.clamp(max=self.clip_threshold).clamp_min(1e-30)[:, None]
-            self._set_weights(ratios.mean(dim=0).tolist())
+            ratios = ratios[torch.isfinite(totals)].nan_to_num(0.0, 0.0, 0.0)
+            if len(ratios):
+                self._set_weights(ratios.mean(dim=0).tolist())
         return reweighted_factors(layer_norms, self.clip_threshold,
                                   self._weights_like(layer_norms), totals)
 
     def release_extras(self, layer_norms: torch.Tensor, rng: NoiseSources) -> dict:
-        """sum_i u_i + N(0, sigma_W^2 I_L), u_i = (n_i^(l) / n_i)_l (0 for a zero gradient)."""
+        """sum_i u_i + N(0, sigma_W^2 I_L), u_i = (n_i^(l) / n_i)_l (0 for a zero gradient, and
+        for a record whose norm is not finite: it contributes nothing to the step either)."""
         if self.source != "private":
             return {}
         totals = self.total_norms(layer_norms)
-        shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).sum(dim=0)
+        shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).nan_to_num(0.0, 0.0, 0.0)
+        shares = torch.where(torch.isfinite(totals)[:, None], shares, 0.0).sum(dim=0)
         shares += torch.normal(0.0, self.options.sigma_w_ratio * self.sigma_eff,
                                size=shares.shape, generator=rng.noise, device=shares.device)
         return {"layer_shares": shares.tolist()}

@@ -78,11 +78,38 @@ def _public_init(model: nn.Module, cfg: TrainConfig, public, device) -> dict:
     return {f"init_{k}": v for k, v in fit.items()}
 
 
+def check_records(x: np.ndarray, y: np.ndarray, n_classes: int) -> None:
+    """Refuse, before any private step, labels that are not class indices 0..n_classes-1
+    (a label of n_classes or -1 raised a bare IndexError inside the step, and -100 was
+    silently ignored by the loss) and features that are not finite. The message counts the
+    records; it shows none of their values."""
+    labels = np.asarray(y)
+    if len(labels) != len(x):
+        raise DpclipError(f"train: {len(x)} records but {len(labels)} labels")
+    if not np.issubdtype(labels.dtype, np.integer):
+        whole = np.isfinite(labels) & (np.mod(labels, 1) == 0) if labels.size else labels
+        if not np.all(whole):
+            raise DpclipError(f"train: labels must be class indices 0..{n_classes - 1} "
+                              f"(whole numbers); {int(np.size(labels) - np.sum(whole))} are not")
+    outside = int(np.sum((labels < 0) | (labels >= n_classes)))
+    if outside:
+        raise DpclipError(f"train: {outside} labels are outside the class indices "
+                          f"0..{n_classes - 1} (n_classes {n_classes})")
+    features = np.asarray(x)
+    if np.issubdtype(features.dtype, np.floating):
+        bad = int(np.sum(~np.isfinite(features).reshape(len(features), -1).all(axis=1)))
+        if bad:
+            raise DpclipError(f"train: {bad} records have features that are not finite (NaN "
+                              f"or infinite); fill or drop them before training")
+
+
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
                 cfg: TrainConfig, *, progress: bool = True, desc: str = "",
                 checkpoint_path: Path | None = None, checkpoint_every: int = 5,
                 public: PublicData | tuple | None = None) -> TrainResult:
-    """Train one configuration and return the model, its trace and its privacy record."""
+    """Train one configuration and return the model, its trace and its privacy record.
+    Records are checked first (:func:`check_records`)."""
+    check_records(x, y, n_classes)
     run = build_run(feature_shape, n_classes, len(x), cfg, public)
     checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \
         if checkpoint_path else None

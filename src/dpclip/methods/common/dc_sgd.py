@@ -18,10 +18,14 @@ from dpclip.randomness import NoiseSources
 
 def norm_histogram(norms: torch.Tensor, bins: int, b_max: float) -> np.ndarray:
     """Counts (float64) of ``norms`` in H equal bins on [0, b_max]; norms >= b_max go to the
-    last bin. B and H are tiny: numpy is several times faster than torch on them (no per-op
-    dispatch), and this runs every step."""
-    scaled = norms.detach().cpu().numpy() * (bins / b_max)
-    index = np.minimum(scaled.astype(np.intp), bins - 1)
+    last bin, and so do non-finite ones (a record whose gradient overflowed, which contributes
+    nothing to the sum): each record adds 1 to exactly one bin, whatever its norm, so no
+    record can stop the run. B and H are tiny: numpy is several times faster than torch on
+    them (no per-op dispatch), and this runs every step."""
+    scaled = norms.detach().cpu().numpy().astype(np.float64) * (bins / b_max)
+    # clipped before the cast: a norm above ~1.8e19 cast to an integer would wrap around
+    scaled = np.clip(np.nan_to_num(scaled, nan=bins, posinf=bins), 0, bins - 1)
+    index = scaled.astype(np.intp)
     return np.bincount(index, minlength=bins).astype(np.float64)
 
 
