@@ -83,7 +83,8 @@ def _run_dp_step(sigma, clip=0.5, seed=0, expected_batch=8.0):
     wrapped = wrap_for_dp(model)
     optimizer = torch.optim.SGD(groups.flat(), lr=0.0)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y, method, sigma,
-            expected_batch, optimizer, NoiseSources.seeded(seed), step=1)
+            expected_batch, optimizer, NoiseSources.seeded(seed), step=1,
+            most_records=len(x))
     return [p.grad.detach() for p in groups.flat()], reference
 
 
@@ -184,7 +185,8 @@ def test_per_layer_factors_scale_each_layer_separately():
     wrapped = wrap_for_dp(model)
     dp_step(wrapped, groups, nn.CrossEntropyLoss(reduction="none"), x, y,
             PerLayer(MethodContext(1.0, groups.names)), 0.0, 1.0, torch.optim.SGD(groups.flat(), lr=0.0),
-            NoiseSources.seeded(0), step=1)
+            NoiseSources.seeded(0), step=1,
+            most_records=len(x))
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r, rtol=1e-5, atol=1e-7)
 
@@ -211,7 +213,8 @@ def test_noiseless_cnn_step_equals_independent_per_example_clipping():
     groups = LayerGroups.of(model)
     dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
             get_method("dp_sgd")(MethodContext(0.3, groups.names)), 0.0, 2.0,
-            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1)
+            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1,
+            most_records=len(x))
     for p, r in zip(groups.flat(), reference):
         torch.testing.assert_close(p.grad, r / 2.0, rtol=1e-4, atol=1e-6)
 
@@ -235,7 +238,8 @@ def test_a_layer_used_twice_and_batch_norm_are_refused():
     with pytest.raises(DpclipError, match="used more than once"):
         dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
                 get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
-                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1)
+                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1,
+            most_records=len(x))
     with pytest.raises(DpclipError, match="batch-normalisation"):
         wrap_for_dp(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
     shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
@@ -257,7 +261,8 @@ def test_an_in_place_op_on_a_layer_output_changes_no_gradient():
         groups = LayerGroups.of(model)
         dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
                 get_method("dp_sgd")(MethodContext(0.1, groups.names)), 0.0, 4.0,
-                torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1)
+                torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1,
+            most_records=len(x))
         updates.append([p.grad for p in groups.flat()])
     for out_of_place, in_place in zip(*updates):
         torch.testing.assert_close(in_place, out_of_place, rtol=0, atol=0)

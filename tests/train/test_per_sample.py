@@ -133,7 +133,8 @@ def check_update(build, seed, clip=0.7, sigma=1.3, batch=6):
     groups = LayerGroups.of(model)
     dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
             get_method("dp_sgd")(MethodContext(clip, groups.names)), sigma, expected_batch,
-            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(seed), step=1)
+            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(seed), step=1,
+            most_records=len(x))
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=0, atol=1e-6, msg=name)
     return model

@@ -60,7 +60,7 @@ class PrivateRun(Run):
         """One DP update on the batch ``x, y``; returns the batch's mean loss (local only)."""
         loss, _ = dp_step(self.model, self.groups, self.loss_fn, x, y, self.method,
                           self.sigma_train, self.q * self.n_records, self.optimizer, self.rng,
-                          step, self.canaries)
+                          step, self.canaries, most_records=self.n_records)
         return loss
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
