@@ -235,7 +235,7 @@ def test_a_layer_used_twice_and_batch_norm_are_refused():
     model = Twice()
     groups = LayerGroups.of(model)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
-    with pytest.raises(DpclipError, match="used more than once"):
+    with pytest.raises(DpclipError, match="layer .fc. is called more than once"):
         dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
                 get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
                 torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1,

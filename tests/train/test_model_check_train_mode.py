@@ -202,3 +202,49 @@ def test_a_layer_that_draws_random_numbers_is_refused_by_the_check_with_advice()
     x, y = _data()
     with pytest.raises(DpclipError, match="ScaleThenDropout layer.*Dropout in a module of its"):
         check_model(Net(ScaleThenDropout()), LOSS, x, y, batch_size=8)
+
+
+class Sequence(nn.Module):
+    """(B, 32) -> (B, 4, 8) tokens -> a sequence layer -> mean over positions -> head."""
+
+    def __init__(self, layer, call):
+        super().__init__()
+        self.layer, self.call, self.head = layer, call, nn.Linear(8, 3)
+
+    def forward(self, x):
+        tokens = x.view(len(x), 4, 8)
+        return self.head(self.call(self.layer, tokens).mean(1))
+
+
+def _attend(layer, t):
+    return layer(t, t, t)[0]
+
+
+def _recur(layer, t):
+    return layer(t)[0]
+
+
+@pytest.mark.parametrize("build, call, advice", [
+    (lambda: nn.MultiheadAttention(8, 2, batch_first=True), _attend, "DPMultiheadAttention"),
+    (lambda: nn.LSTM(8, 8, batch_first=True), _recur, "recurrent layers .* not supported"),
+    (lambda: nn.GRU(8, 8, batch_first=True), _recur, "recurrent layers .* not supported"),
+    (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+     lambda layer, t: layer(t), "'layer.self_attn'.*DPMultiheadAttention"),
+])
+def test_sequence_layers_the_step_cannot_clip_are_refused_with_what_to_use(build, call, advice):
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 32), torch.randint(0, 3, (20,))
+    with pytest.raises(DpclipError, match=advice):
+        check_model(Sequence(build(), call), LOSS, x, y, batch_size=8)
+
+
+def test_opacus_dp_attention_is_accepted_and_its_lstm_refused_with_the_reason():
+    from opacus.layers import DPLSTM, DPMultiheadAttention
+
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 32), torch.randint(0, 3, (20,))
+    check_model(Sequence(DPMultiheadAttention(8, 2, batch_first=True), _attend), LOSS, x, y,
+                batch_size=8)
+    # before: "layers 'layer' and 'layer.l0.ih' share a parameter", which misled
+    with pytest.raises(DpclipError, match="Opacus's DPLSTM, which applies one cell at every"):
+        check_model(Sequence(DPLSTM(8, 8, batch_first=True), _recur), LOSS, x, y, batch_size=8)

@@ -58,6 +58,20 @@ class LayerGroups:
 
 # layers whose output for one record depends on the other records of the batch
 BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
+RECURRENT_DP_LAYERS = ("DPLSTM", "DPGRU", "DPRNN")
+
+
+def sequence_advice(module: nn.Module) -> str:
+    """What to use instead of a sequence layer the DP step cannot clip (empty for others)."""
+    if isinstance(module, nn.MultiheadAttention):
+        return ("; use Opacus's opacus.layers.DPMultiheadAttention, the same attention built "
+                "from Linear layers, which the step clips exactly (a TransformerEncoderLayer "
+                "holds an nn.MultiheadAttention: build the block from DPMultiheadAttention)")
+    if isinstance(module, nn.RNNBase) or type(module).__name__ in RECURRENT_DP_LAYERS:
+        return ("; recurrent layers (LSTM, GRU, RNN and Opacus's DP versions) are not "
+                "supported: model the sequence with opacus.layers.DPMultiheadAttention or a "
+                "Conv1d over the time axis")
+    return ""
 
 
 class BookKeeping(nn.Module):
@@ -82,6 +96,12 @@ class BookKeeping(nn.Module):
             reason = refusal(module)
             if reason:
                 raise DpclipError(f"the DP step cannot clip layer {name!r} exactly: {reason}")
+        for name, module in model.named_modules():
+            if type(module).__name__ in RECURRENT_DP_LAYERS:
+                raise DpclipError(f"layer {name!r} is Opacus's {type(module).__name__}, which "
+                                  f"applies one cell at every time step: the DP step's "
+                                  f"per-layer norms need one call per layer"
+                                  f"{sequence_advice(module)}")
         owners: dict[int, str] = {}
         for name, module in zip(groups.names, groups.modules):
             for p in module.parameters(recurse=False):
@@ -100,9 +120,10 @@ class BookKeeping(nn.Module):
         if self._uses is None or not torch.is_grad_enabled():
             return
         if not isinstance(output, torch.Tensor):
-            raise DpclipError(f"layer {self._names[id(module)]!r} returns "
-                              f"{type(output).__name__}, not a tensor: the DP step needs its "
-                              f"output's gradient")
+            raise DpclipError(f"layer {self._names[id(module)]!r} "
+                              f"({type(module).__name__}) returns {type(output).__name__}, not "
+                              f"a tensor: the DP step needs its output's gradient"
+                              f"{sequence_advice(module)}")
         inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
         self._uses.append(LayerUse(module, self._names[id(module)],
                                    [t.detach() for t in inputs],
@@ -156,10 +177,14 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list[LayerU
                               f"layer's inputs and output to hold the batch on dimension 0 "
                               f"(a sequence-first layout, (T, B, d), would be clipped per "
                               f"position, not per record)")
-    layers = [id(use.module) for use in uses]
-    if len(set(layers)) != len(layers):
-        raise DpclipError("a parameterised layer is used more than once in one forward pass; "
-                          "the DP step's per-sample norms need one use per layer")
+    seen: set[int] = set()
+    for use in uses:
+        if id(use.module) in seen:
+            raise DpclipError(f"layer {use.name!r} is called more than once in one forward "
+                              f"pass; the DP step's per-sample norms need one call per layer "
+                              f"(use a separate layer for each call, or one call on the "
+                              f"concatenated inputs)")
+        seen.add(id(use.module))
     for use in uses:
         if [t._version for t in use.activations] != use.versions:
             raise DpclipError(f"the input of layer {use.name!r} was changed in place after "
