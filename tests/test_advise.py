@@ -104,3 +104,13 @@ def test_a_difference_off_zero_that_holm_does_not_pass_leans_and_is_not_recommen
     recommended = words.split("Use ")[1].split(":")[0]
     assert "dc_sgd_e" not in recommended and "auto_s" in recommended
     assert "Not decided at these seeds: dc_sgd_e leans worse" in words
+
+
+def test_every_answer_says_the_choice_reads_private_records_outside_every_epsilon():
+    # an audit: advise ranked on the member-free holdout, which is the user's data too, and
+    # neither the answer nor the docs said that the choice is covered by no run's epsilon
+    text = " ".join(answer(pd.DataFrame(_rows("dp_sgd", BASE) + _rows("auto_s", BASE)),
+                           "digits").split())
+    assert "holdout records, your data too, without noise" in text
+    assert "bounded by no epsilon" in text and "Papernot and Steinke" in text
+    assert "composes" in text and "privacy.secure_noise: true" in text

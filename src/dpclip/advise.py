@@ -16,7 +16,8 @@ already there are reused, through their provenance), and answers from the report
   reported beside the ranking, never mixed into the primary correction.
 
 A method without a DP guarantee, or whose epsilon counts another neighbouring notion, is listed
-but never recommended.
+but never recommended. Every answer ends by saying what the choice costs: it is made on private
+holdout records, outside every run's epsilon (:data:`SELECTION_COST`).
 """
 
 from __future__ import annotations
@@ -177,7 +178,20 @@ def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
                                  WIDTH, initial_indent="  ", subsequent_indent="  "))
         out += _secondary(group, mine, methods)
         out.append("")
+    out.append(textwrap.fill(SELECTION_COST, WIDTH))
     return "\n".join(out).rstrip()
+
+
+# said with every answer: the ranking reads private records
+SELECTION_COST = (
+    "What this choice costs: each run's epsilon covers its training records only. The ranking "
+    "reads accuracies on your holdout records, your data too, without noise: what it reveals "
+    "of them is bounded by no epsilon, and a model released because it won carries that "
+    "choice (choosing the best of several DP runs costs privacy beyond one run even when the "
+    "scores are private: Papernot and Steinke, ICLR 2022). Releasing several of these models "
+    "composes their epsilons. To stay inside a budget, choose on public records of the same "
+    "kind and release a model trained afresh with the chosen method and "
+    "privacy.secure_noise: true.")
 
 
 def _leaning(r) -> str | None:
