@@ -122,7 +122,8 @@ def test_each_method_trains_within_budget_and_traces_its_threshold(name):
 # ---------------------------------------------------------------------------------------------
 # WW-DP-SGD: the tail-exponent estimator and the controller
 
-from dpclip.methods.ww_dp_sgd import WWDPSGD, tail_exponent  # noqa: E402
+from dpclip.methods.ww_dp_sgd import (WWDPSGD, spectrum, tail_exponent,  # noqa: E402
+                                      tail_exponent_loglog)
 
 
 def _pareto(alpha: float, n: int, seed: int) -> np.ndarray:
@@ -151,6 +152,80 @@ def test_tail_exponent_falls_back_to_top_k_on_small_spectra():
     eigs = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
     # top 3 with lambda_min = 4: alpha = 1 + 3 / (log 1 + log 2 + log 4) = 1 + 3 / (3 log 2)
     assert tail_exponent(eigs, min_tail=10, top_k=3) == pytest.approx(1 + 1 / np.log(2))
+
+
+# the paper's estimator (loglog_topk): Theil-Sen on the rank plot of the top k eigenvalues,
+# zeta = 1 - 1 / slope of log lambda_(i) against log i
+
+def test_loglog_estimator_is_exact_on_an_exact_rank_plot_and_ignores_the_bulk_below_top_k():
+    # lambda_(i) = i^(-1/3): slope -1/3 on the rank plot, so zeta = 1 + 3 = 4 exactly; below
+    # the top 10 the 22 others fall with slope -3 (zeta 4/3), which only top_k = 10 leaves out
+    top = np.arange(1, 11, dtype=float) ** (-1 / 3)
+    bulk = top[-1] * (np.arange(11, 33) / 10.0) ** -3.0
+    eigs = np.concatenate([top, bulk])
+    rng = np.random.default_rng(0)
+    assert tail_exponent_loglog(rng.permutation(eigs), top_k=10) == pytest.approx(4.0, abs=1e-9)
+    assert tail_exponent_loglog(eigs, top_k=32) < 3.0
+    # lambda_(i) = 3 i^(-2): slope -2, zeta = 1.5; the scale does not enter
+    assert tail_exponent_loglog(3 * np.arange(1, 6.0) ** -2, top_k=5) == pytest.approx(1.5)
+    # top_k above the spectrum's size fits the whole spectrum
+    assert tail_exponent_loglog(top, top_k=50) == pytest.approx(4.0)
+
+
+def test_loglog_estimator_is_robust_to_one_outlying_eigenvalue():
+    # the largest of an exact i^(-1/3) plot made 100 times larger: 9 of the 45 pairwise slopes
+    # change (all steeper), 36 stay -1/3, so their median (the 23rd) is still -1/3: zeta 4.
+    # Ordinary least squares on the same points would give about 2.3
+    eigs = np.arange(1, 11, dtype=float) ** (-1 / 3)
+    eigs[0] *= 100.0
+    assert tail_exponent_loglog(eigs, top_k=10) == pytest.approx(4.0, abs=1e-9)
+    x, y = np.log(np.arange(1, 11)), np.log(eigs)
+    assert 1 - 1 / np.polyfit(x, y, 1)[0] < 2.5
+
+
+def test_loglog_estimator_edge_cases():
+    assert tail_exponent_loglog(np.ones(10)) == np.inf  # no spread: no tail, as the MLE
+    with pytest.raises(ValueError, match="at least 2 positive eigenvalues"):
+        tail_exponent_loglog(np.array([2.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("estimator", ["loglog_topk", "mle_ks"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_both_estimators_recover_a_pareto_tail_exponent_of_four(estimator, seed):
+    # 5,000 draws of density ~ x^-4 on [1, inf): the top 1,000 are again a pure power law.
+    # Spread over draws (simulated): Theil-Sen on k = 1,000 about 0.10, the MLE on 5,000 about
+    # (zeta - 1) / sqrt(n) = 0.04; 0.3 is three of the larger
+    ww = _ww(estimator=estimator, top_k=1000)
+    assert ww.exponent(_pareto(4.0, 5000, seed)) == pytest.approx(4.0, abs=0.3)
+
+
+def test_loglog_estimator_is_median_unbiased_on_small_spectra():
+    # fc1 of the paper CNN gives 32 eigenvalues: the top 32 of 1,000 draws at zeta 4, the
+    # median estimate over 200 draws (one estimate's spread ~0.7, the median's ~0.06)
+    estimates = [tail_exponent_loglog(_pareto(4.0, 1000, seed), top_k=32) for seed in range(200)]
+    assert np.median(estimates) == pytest.approx(4.0, abs=0.2)
+
+
+def test_the_paper_estimator_is_the_default_and_the_option_is_validated(tiny_raw):
+    assert get_method("ww_dp_sgd").default_options().estimator == "loglog_topk"
+    assert parse_params(tiny_raw()).method_options("ww_dp_sgd").estimator == "loglog_topk"
+    assert parse_params(tiny_raw(methods={"ww_dp_sgd": {"estimator": "mle_ks"}})
+                        ).method_options("ww_dp_sgd").estimator == "mle_ks"
+    with pytest.raises(ConfigError) as info:
+        parse_params(tiny_raw(methods={"ww_dp_sgd": {"estimator": "hill"}}))
+    assert "methods.ww_dp_sgd.estimator" in str(info.value) and "'hill'" in str(info.value)
+    assert "loglog_topk" in str(info.value) and "mle_ks" in str(info.value)
+
+
+def test_ww_measures_with_the_configured_estimator():
+    torch.manual_seed(0)
+    for estimator, expected in (("loglog_topk", lambda e: tail_exponent_loglog(e, 10)),
+                                ("mle_ks", lambda e: tail_exponent(e, 10, 10))):
+        ww = _ww(estimator=estimator)
+        eigs = spectrum(ww.probes[0])
+        assert eigs.size == 30  # fc1 is 30 x 40
+        assert ww.measure() == expected(eigs)
+    assert _ww().measure() != _ww(estimator="mle_ks").measure()
 
 
 def _ww(**options):

@@ -352,3 +352,27 @@ def test_every_committed_preset_with_tuned_values_matches_its_tuning():
         if preset.get("tuned_by"):
             from dpclip.presets import tuning_problems
             assert tuning_problems(preset, PROJECT) == [], name
+
+
+@pytest.mark.parametrize("name", available_presets(PROJECT / "presets"))
+def test_every_preset_variant_that_trains_ww_names_its_estimator(name, tmp_path):
+    """A preset's results never rest on the estimator's default (issue 60 changed it to the
+    paper's loglog_topk): each names one, and a preset with results committed before that
+    change names the mle_ks those runs used."""
+    preset = load_preset(name, PROJECT / "presets")
+    committed = (PROJECT / "results" / "presets" / name / "preset.json").is_file()
+    for variant in (preset.get("variants") or {"main": {}}):
+        raw = variant_params(preset, variant, PROJECT / "params.yaml", tmp_path)
+        if "ww_dp_sgd" not in raw["train"]["methods"]:
+            continue
+        estimator = ((raw.get("methods") or {}).get("ww_dp_sgd") or {}).get("estimator")
+        assert estimator in ("loglog_topk", "mle_ks"), (name, variant)
+        if committed and name != "table13_readings":  # the readings: both, by variant
+            assert estimator == "mle_ks", (name, variant)
+    if name == "table13_readings":
+        estimators = {v: variant_params(preset, v, PROJECT / "params.yaml", tmp_path)[
+            "methods"]["ww_dp_sgd"]["estimator"] for v in preset["variants"]}
+        assert all(e == ("mle_ks" if v.endswith("_mle_ks") else "loglog_topk")
+                   for v, e in estimators.items())
+        assert {v.removesuffix("_mle_ks") for v in estimators} == {
+            "full", "kappa_small", "kappa_large", "probe_head"}
