@@ -32,6 +32,9 @@ def test_every_committed_preset_is_valid_and_reads_the_shared_datasets(name, tmp
         # the fewest seeds at which the exact test can reach 5% (runs may use fewer: --seeds)
         assert len(params.train.seeds) >= minimum_exact_seeds()
         assert not params.data.download  # the real files, never fetched
+        # research comparisons, paired by seed: the methods share their noise, as every
+        # committed result ran (the default is independent noise for released models)
+        assert params.privacy.common_random_numbers, (name, variant)
 
 
 def test_a_variant_overlays_the_preset_and_an_unknown_one_is_refused(tmp_path):
