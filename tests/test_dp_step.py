@@ -116,14 +116,19 @@ def _data(n=100, seed=0):
 
 
 def test_empty_batch_update_is_the_gradient_noise_alone():
+    from dpclip.train.step import rounding_slack
+
     x, y = _data()
     run = build_run((6,), 3, len(x), _cfg(lr=0.1))
     before = [p.detach().clone() for p in run.groups.flat()]
     run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
     replay = NoiseSources.for_run(0, key=run.cfg.stream_key())  # the run's own streams
     for b, p in zip(before, run.groups.flat()):
-        noise = torch.normal(0.0, run.sigma_train * 1.0, size=p.shape, generator=replay.noise)
-        torch.testing.assert_close(p.detach() - b, -0.1 * noise / (run.q * len(x)))
+        # drawn in float64, scaled by the float64 sum's rounding slack over the n records
+        std = run.sigma_train * 1.0 * (1 + rounding_slack(len(x)))
+        noise = torch.normal(0.0, std, size=p.shape, generator=replay.noise,
+                             dtype=torch.float64)
+        torch.testing.assert_close(p.detach() - b, (-0.1 * noise / (run.q * len(x))).float())
 
 
 def test_training_with_many_empty_batches_finishes_within_budget():

@@ -49,3 +49,33 @@ def test_auto_s_gamma_has_a_lower_bound(tiny_raw):
 
     with pytest.raises(ConfigError, match="methods.auto_s.gamma"):
         parse_params(tiny_raw(methods={"auto_s": {"gamma": 1e-30}}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lm_dp_sgd_factors_round_down_and_its_shares_sum_in_float64(dtype):
+    # a re-audit: 1.000000068 C in float32 and 1.0041 C in bfloat16; the share query (of
+    # sensitivity 1) summed in bfloat16 moved by 4.1 at a batch of 1024
+    from dpclip.methods.lm_dp_sgd import reweighted_factors
+    from dpclip.randomness import NoiseSources
+
+    gen = torch.Generator().manual_seed(2)
+    norms = (torch.rand(4096, 3, generator=gen) * 10.0 ** torch.randint(-6, 4, (4096, 3),
+                                                                         generator=gen))
+    weights = torch.tensor([0.6, 0.0, 0.8], dtype=torch.float64)
+    factors = reweighted_factors(norms.to(dtype), 0.9, weights)
+    per_record = (factors.double() * norms.to(dtype).double()).square().sum(dim=1).sqrt()
+    assert float(per_record.max()) <= 0.9
+    method = get_method("lm_dp_sgd")(MethodContext(
+        1.0, ["a", "b", "c"], n_params=100, expected_batch=1024.0,
+        shadow_risk=shadow_risk_for(["a", "b", "c"])))
+    method.bind_noise(0.0, 1.0)
+    if method.source != "private":
+        pytest.skip("the default weights are not the private query's")
+    aligned = torch.tensor([[1.0, 0.3, 0.2]]).repeat(1024, 1).to(dtype) * \
+        torch.linspace(1, 1.4, 1024)[:, None].to(dtype)
+    everyone = torch.tensor(method.release_extras(aligned, NoiseSources.seeded(0))["layer_shares"],
+                            dtype=torch.float64)
+    method._totals = None
+    without = torch.tensor(method.release_extras(aligned[:-1], NoiseSources.seeded(0))
+                           ["layer_shares"], dtype=torch.float64)
+    assert float((everyone - without).norm()) <= 1 + 1e-9

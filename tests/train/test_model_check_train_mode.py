@@ -248,3 +248,29 @@ def test_opacus_dp_attention_is_accepted_and_its_lstm_refused_with_the_reason():
     # before: "layers 'layer' and 'layer.l0.ih' share a parameter", which misled
     with pytest.raises(DpclipError, match="Opacus's DPLSTM, which applies one cell at every"):
         check_model(Sequence(DPLSTM(8, 8, batch_first=True), _recur), LOSS, x, y, batch_size=8)
+
+
+class PairMixup(nn.Module):
+    """Mixes records (0, 1), (2, 3), ...: a re-audit found it passed while the two checked
+    records were held fixed together (3.6 C at B = 16, 9.1 C at 256)."""
+
+    def forward(self, h):
+        if not self.training:
+            return h
+        partner = h.view(-1, 2, h.shape[1]).flip(1).reshape(h.shape)
+        return 0.7 * h + 0.3 * partner
+
+
+class MixesAboveItsBatch(nn.Module):
+    """Mixes only when a batch is larger than 8, as a Poisson batch often is (13.8 C)."""
+
+    def forward(self, h):
+        return h - h.mean(0) if self.training and len(h) > 8 else h
+
+
+@pytest.mark.parametrize("middle", [PairMixup(), MixesAboveItsBatch()])
+def test_mixing_the_re_audit_found_past_the_check_is_refused(middle):
+    torch.manual_seed(0)
+    x, y = _data(64)
+    with pytest.raises(DpclipError, match="change each other's gradients"):
+        check_model(Net(middle), LOSS, x, y, batch_size=8)

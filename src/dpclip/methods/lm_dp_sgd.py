@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
-from dpclip.methods.base import Method, Option, StepRelease, Tunable, register, total_norms
+from dpclip.methods.base import (Method, Option, StepRelease, Tunable, register, rounded,
+                                 total_norms)
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
 
@@ -68,7 +69,10 @@ def reweighted_factors(layer_norms: torch.Tensor, clip: float, weights: torch.Te
     ||ghat_i|| <= C_i holds for every block.
     """
     totals = total_norms(layer_norms) if totals is None else totals
-    return totals.clamp(max=clip)[:, None] * weights / layer_norms.clamp_min(1e-30)
+    # in float64, rounded towards 0: a float32 or bfloat16 product exceeded C_i w^(l)
+    wide = totals.double().clamp(max=clip)[:, None] * weights.double() / \
+        layer_norms.double().clamp_min(1e-30)
+    return rounded(wide, layer_norms.dtype, upward=False)
 
 
 @register
@@ -120,7 +124,7 @@ class LMDPSGD(Method):
 
     def _weights_like(self, layer_norms: torch.Tensor) -> torch.Tensor:
         if self._weights_t is None:
-            self._weights_t = torch.tensor(self._weights, dtype=layer_norms.dtype,
+            self._weights_t = torch.tensor(self._weights, dtype=torch.float64,
                                            device=layer_norms.device)
         return self._weights_t
 
@@ -145,8 +149,11 @@ class LMDPSGD(Method):
         for a record whose norm is not finite: it contributes nothing to the step either)."""
         if self.source != "private":
             return {}
-        totals = self.total_norms(layer_norms)
-        shares = (layer_norms / totals.clamp_min(1e-30)[:, None]).nan_to_num(0.0, 0.0, 0.0)
+        totals = self.total_norms(layer_norms).double()
+        # summed in float64: the query's sensitivity 1 must hold with the rounding (a float32
+        # sum of 4,096 shares moved by 1.0002, a bfloat16 one of 1,024 by 4.1)
+        shares = (layer_norms.double() / totals.clamp_min(1e-30)[:, None]).nan_to_num(0.0, 0.0,
+                                                                                      0.0)
         shares = torch.where(torch.isfinite(totals)[:, None], shares, 0.0).sum(dim=0)
         shares += torch.normal(0.0, self.options.sigma_w_ratio * self.sigma_eff,
                                size=shares.shape, generator=rng.noise, device=shares.device)

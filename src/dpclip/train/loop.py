@@ -97,7 +97,9 @@ def check_records(x: np.ndarray, y: np.ndarray, n_classes: int) -> None:
                           f"0..{n_classes - 1} (n_classes {n_classes})")
     features = np.asarray(x)
     if np.issubdtype(features.dtype, np.floating):
-        bad = int(np.sum(~np.isfinite(features).reshape(len(features), -1).all(axis=1)))
+        # as training will see them: a float64 1e39 becomes inf in float32
+        seen = features.astype(np.float32, copy=False)
+        bad = int(np.sum(~np.isfinite(seen).reshape(len(seen), -1).all(axis=1)))
         if bad:
             raise DpclipError(f"train: {bad} records have features that are not finite (NaN "
                               f"or infinite); fill or drop them before training")

@@ -129,9 +129,11 @@ def _refuse_if_apart(groups, names, got, expected, say) -> None:
 
 def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                         batch_size: int, records: int = 2) -> None:
-    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it."""
-    size = min(max(int(batch_size), records + 2), LARGEST_BATCH_CHECKED, len(x))
-    if size <= records:
+    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, at the
+    step's expected batch size and at twice it (a Poisson batch is often larger), each record
+    checked with every other record of its batch changed."""
+    first = min(max(int(batch_size), records + 2), LARGEST_BATCH_CHECKED, len(x))
+    if first <= records:
         return  # too few records to change the others
     twin = copy.deepcopy(model).train()
     groups = LayerGroups.of(twin)
@@ -140,38 +142,47 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
     parameters = {name for name, _ in twin.named_parameters()}
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
     watch = _OutputsOfModules(twin)
+    sizes = dict.fromkeys([first, min(2 * first, LARGEST_BATCH_CHECKED, len(x))])
     try:
-        batch, labels = x[:size], y[:size]
-        base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch, labels, i)
-                for i in range(records)]
-        after = base[0].state
-        moved = [n for n in parameters if not torch.equal(after[n], start[n])]
-        if moved:
-            raise DpclipError(f"the forward pass changes parameter {moved[0]!r} in place (e.g. "
-                              f"Embedding(max_norm=...) renormalising the rows a batch uses): "
-                              f"the released weights would move with no clipping and no "
-                              f"noise; the model is refused")
-        written = [n for n in after if n not in parameters and
-                   not torch.equal(after[n], start[n])]
-        for others, labels_of_others in _other_records(x, y, size, records, twin):
-            changed_batch = torch.cat([batch[:records], others])
-            changed_labels = torch.cat([labels[:records], labels_of_others])
-            for i, seen in enumerate(base):
-                again = _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn,
-                                          changed_batch, changed_labels, i)
-                for name in written:
-                    if not torch.equal(again.state[name], after[name]):
-                        raise DpclipError(
-                            f"buffer {name!r} is written from the training records during the "
-                            f"forward pass (running statistics, an EMA or an observer): it "
-                            f"would be released with no clipping and no noise (use a layer "
-                            f"without tracked statistics, e.g. track_running_stats=False); "
-                            f"the model is refused")
-                _refuse_if_mixed(seen, again, dtype)
+        for size in sizes:
+            batch, labels = x[:size], y[:size]
+            base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch,
+                                      labels, i) for i in range(records)]
+            after = base[0].state
+            _refuse_moved_parameters(parameters, after, start)
+            written = [n for n in after if n not in parameters and
+                       not torch.equal(after[n], start[n])]
+            for others, labels_of_others in _other_records(x, y, size, twin):
+                for i, seen in enumerate(base):
+                    changed, changed_labels = others.clone(), labels_of_others.clone()
+                    changed[i], changed_labels[i] = batch[i], labels[i]
+                    again = _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn,
+                                              changed, changed_labels, i)
+                    _refuse_written_buffers(written, again.state, after)
+                    _refuse_if_mixed(seen, again, dtype)
     finally:
         watch.remove()
         for handle in wrapped._handles:
             handle.remove()
+
+
+def _refuse_moved_parameters(parameters, after: dict, start: dict) -> None:
+    moved = [n for n in parameters if not torch.equal(after[n], start[n])]
+    if moved:
+        raise DpclipError(f"the forward pass changes parameter {moved[0]!r} in place (e.g. "
+                          f"Embedding(max_norm=...) renormalising the rows a batch uses): the "
+                          f"released weights would move with no clipping and no noise; the "
+                          f"model is refused")
+
+
+def _refuse_written_buffers(written, state: dict, expected: dict) -> None:
+    for name in written:
+        if not torch.equal(state[name], expected[name]):
+            raise DpclipError(f"buffer {name!r} is written from the training records during "
+                              f"the forward pass (running statistics, an EMA or an observer): "
+                              f"it would be released with no clipping and no noise (use a "
+                              f"layer without tracked statistics, e.g. "
+                              f"track_running_stats=False); the model is refused")
 
 
 class _Pass:
@@ -200,18 +211,17 @@ def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i) -> 
                  {n: t.detach().clone() for n, t in twin.state_dict(keep_vars=True).items()})
 
 
-def _other_records(x, y, size, records, model):
-    """The batch's other records replaced: by other training records (or the same ones in
-    another order, when there are too few), and, for real-valued inputs to a model without
-    token lookups, by the same records scaled by 1e3 (an adversarial record)."""
-    count = size - records
-    if len(x) >= size + count:
-        yield x[size:size + count], y[size:size + count]
+def _other_records(x, y, size, model):
+    """Batches of ``size`` other records, into which the checked record is put: other training
+    records (or the same ones in another order, when there are too few), and, for real-valued
+    inputs to a model without token lookups, the batch scaled by 1e3 (adversarial records)."""
+    if len(x) >= 2 * size:
+        yield x[size:2 * size], y[size:2 * size]
     else:
-        yield x[records:size].roll(1, 0), y[records:size].roll(1, 0)
+        yield x[:size].roll(1, 0), y[:size].roll(1, 0)
     lookups = any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
     if x.is_floating_point() and not lookups:
-        yield x[records:size] * 1e3, y[records:size]
+        yield x[:size] * 1e3, y[:size]
 
 
 def _refuse_if_mixed(seen: _Pass, again: _Pass, dtype) -> None:

@@ -358,7 +358,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         loss = float("nan")
         layer_norms = torch.cat([torch.zeros((0, n_layers), device=x.device), canary_norms])
         factors = method.scale(layer_norms)  # a rule with state sees the batch as always
-        sums = [torch.zeros_like(p) for p in groups.flat()]
+        sums = [torch.zeros_like(p, dtype=torch.float64) for p in groups.flat()]
     else:
         out, uses = model.forward_keeping(x)
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
