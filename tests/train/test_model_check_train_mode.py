@@ -52,7 +52,7 @@ class Mixup(nn.Module):
 
 
 class Counter(nn.Module):
-    """A buffer the forward pass writes, the same whatever the records: allowed."""
+    """A buffer the forward pass writes, the same whatever the records."""
 
     def __init__(self):
         super().__init__()
@@ -94,8 +94,8 @@ def test_mixing_only_in_training_mode_is_refused_and_the_module_named(middle, mo
 def test_buffers_written_from_the_records_are_refused_by_name():
     torch.manual_seed(0)
     x, y = _data()
-    with pytest.raises(DpclipError, match="buffer 'middle.average' is written from the "
-                                          "training records"):
+    with pytest.raises(DpclipError, match="buffer 'middle.average' is written during the "
+                                          "training forward pass"):
         check_model(Net(Ema(6)), LOSS, x, y, batch_size=8)
     norm = nn.InstanceNorm1d(1, affine=False, track_running_stats=True)
     model = Net(nn.Sequential(nn.Unflatten(1, (1, 6)), norm, nn.Flatten()))
@@ -103,10 +103,12 @@ def test_buffers_written_from_the_records_are_refused_by_name():
         check_model(model, LOSS, x, y, batch_size=8)
 
 
-def test_a_buffer_that_ignores_the_records_and_dropout_pass():
+def test_any_buffer_written_is_refused_and_dropout_passes():
+    # the step puts buffers back after every step, so even a counter would never count
     torch.manual_seed(0)
     x, y = _data()
-    check_model(Net(Counter()), LOSS, x, y, batch_size=8)
+    with pytest.raises(DpclipError, match="buffer 'middle.calls' is written"):
+        check_model(Net(Counter()), LOSS, x, y, batch_size=8)
     check_model(Net(nn.Dropout(0.5)), LOSS, x, y, batch_size=16)
 
 
@@ -274,3 +276,45 @@ def test_mixing_the_re_audit_found_past_the_check_is_refused(middle):
     x, y = _data(64)
     with pytest.raises(DpclipError, match="change each other's gradients"):
         check_model(Net(middle), LOSS, x, y, batch_size=8)
+
+
+class WritesEveryThirdCall(nn.Module):
+    """Past any check that runs a pass or two: every third training call copies a record into
+    a buffer and rescales a weight from the batch (a re-audit: both were released, the record
+    exactly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+        self.register_buffer("seen", torch.zeros(6))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.training and self.calls % 3 == 0:
+            with torch.no_grad():
+                self.seen.copy_(x[0])
+                self.fc.weight.mul_(1 + x.abs().max())
+        return self.head(torch.tanh(self.fc(x)))
+
+
+def test_the_step_itself_puts_back_what_a_batch_wrote_into_the_model():
+    from dpclip.methods import get_method
+    from dpclip.methods.base import MethodContext
+    from dpclip.randomness import NoiseSources
+    from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
+
+    torch.manual_seed(0)
+    model = WritesEveryThirdCall()
+    groups = LayerGroups.of(model)
+    wrapped = wrap_for_dp(model)
+    optimizer = torch.optim.SGD(groups.flat(), lr=0.0)  # lr 0: the weights may not move
+    weights = [p.detach().clone() for p in groups.flat()]
+    x, y = _data()
+    for step in range(1, 7):
+        dp_step(wrapped, groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
+            MethodContext(1.0, groups.names)), 1.0, 8.0, optimizer, NoiseSources.seeded(0),
+            step=step, most_records=len(x))
+    assert model.calls == 6
+    assert torch.equal(model.seen, torch.zeros(6))
+    assert all(torch.equal(p, w) for p, w in zip(groups.flat(), weights))

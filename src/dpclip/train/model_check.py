@@ -25,11 +25,12 @@ step's expected size, every random draw of the forward pass replayed from one st
    and, for real-valued inputs, scaled by 1e3): batch mixing is measured as contribution,
    whatever layer or function does it, and the first module whose output for the record
    changes is named;
-4. the forward and backward passes must leave every parameter as it was (an in-place
-   renormalisation such as ``Embedding(max_norm=...)`` moves the released weights with no
-   clipping and no noise), and a buffer they change must change the same way whatever the
-   records are (a counter may; running statistics, an EMA or an observer of the data may
-   not: they would be released without noise).
+4. the forward and backward passes must leave every parameter and buffer as they were (an
+   in-place renormalisation such as ``Embedding(max_norm=...)`` moves the released weights,
+   running statistics or an EMA hold the data, with no clipping and no noise). The step itself
+   puts them back after every step (:class:`dpclip.train.step.StateBeforeStep`), whatever
+   this test saw; a model that writes them is refused here because it would not train as its
+   author expects.
 
 The records stay on the data owner's machine: a refusal names the layer, parameter or buffer
 and prints nothing computed from the records.
@@ -150,15 +151,14 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
                                       labels, i) for i in range(records)]
             after = base[0].state
             _refuse_moved_parameters(parameters, after, start)
-            written = [n for n in after if n not in parameters and
-                       not torch.equal(after[n], start[n])]
+            _refuse_written_buffers([n for n in after if n not in parameters and
+                                     not torch.equal(after[n], start[n])])
             for others, labels_of_others in _other_records(x, y, size, twin):
                 for i, seen in enumerate(base):
                     changed, changed_labels = others.clone(), labels_of_others.clone()
                     changed[i], changed_labels[i] = batch[i], labels[i]
                     again = _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn,
                                               changed, changed_labels, i)
-                    _refuse_written_buffers(written, again.state, after)
                     _refuse_if_mixed(seen, again, dtype)
     finally:
         watch.remove()
@@ -175,14 +175,14 @@ def _refuse_moved_parameters(parameters, after: dict, start: dict) -> None:
                           f"model is refused")
 
 
-def _refuse_written_buffers(written, state: dict, expected: dict) -> None:
-    for name in written:
-        if not torch.equal(state[name], expected[name]):
-            raise DpclipError(f"buffer {name!r} is written from the training records during "
-                              f"the forward pass (running statistics, an EMA or an observer): "
-                              f"it would be released with no clipping and no noise (use a "
-                              f"layer without tracked statistics, e.g. "
-                              f"track_running_stats=False); the model is refused")
+def _refuse_written_buffers(written: list[str]) -> None:
+    if written:
+        raise DpclipError(f"buffer {written[0]!r} is written during the training forward pass "
+                          f"(running statistics, an EMA, an observer or a counter): the DP "
+                          f"step puts every buffer back after each step, so nothing computed "
+                          f"from a batch is released without noise, and this buffer would "
+                          f"never change as the model expects (use a layer without tracked "
+                          f"statistics, e.g. track_running_stats=False); the model is refused")
 
 
 class _Pass:

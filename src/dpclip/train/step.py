@@ -142,6 +142,31 @@ class BookKeeping(nn.Module):
             self._uses = None
 
 
+class StateBeforeStep:
+    """Every parameter and buffer of a model as a DP step's forward pass finds them, put back
+    once the step's sums exist (:meth:`restore`), before the noise and the optimizer: whatever
+    the forward or backward pass writes into the model from the batch (running statistics, an
+    EMA, a renormalisation such as ``Embedding(max_norm=...)``, a copy of a record) never
+    outlives the step, so the only thing a step releases is the noisy update. The model check
+    refuses such models before training; this is the step's own guarantee for what a test
+    cannot see (a write every k-th call, or only on rare records)."""
+
+    def __init__(self, model: nn.Module):
+        self.parameters = [(p, p._version, p.detach().clone()) for p in model.parameters()]
+        self.buffers = [(module, name, buffer, buffer.detach().clone())
+                        for module in model.modules()
+                        for name, buffer in module.named_buffers(recurse=False)]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, version, value in self.parameters:
+            if p._version != version:  # changed in place
+                p.copy_(value)
+        for module, name, buffer, value in self.buffers:
+            if getattr(module, name) is not buffer or not torch.equal(buffer, value):
+                setattr(module, name, value)
+
+
 def wrap_for_dp(model: nn.Module) -> BookKeeping:
     """The model ready for the DP step (hooks keep activations; losses are summed)."""
     return BookKeeping(model, LayerGroups.of(model))
@@ -360,6 +385,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         factors = method.scale(layer_norms)  # a rule with state sees the batch as always
         sums = [torch.zeros_like(p, dtype=torch.float64) for p in groups.flat()]
     else:
+        before = StateBeforeStep(model)
         out, uses = model.forward_keeping(x)
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
         laps.lap("forward")
@@ -373,6 +399,7 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         factors = torch.nan_to_num(method.scale(layer_norms), nan=0.0, posinf=0.0, neginf=0.0)
         laps.lap("scaling rule")
         sums = scaled_sum(groups, kept, factors[:len(x)])  # empties kept as it goes
+        before.restore()  # nothing the batch wrote into the model outlives the step
         laps.lap("weighted sum")
     if canaries is not None:
         canaries.observe(method, x.device)  # every step, whoever was sampled
