@@ -318,3 +318,33 @@ def test_the_step_itself_puts_back_what_a_batch_wrote_into_the_model():
     assert model.calls == 6
     assert torch.equal(model.seen, torch.zeros(6))
     assert all(torch.equal(p, w) for p, w in zip(groups.flat(), weights))
+
+
+class TinyTerm(nn.Module):
+    """h + 1e-9 sum over the batch: under a float32 tolerance, and amplified without bound by
+    one extreme record (a re-audit: 164 C at B = 256 with a record at 3e37)."""
+
+    def forward(self, h):
+        return h + 1e-9 * h.sum(0) if self.training else h
+
+
+class SometimesMixes(nn.Module):
+    """Mixup on a coin flip: the first replayed draw did not fire (13.7 C when it does)."""
+
+    def forward(self, h):
+        if self.training and float(torch.rand(())) > 0.5:
+            return h - h.mean(0)
+        return h
+
+
+class MixesAboveThreeBatches(nn.Module):
+    def forward(self, h):
+        return h - h.mean(0) if self.training and len(h) > 24 else h
+
+
+@pytest.mark.parametrize("middle", [TinyTerm(), SometimesMixes(), MixesAboveThreeBatches()])
+def test_mixing_a_second_re_audit_would_try_is_refused(middle):
+    torch.manual_seed(0)
+    x, y = _data(80)
+    with pytest.raises(DpclipError, match="change each other's gradients"):
+        check_model(Net(middle), LOSS, x, y, batch_size=8)

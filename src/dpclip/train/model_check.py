@@ -50,11 +50,16 @@ from dpclip.train.step import (BookKeeping, LayerGroups, backward_keeping, per_l
 RECORDS_CHECKED = 4
 RELATIVE_TOLERANCE = 1e-6
 # the training-mode check compares the step's own arithmetic run twice on identical inputs
-# for the record: any change is the other records' doing, so the tolerance only absorbs a
-# device's kernel choice
+# for the record: any change is the other records' doing. On the CPU the same shapes run the
+# same kernels, so the record's numbers must be the same bits; a GPU's kernels may split a
+# reduction differently from call to call, hence a tolerance there
 TRAIN_MODE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1e-2}
 LARGEST_BATCH_CHECKED = 512
-REPLAY_SEED = 20261129  # the forward pass's random draws (dropout masks), the same every pass
+# the forward pass's random draws (dropout masks) replayed from each seed in turn: a mixing
+# that one draw leaves off, another turns on
+REPLAY_SEEDS = (20261129, 7, 123456789)
+# the other records of a real-valued batch are also scaled by these (adversarial records)
+PROBE_SCALES = (1e3, 1e6)
 
 
 def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -139,31 +144,47 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
     twin = copy.deepcopy(model).train()
     groups = LayerGroups.of(twin)
     wrapped = BookKeeping(twin, groups)
-    start = {name: t.detach().clone() for name, t in twin.state_dict(keep_vars=True).items()}
+    start = _state_of(twin)
     parameters = {name for name, _ in twin.named_parameters()}
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
+    tolerance = 0.0 if x.device.type == "cpu" else TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
     watch = _OutputsOfModules(twin)
-    sizes = dict.fromkeys([first, min(2 * first, LARGEST_BATCH_CHECKED, len(x))])
+    sizes = dict.fromkeys(min(k * first, LARGEST_BATCH_CHECKED, len(x)) for k in (1, 2, 4))
     try:
-        for size in sizes:
-            batch, labels = x[:size], y[:size]
-            base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch,
-                                      labels, i) for i in range(records)]
-            after = base[0].state
-            _refuse_moved_parameters(parameters, after, start)
-            _refuse_written_buffers([n for n in after if n not in parameters and
-                                     not torch.equal(after[n], start[n])])
-            for others, labels_of_others in _other_records(x, y, size, twin):
-                for i, seen in enumerate(base):
-                    changed, changed_labels = others.clone(), labels_of_others.clone()
-                    changed[i], changed_labels[i] = batch[i], labels[i]
-                    again = _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn,
-                                              changed, changed_labels, i)
-                    _refuse_if_mixed(seen, again, dtype)
+        for seed in REPLAY_SEEDS:
+            for size in sizes:
+                batch, labels = x[:size], y[:size]
+                base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch,
+                                          labels, i, seed) for i in range(records)]
+                after = base[0].state
+                _refuse_moved_parameters(parameters, after, start)
+                _refuse_written_buffers([n for n in after if n not in parameters and
+                                         not torch.equal(after[n], start[n])])
+                for others, labels_of_others in _other_records(x, y, size, twin):
+                    for i, seen in enumerate(base):
+                        changed, changed_labels = others.clone(), labels_of_others.clone()
+                        changed[i], changed_labels[i] = batch[i], labels[i]
+                        again = _as_the_step_runs(wrapped, groups, twin, start, watch,
+                                                  loss_fn, changed, changed_labels, i, seed)
+                        _refuse_if_mixed(seen, again, tolerance, dtype)
     finally:
         watch.remove()
         for handle in wrapped._handles:
             handle.remove()
+
+
+def _state_of(model: nn.Module) -> dict:
+    """Copies of every parameter and buffer (persistent or not), by name."""
+    return {name: t.detach().clone()
+            for name, t in (*model.named_parameters(), *model.named_buffers())}
+
+
+@torch.no_grad()
+def _put_back(model: nn.Module, state: dict) -> None:
+    for name, value in state.items():
+        target = model.get_parameter(name) if name in dict(model.named_parameters()) \
+            else model.get_buffer(name)
+        target.copy_(value)
 
 
 def _refuse_moved_parameters(parameters, after: dict, start: dict) -> None:
@@ -193,13 +214,13 @@ class _Pass:
         self.norms, self.block, self.outputs, self.state = norms, block, outputs, state
 
 
-def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i) -> _Pass:
+def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i, seed) -> _Pass:
     """The step on batch (x, y) from the state ``start``, in training mode, with the forward
-    pass's random draws replayed from :data:`REPLAY_SEED`: record ``i``'s part of it."""
-    twin.load_state_dict(start)
+    pass's random draws replayed from ``seed``: record ``i``'s part of it."""
+    _put_back(twin, start)
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(REPLAY_SEED)
+        torch.manual_seed(seed)
         watch.start(i)
         out, uses = wrapped.forward_keeping(x)
         kept = backward_keeping(wrapped, loss_fn(out, y), uses)
@@ -207,27 +228,31 @@ def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i) -> 
         factors = torch.zeros(len(x), dtype=norms.dtype, device=x.device)
         factors[i] = 1
         block = [g.detach() for g in scaled_sum(groups, kept, factors)]
-    return _Pass(norms, block, watch.stop(),
-                 {n: t.detach().clone() for n, t in twin.state_dict(keep_vars=True).items()})
+    return _Pass(norms, block, watch.stop(), _state_of(twin))
 
 
 def _other_records(x, y, size, model):
     """Batches of ``size`` other records, into which the checked record is put: other training
     records (or the same ones in another order, when there are too few), and, for real-valued
-    inputs to a model without token lookups, the batch scaled by 1e3 (adversarial records)."""
+    inputs to a model without token lookups, the batch scaled by :data:`PROBE_SCALES`
+    (adversarial records)."""
     if len(x) >= 2 * size:
         yield x[size:2 * size], y[size:2 * size]
     else:
         yield x[:size].roll(1, 0), y[:size].roll(1, 0)
     lookups = any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
     if x.is_floating_point() and not lookups:
-        yield x[:size] * 1e3, y[:size]
+        for scale in PROBE_SCALES:
+            yield x[:size] * scale, y[:size]
 
 
-def _refuse_if_mixed(seen: _Pass, again: _Pass, dtype) -> None:
-    tolerance = TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
-    parts = [(seen.norms, again.norms)] + list(zip(seen.block, again.block))
-    if all(_close(a, b, tolerance) for a, b in parts):
+def _refuse_if_mixed(seen: _Pass, again: _Pass, tolerance: float, dtype) -> None:
+    """The record's block of the weighted sum must be the same (the same bits on the CPU);
+    its norms, whose float32 or float64 path the whole batch's range picks (both bound the
+    same gradient), to the dtype's tolerance."""
+    loose = TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
+    if _close(seen.norms, again.norms, loose) and \
+            all(_close(a, b, tolerance) for a, b in zip(seen.block, again.block)):
         return
     first = next((name for (name, a), (_, b) in zip(seen.outputs, again.outputs)
                   if not _close(a, b, tolerance)), None)
@@ -243,6 +268,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
     if a.shape != b.shape:
         return False
     a, b = a.double(), b.double()
+    if tolerance == 0:
+        return bool(torch.equal(a.nan_to_num(), b.nan_to_num()))
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return bool(torch.equal(a.nan_to_num(), b.nan_to_num()) and
                     torch.equal(torch.isnan(a), torch.isnan(b)))
