@@ -398,3 +398,20 @@ def test_the_methods_own_optimizer_trains_the_private_layers():
     assert joint.optimizer.param_groups[0]["lr"] == 0.1  # head_lr
     plain = build_run((6,), 3, len(x), _sanitize_cfg(encoder="joint"))  # train.optimizer: sgd
     assert isinstance(plain.optimizer, torch.optim.SGD)
+
+
+def test_a_record_that_overflows_the_encoder_releases_nothing_out_of_range():
+    """A re-audit: one record with every feature at 3e38 (finite, accepted) made the released
+    head partly NaN, since clamp passes NaN through: whether the head is finite told whether
+    the record was a member."""
+    from dpclip.train import train_model
+
+    z = torch.tensor([[float("nan"), float("inf"), -float("inf"), 0.5]])
+    assert torch.equal(clip_activations(z, 1.0), torch.tensor([[0.0, 1.0, 0.0, 0.5]]))
+    assert torch.equal(clip_activations(z, 1.0, signed=True),
+                       torch.tensor([[0.0, 1.0, -1.0, 0.5]]))
+    x, y = _sanitize_data()
+    x[3] = 3e38
+    result = train_model(x, y, (6,), 3, _sanitize_cfg(), progress=False,
+                         public=_sanitize_data(seed=1))
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())

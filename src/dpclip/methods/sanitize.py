@@ -92,7 +92,12 @@ def sensitivity(clip: float, kept: torch.Tensor, signed: bool = False) -> torch.
 
 
 def clip_activations(z: torch.Tensor, clip: float, signed: bool = False) -> torch.Tensor:
-    return z.clamp(-clip if signed else 0.0, clip)
+    """z clipped to [0, C] (or [-C, C]); an activation that is not a number (a record of
+    features near 3e38 overflows the encoder) counts as 0 and an infinite one as its bound, so
+    every release stays in range: clamp alone passes NaN through, and one record made the
+    released head partly NaN."""
+    low = -clip if signed else 0.0
+    return z.nan_to_num(nan=0.0, posinf=clip, neginf=low).clamp(low, clip)
 
 
 def sanitize(z: torch.Tensor, clip: float, drop_p: float, sigma: float,
