@@ -23,6 +23,8 @@ evaluate stage copies the entries into the metrics (``audit.<kind>``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hashlib
 
 from dpclip.artifacts import load_split
@@ -87,12 +89,15 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout,
     seed = canary_seed(params, key.name, kind)
     name = f"{key.name} ({kind} audit)"
     confidence = kind_confidence(params)
+    # the audit's own noise: trained with the released run's streams, its model would differ
+    # from the released one by the canaries' effect alone (never released, but no reason to)
+    cfg = replace(data.cfg, data_label=f"{data.cfg.data_label} audit={kind}")
     if kind == "whitebox":
-        run = build_run(data.shape, data.n_classes, len(data.x), data.cfg, data.public)
+        run = build_run(data.shape, data.n_classes, len(data.x), cfg, data.public)
         return audit_whitebox(run, data.x, data.y, a.canaries, seed, confidence, name,
                               a.canary_span)
     px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
-    return audit_blackbox(data.x, data.y, px, py, data.shape, data.n_classes, data.cfg,
+    return audit_blackbox(data.x, data.y, px, py, data.shape, data.n_classes, cfg,
                           min(a.input_canaries, len(px)), seed, confidence, name, data.public)
 
 
