@@ -204,3 +204,22 @@ def test_streams_depend_on_the_run_s_identity_and_data_label():
 def test_common_random_numbers_and_secure_noise_exclude_each_other(tiny_raw):
     with pytest.raises(ConfigError, match="common_random_numbers"):
         parse_params(tiny_raw(privacy={"secure_noise": True, "common_random_numbers": True}))
+
+
+def test_retraining_after_a_deletion_draws_fresh_noise():
+    # a re-audit: the same configuration on D and on D minus one record drew the same noise,
+    # so the two models' difference (RMS 0.08) was nearly noise-free: a deletion and retrain
+    # would expose the deleted record
+    x, y = gaussian_records(100)
+
+    def weights(x, y, cfg):
+        return torch.cat([p.detach().flatten() for p in
+                          train_model(x, y, (6,), 3, cfg, progress=False).model.parameters()])
+
+    full, deleted = weights(x, y, _cfg()), weights(x[1:], y[1:], _cfg())
+    gap = float((full - deleted).square().mean().sqrt())
+    reference = _weight_gap(_cfg("dp_sgd"), replace(_cfg("dp_sgd"), data_label="other"))
+    assert gap > 0.5 * reference
+    shared = _cfg(common_random_numbers=True)
+    assert float((weights(x, y, shared) - weights(x[1:], y[1:], shared)).square().mean()
+                 .sqrt()) < 0.3 * reference

@@ -33,3 +33,14 @@ def file_hash(path: Path) -> str | None:
 
 
 _KNOWN: dict[tuple, str] = {}
+
+
+def records_digest(*arrays) -> str:
+    """SHA-256 of arrays' bytes (a run's features and labels): which records a run trained on,
+    for its checkpoint's fingerprint and its noise streams' key."""
+    import numpy as np  # on use: this module is imported before the numeric libraries
+
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()

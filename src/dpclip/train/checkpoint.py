@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpclip.hashing import records_digest
 from dpclip.io import write_torch
 
 
@@ -29,8 +30,7 @@ class Checkpoint:
     @classmethod
     def for_run(cls, path: Path, every: int, cfg, x: np.ndarray, y: np.ndarray):
         digest = hashlib.sha256(repr(cfg.identity()).encode())
-        digest.update(np.ascontiguousarray(x).tobytes())
-        digest.update(np.ascontiguousarray(y).tobytes())
+        digest.update(records_digest(x, y).encode())
         return cls(Path(path), every, digest.hexdigest())
 
     def restore(self, run) -> int:
