@@ -308,6 +308,7 @@ def test_the_step_itself_puts_back_what_a_batch_wrote_into_the_model():
     model = WritesEveryThirdCall()
     groups = LayerGroups.of(model)
     wrapped = wrap_for_dp(model)
+    wrapped.checked = True  # as if the check had not seen the k-th call write
     optimizer = torch.optim.SGD(groups.flat(), lr=0.0)  # lr 0: the weights may not move
     weights = [p.detach().clone() for p in groups.flat()]
     x, y = _data()
@@ -348,3 +349,20 @@ def test_mixing_a_second_re_audit_would_try_is_refused(middle):
     x, y = _data(80)
     with pytest.raises(DpclipError, match="change each other's gradients"):
         check_model(Net(middle), LOSS, x, y, batch_size=8)
+
+
+def test_a_model_wrapped_by_hand_is_checked_at_its_first_step():
+    # an audit: wrap_for_dp and dp_step ran no check, so a direct user of them got none
+    from dpclip.methods import get_method
+    from dpclip.methods.base import MethodContext
+    from dpclip.randomness import NoiseSources
+    from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
+
+    torch.manual_seed(0)
+    model = Net(FunctionalBatchNorm(6))
+    groups = LayerGroups.of(model)
+    x, y = _data()
+    with pytest.raises(DpclipError, match="training mode"):
+        dp_step(wrap_for_dp(model), groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
+            MethodContext(1.0, groups.names)), 1.0, 8.0, torch.optim.SGD(groups.flat(), lr=0.1),
+            NoiseSources.seeded(0), step=1, most_records=len(x))

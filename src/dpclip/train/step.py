@@ -113,6 +113,8 @@ class BookKeeping(nn.Module):
         self._module = model
         self._names = {id(m): name for name, m in zip(groups.names, groups.modules)}
         self._uses: list | None = None  # LayerUse while capturing
+        # set once dpclip.train.model_check has passed the model: dp_step checks it otherwise
+        self.checked = False
         self._handles = [m.register_forward_hook(self._keep, with_kwargs=True)
                          for m in groups.modules]
 
@@ -358,6 +360,9 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
             canaries=None, *, most_records: int) -> tuple[float, StepRelease]:
     """One DP step on Poisson batch (x, y); returns (mean batch loss, the release).
 
+    A model that :func:`dpclip.train.model_check.check_model` has not passed (``model.checked``)
+    is checked on the first batch of two or more records before anything is computed.
+
     An empty batch is a full step, as the accountant models it and as Opacus does: the clipped
     sum is zero, so the update is the noise alone, the extra queries release their noise, and
     the controller reads those releases as usual (skipping the step would reveal that the batch
@@ -372,6 +377,12 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
     records a batch can hold: the data set's size, public, plus the audit's canaries), so the
     sensitivity the noise is calibrated to holds with the rounding included.
     """
+    if not model.checked and len(x) > 1:
+        # a model wrapped by hand: the check runs on the first batch with two records
+        from dpclip.train.model_check import check_model  # it builds on this module
+
+        check_model(model._module, loss_fn, x, y, batch_size=round(expected_batch))
+        model.checked = True
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
     laps = _laps if len(x) else NO_LAPS  # the parts of non-empty steps, when profiling

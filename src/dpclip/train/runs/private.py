@@ -54,6 +54,7 @@ class PrivateRun(Run):
         if isinstance(self.model, BookKeeping):
             check_model(self.network, self.loss_fn, x, y,
                         batch_size=round(self.q * self.n_records))
+            self.model.checked = True
         super().fit(x, y, **kwargs)
 
     def apply_step(self, x, y, step: int) -> float:
