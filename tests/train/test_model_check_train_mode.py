@@ -366,3 +366,18 @@ def test_a_model_wrapped_by_hand_is_checked_at_its_first_step():
         dp_step(wrap_for_dp(model), groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
             MethodContext(1.0, groups.names)), 1.0, 8.0, torch.optim.SGD(groups.flat(), lr=0.1),
             NoiseSources.seeded(0), step=1, most_records=len(x))
+
+
+class Pairs(nn.Module):
+    """Reshapes the batch into pairs: works at even batch sizes only (a re-audit: passed the
+    check at B = 8, then stopped mid-run at a batch of 13, telling its size and step)."""
+
+    def forward(self, h):
+        return h.view(-1, 2, h.shape[1]).reshape(h.shape)
+
+
+def test_a_model_that_breaks_at_other_batch_sizes_fails_before_training():
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(RuntimeError, match="invalid for input of size"):
+        check_model(Net(Pairs()), LOSS, x, y, batch_size=8)

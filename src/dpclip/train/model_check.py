@@ -149,7 +149,11 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
     tolerance = 0.0 if x.device.type == "cpu" else TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
     watch = _OutputsOfModules(twin)
-    sizes = dict.fromkeys(min(k * first, LARGEST_BATCH_CHECKED, len(x)) for k in (1, 2, 4))
+    # Poisson batches vary: the expected size, one more (an odd size, where a model that
+    # reshapes by pairs breaks before training, not mid-run at a size that tells the batch's),
+    # twice and four times it
+    sizes = dict.fromkeys(min(size, LARGEST_BATCH_CHECKED, len(x))
+                          for size in (first, first + 1, 2 * first, 4 * first))
     try:
         for seed in REPLAY_SEEDS:
             for size in sizes:
