@@ -17,14 +17,15 @@ number drawn):
    is then no longer C.
 
 Then as the step runs it: on a copy in the model's own dtype and device, in training mode
-(dropout, a functional batch norm, a mixup that runs only while training), on a batch of the
-step's expected size, every random draw of the forward pass replayed from one state:
+(dropout, a functional batch norm, a mixup that runs only while training), on batches of the
+step's expected size, one more, twice and four times it, the forward pass's random draws
+replayed from each of :data:`REPLAY_SEEDS`:
 
-3. what the step adds for a record (its per-layer norms and its block of the weighted sum)
-   must not change when the *other* records of its batch change (replaced by other records,
-   and, for real-valued inputs, scaled by 1e3): batch mixing is measured as contribution,
-   whatever layer or function does it, and the first module whose output for the record
-   changes is named;
+3. what the step adds for a record (its block of the weighted sum, the same bits on the CPU,
+   and its per-layer norms) must not change when every *other* record of its batch changes
+   (replaced by other records, and, for real-valued inputs, scaled by :data:`PROBE_SCALES`):
+   batch mixing is measured as contribution, whatever layer or function does it, and the
+   first module whose output for the record changes is named;
 4. the forward and backward passes must leave every parameter and buffer as they were (an
    in-place renormalisation such as ``Embedding(max_norm=...)`` moves the released weights,
    running statistics or an EMA hold the data, with no clipping and no noise). The step itself
@@ -44,8 +45,8 @@ import torch
 from torch import nn
 
 from dpclip.errors import DpclipError
-from dpclip.train.step import (BookKeeping, LayerGroups, backward_keeping, per_layer_norms,
-                               scaled_sum)
+from dpclip.train.step import (BookKeeping, LayerGroups, StateBeforeStep, backward_keeping,
+                               per_layer_norms, scaled_sum)
 
 RECORDS_CHECKED = 4
 RELATIVE_TOLERANCE = 1e-6
@@ -135,17 +136,15 @@ def _refuse_if_apart(groups, names, got, expected, say) -> None:
 
 def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                         batch_size: int, records: int = 2) -> None:
-    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, at the
-    step's expected batch size and at twice it (a Poisson batch is often larger), each record
-    checked with every other record of its batch changed."""
+    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, each of
+    ``records`` records checked with every other record of its batch changed."""
     first = min(max(int(batch_size), records + 2), LARGEST_BATCH_CHECKED, len(x))
     if first <= records:
         return  # too few records to change the others
     twin = copy.deepcopy(model).train()
     groups = LayerGroups.of(twin)
     wrapped = BookKeeping(twin, groups)
-    start = _state_of(twin)
-    parameters = {name for name, _ in twin.named_parameters()}
+    start = StateBeforeStep(twin)
     dtype = next((p.dtype for p in twin.parameters() if p.is_floating_point()), torch.float32)
     tolerance = 0.0 if x.device.type == "cpu" else TRAIN_MODE_TOLERANCE.get(dtype, 1e-2)
     watch = _OutputsOfModules(twin)
@@ -158,41 +157,25 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
         for seed in REPLAY_SEEDS:
             for size in sizes:
                 batch, labels = x[:size], y[:size]
-                base = [_as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, batch,
+                base = [_as_the_step_runs(wrapped, groups, start, watch, loss_fn, batch,
                                           labels, i, seed) for i in range(records)]
-                after = base[0].state
-                _refuse_moved_parameters(parameters, after, start)
-                _refuse_written_buffers([n for n in after if n not in parameters and
-                                         not torch.equal(after[n], start[n])])
+                _refuse_moved_parameters(base[0].moved)
+                _refuse_written_buffers(base[0].written)
                 for others, labels_of_others in _other_records(x, y, size, twin):
                     for i, seen in enumerate(base):
                         changed, changed_labels = others.clone(), labels_of_others.clone()
                         changed[i], changed_labels[i] = batch[i], labels[i]
-                        again = _as_the_step_runs(wrapped, groups, twin, start, watch,
-                                                  loss_fn, changed, changed_labels, i, seed)
+                        again = _as_the_step_runs(wrapped, groups, start, watch, loss_fn,
+                                                  changed, changed_labels, i, seed)
                         _refuse_if_mixed(seen, again, tolerance, dtype)
     finally:
+        start.restore()
         watch.remove()
         for handle in wrapped._handles:
             handle.remove()
 
 
-def _state_of(model: nn.Module) -> dict:
-    """Copies of every parameter and buffer (persistent or not), by name."""
-    return {name: t.detach().clone()
-            for name, t in (*model.named_parameters(), *model.named_buffers())}
-
-
-@torch.no_grad()
-def _put_back(model: nn.Module, state: dict) -> None:
-    for name, value in state.items():
-        target = model.get_parameter(name) if name in dict(model.named_parameters()) \
-            else model.get_buffer(name)
-        target.copy_(value)
-
-
-def _refuse_moved_parameters(parameters, after: dict, start: dict) -> None:
-    moved = [n for n in parameters if not torch.equal(after[n], start[n])]
+def _refuse_moved_parameters(moved: list[str]) -> None:
     if moved:
         raise DpclipError(f"the forward pass changes parameter {moved[0]!r} in place (e.g. "
                           f"Embedding(max_norm=...) renormalising the rows a batch uses): the "
@@ -212,16 +195,18 @@ def _refuse_written_buffers(written: list[str]) -> None:
 
 class _Pass:
     """One record's part of a training-mode step: its per-layer norms, its block of the
-    weighted sum, each module's output for it (in call order) and the state after the pass."""
+    weighted sum, each module's output for it (in call order), and the parameters and buffers
+    the pass changed."""
 
-    def __init__(self, norms, block, outputs, state):
-        self.norms, self.block, self.outputs, self.state = norms, block, outputs, state
+    def __init__(self, norms, block, outputs, changed):
+        self.norms, self.block, self.outputs = norms, block, outputs
+        self.moved, self.written = changed
 
 
-def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i, seed) -> _Pass:
-    """The step on batch (x, y) from the state ``start``, in training mode, with the forward
-    pass's random draws replayed from ``seed``: record ``i``'s part of it."""
-    _put_back(twin, start)
+def _as_the_step_runs(wrapped, groups, start, watch, loss_fn, x, y, i, seed) -> _Pass:
+    """The step on batch (x, y) from the state ``start`` (put back first), in training mode,
+    with the forward pass's random draws replayed from ``seed``: record ``i``'s part of it."""
+    start.restore()
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -232,7 +217,7 @@ def _as_the_step_runs(wrapped, groups, twin, start, watch, loss_fn, x, y, i, see
         factors = torch.zeros(len(x), dtype=norms.dtype, device=x.device)
         factors[i] = 1
         block = [g.detach() for g in scaled_sum(groups, kept, factors)]
-    return _Pass(norms, block, watch.stop(), _state_of(twin))
+    return _Pass(norms, block, watch.stop(), start.changed())
 
 
 def _other_records(x, y, size, model):

@@ -150,23 +150,34 @@ class StateBeforeStep:
     the forward or backward pass writes into the model from the batch (running statistics, an
     EMA, a renormalisation such as ``Embedding(max_norm=...)``, a copy of a record) never
     outlives the step, so the only thing a step releases is the noisy update. The model check
-    refuses such models before training; this is the step's own guarantee for what a test
-    cannot see (a write every k-th call, or only on rare records)."""
+    refuses models that write them (:meth:`changed`); this is the step's own guarantee for
+    what a test cannot see (a write every k-th call, or only on rare records)."""
 
     def __init__(self, model: nn.Module):
-        self.parameters = [(p, p._version, p.detach().clone()) for p in model.parameters()]
-        self.buffers = [(module, name, buffer, buffer.detach().clone())
-                        for module in model.modules()
+        self.parameters = [(name, p, p._version, p.detach().clone())
+                           for name, p in model.named_parameters()]
+        self.buffers = [(f"{prefix}.{name}" if prefix else name, module, name, buffer,
+                         buffer.detach().clone())
+                        for prefix, module in model.named_modules()
                         for name, buffer in module.named_buffers(recurse=False)]
+
+    def changed(self) -> tuple[list[str], list[str]]:
+        """The names of the parameters and of the buffers whose values differ from the kept
+        ones (a buffer replaced by another tensor counts)."""
+        moved = [name for name, p, _, value in self.parameters if not torch.equal(p, value)]
+        written = [name for name, module, attr, buffer, value in self.buffers
+                   if getattr(module, attr) is not buffer or not torch.equal(buffer, value)]
+        return moved, written
 
     @torch.no_grad()
     def restore(self) -> None:
-        for p, version, value in self.parameters:
+        for _, p, version, value in self.parameters:
             if p._version != version:  # changed in place
                 p.copy_(value)
-        for module, name, buffer, value in self.buffers:
-            if getattr(module, name) is not buffer or not torch.equal(buffer, value):
-                setattr(module, name, value)
+        for _, module, attr, buffer, value in self.buffers:
+            if getattr(module, attr) is not buffer or not torch.equal(buffer, value):
+                buffer.copy_(value)
+                setattr(module, attr, buffer)
 
 
 def wrap_for_dp(model: nn.Module) -> BookKeeping:
