@@ -8,6 +8,7 @@ import pytest
 
 from dpclip.advise import answer, candidates, seeds_for
 from dpclip.cli import main
+from dpclip.errors import DpclipError
 
 BASE = [0.90, 0.92, 0.91, 0.93, 0.89, 0.92, 0.91]
 
@@ -111,6 +112,24 @@ def test_every_answer_says_the_choice_reads_private_records_outside_every_epsilo
     # neither the answer nor the docs said that the choice is covered by no run's epsilon
     text = " ".join(answer(pd.DataFrame(_rows("dp_sgd", BASE) + _rows("auto_s", BASE)),
                            "digits").split())
+    assert "accuracy on the private holdout against dp_sgd" in text
     assert "holdout records, your data too, without noise" in text
     assert "bounded by no epsilon" in text and "Papernot and Steinke" in text
-    assert "composes" in text and "privacy.secure_noise: true" in text
+    assert "composes" in text and "--rank-on public" in text
+
+
+def test_the_ranking_reads_the_public_holdout_where_every_run_has_it():
+    # dp_sgd ahead on the private holdout, auto_s ahead on every seed on the public one
+    rows = [{**r, "public_accuracy": r["accuracy"] - 0.05} for r in _rows("dp_sgd", BASE)] + \
+        [{**r, "public_accuracy": r["accuracy"] + 0.05}
+         for r in _rows("auto_s", [a - 0.01 for a in BASE])]
+    table = pd.DataFrame(rows)
+    public = " ".join(answer(table, "digits").split())
+    assert "accuracy on the public holdout (no private record read)" in public
+    assert "1. auto_s" in public and "reveals nothing of your records" in public
+    private = " ".join(answer(table, "digits", rank_on="holdout").split())
+    assert "1. dp_sgd" in private and "private holdout" in private
+    table.loc[0, "public_accuracy"] = float("nan")  # one run without it: auto falls back
+    assert "private holdout" in " ".join(answer(table, "digits").split())
+    with pytest.raises(DpclipError, match="--rank-on: 'public' needs"):
+        answer(table, "digits", rank_on="public")

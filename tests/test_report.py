@@ -24,7 +24,8 @@ ADDED = ["adjacency", "secure_noise", "epsilon_bound", "dp_bound_margin", "dp_bo
          "tpr_bound_at_fpr_0.1pct", "audit_status", "strongest_auc", "test_auc",
          "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
          "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train",
-         "clamp_hits_min", "clamp_hits_max", "clamp_share", "noise_shared"]
+         "clamp_hits_min", "clamp_hits_max", "clamp_share", "noise_shared",
+         "public_accuracy"]
 NEW_RUN, OLD_RUN = "sanitize-eps8-0.1-seed0", "dp_sgd-eps8-0.1-seed0"
 
 

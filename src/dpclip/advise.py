@@ -16,8 +16,10 @@ already there are reused, through their provenance), and answers from the report
   reported beside the ranking, never mixed into the primary correction.
 
 A method without a DP guarantee, or whose epsilon counts another neighbouring notion, is listed
-but never recommended. Every answer ends by saying what the choice costs: it is made on private
-holdout records, outside every run's epsilon (:data:`SELECTION_COST`).
+but never recommended. The ranking reads the accuracy on the public holdout where every run has
+it (``--rank-on``: public, holdout, auto), which reads no private record; on the members'
+private holdout otherwise. Every answer ends by saying what the choice costs
+(:data:`SELECTION_COST`): a choice made on private records is outside every run's epsilon.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def advice_params(raw: dict, methods: list[str], seeds: int) -> dict:
 
 
 def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None = None,
-               methods: list[str] | None = None, progress: bool = True) -> str:
+               methods: list[str] | None = None, progress: bool = True,
+               rank_on: str = "auto") -> str:
     """Train what the question needs into ``root`` and return the answer's text. In a folder
     without runs, seed 0 of every method runs first, through every stage, and its measured wall
     time states the other seeds' time before they start (seed 0's runs are then reused)."""
@@ -99,7 +102,7 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     data = raw.get("data") or {}
     dataset = str(data.get("dataset") or "digits") + (f" ({data['path']})" if data.get("path")
                                                       else "")
-    return answer(table, dataset) + f"\n\n(advise took {seconds / 60:.1f} min; every run: " \
+    return answer(table, dataset, rank_on) + f"\n\n(advise took {seconds / 60:.1f} min; every run: " \
                                     f"{root}/reports/comparison.md)"
 
 
@@ -125,10 +128,31 @@ def _eligible(runs: pd.DataFrame) -> bool:
                 and set(adjacency.dropna()) <= {"add_remove"})
 
 
-def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
+RANK_ON = ("auto", "public", "holdout")
+
+
+def ranked_on(table: pd.DataFrame, rank_on: str = "auto") -> str:
+    """Which accuracy the ranking reads: ``public`` (the public shadow holdout, of the same data
+    set: the choice reads no private record) or ``holdout`` (the members' holdout, private);
+    ``auto``: public wherever every run has it."""
+    if rank_on not in RANK_ON:
+        raise DpclipError(f"--rank-on: {rank_on!r} is not one of {', '.join(RANK_ON)}")
+    public = "public_accuracy" in table and table["public_accuracy"].notna().all() \
+        and len(table)
+    if rank_on == "public" and not public:
+        raise DpclipError("--rank-on: 'public' needs every run's accuracy on the public "
+                          "holdout, which runs whose public split is another data set "
+                          "(data.shadow_dataset) or empty do not have")
+    return "public" if rank_on == "public" or (rank_on == "auto" and public) else "holdout"
+
+
+def answer(table: pd.DataFrame, dataset: str = "your data", rank_on: str = "auto") -> str:
     """The ranked answer per (target epsilon, alpha), from a report's comparison table (one
-    row per run)."""
+    row per run), ranked on the accuracy :func:`ranked_on` picks."""
     table = table[table["method"] != "non_private"]
+    source = ranked_on(table, rank_on)
+    if source == "public":
+        table = table.assign(accuracy=table["public_accuracy"])
     paired = paired_comparison(table)
     out = []
     for (epsilon, alpha), group in table.groupby(["target_epsilon", "alpha"], sort=True,
@@ -143,7 +167,8 @@ def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
         m = len(methods) - 1
         out.append(textwrap.fill(
             f"At epsilon {epsilon:g} (alpha {alpha}) on {dataset}, {seeds} "
-            f"seed{'s' * (seeds != 1)}: accuracy against {BASELINE}, paired by seed (exact "
+            f"seed{'s' * (seeds != 1)}: accuracy on the {SOURCES[source]} against "
+            f"{BASELINE}, paired by seed (exact "
             f"sign-flip test, Holm over {m} method{'s' * (m != 1)}, 5%; {seeds_for(m)} seeds "
             f"can decide)", WIDTH))
         ranked = []
@@ -178,20 +203,34 @@ def answer(table: pd.DataFrame, dataset: str = "your data") -> str:
                                  WIDTH, initial_indent="  ", subsequent_indent="  "))
         out += _secondary(group, mine, methods)
         out.append("")
-    out.append(textwrap.fill(SELECTION_COST, WIDTH))
+    out.append(textwrap.fill(SELECTION_COST[source], WIDTH))
     return "\n".join(out).rstrip()
 
 
+SOURCES = {"public": "public holdout (no private record read)",
+           "holdout": "private holdout"}
+
+
 # said with every answer: the ranking reads private records
-SELECTION_COST = (
-    "What this choice costs: each run's epsilon covers its training records only. The ranking "
-    "reads accuracies on your holdout records, your data too, without noise: what it reveals "
-    "of them is bounded by no epsilon, and a model released because it won carries that "
-    "choice (choosing the best of several DP runs costs privacy beyond one run even when the "
-    "scores are private: Papernot and Steinke, ICLR 2022). Releasing several of these models "
-    "composes their epsilons. To stay inside a budget, choose on public records of the same "
-    "kind and release a model trained afresh with the chosen method and "
-    "privacy.secure_noise: true.")
+SELECTION_COST = {
+    "holdout": (
+        "What this choice costs: each run's epsilon covers its training records only. The "
+        "ranking reads accuracies on your holdout records, your data too, without noise: what "
+        "it reveals of them is bounded by no epsilon, and a model released because it won "
+        "carries that choice (choosing the best of several DP runs costs privacy beyond one "
+        "run even when the scores are private: Papernot and Steinke, ICLR 2022). Releasing "
+        "several of these models composes their epsilons. To stay inside a budget, rank on "
+        "public records (--rank-on public, where the public split is of your data set) and "
+        "release a model trained afresh with the chosen method and privacy.secure_noise: "
+        "true."),
+    "public": (
+        "What this choice costs: the ranking reads accuracies on the public holdout only, so "
+        "it reveals nothing of your records beyond what the runs release. The secondary "
+        "numbers (ECE, the attack, the audit) are measured on your private records without "
+        "noise: a choice made on them is bounded by no epsilon. Releasing several of these "
+        "models composes their epsilons; release a model trained afresh with the chosen "
+        "method and privacy.secure_noise: true."),
+}
 
 
 def _leaning(r) -> str | None:

@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "comparison can reach 5%% after Holm")
     adv.add_argument("--out", default="advice", help="its project folder, under --root "
                                                      "(runs there are reused)")
+    adv.add_argument("--rank-on", default="auto", choices=("auto", "public", "holdout"),
+                     help="the accuracy the ranking reads: the public holdout (reads no "
+                          "private record), the members' private holdout, or auto: public "
+                          "where every run has it")
     ver = sub.add_parser("verify", help="compare this run's summaries with a commit's, per "
                                         "metric within stated tolerances (exit 1 if any differs)")
     ver.add_argument("--against", default="HEAD", help="the revision (default HEAD)")

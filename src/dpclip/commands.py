@@ -60,7 +60,7 @@ def advise(args, params, layout) -> int:
               f"at least 2", file=sys.stderr)
         return 2
     print(run_advice(Path(args.params), layout.root / args.out, seeds=args.seeds,
-                     methods=args.methods, progress=not args.quiet))
+                     methods=args.methods, progress=not args.quiet, rank_on=args.rank_on))
     return 0
 
 

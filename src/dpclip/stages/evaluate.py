@@ -72,6 +72,18 @@ def _finite_or_none(value):
         else value
 
 
+def public_accuracy(layout: Layout, model: torch.nn.Module) -> float | None:
+    """Accuracy on the public shadow holdout when it is drawn from the same data set as the
+    members (None otherwise, or when it is empty): a score a choice between runs can read
+    without reading private records (``dpclip advise --rank-on public``)."""
+    if read_json(layout.prepared_meta).get("shadow_dataset") is not None:
+        return None
+    x, y, _ = load_split(layout, "shadow_holdout")
+    if len(x) == 0:
+        return None
+    return float((logits_of(model, x).argmax(1) == y).mean())
+
+
 def clip_summary(trace: pd.DataFrame) -> dict:
     c = trace["clip_threshold"].dropna() if "clip_threshold" in trace else pd.Series([], float)
     if c.empty:
@@ -125,6 +137,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     probs_out = softmax(holdout_logits)
     utility = calibration_metrics(probs_out, y_out, params.evaluate.ece_bins)
     utility["auc"] = classifier_auc(probs_out, y_out)  # the papers' tabular utility metric
+    utility["public_accuracy"] = public_accuracy(layout, model)
     # membership: class-matched members and non-members, the same sets for every attack
     game_seed = evaluation_seed(params.data.seed, f"{alpha_tag(alpha)}-seed{int(seed)}")
     rng = np.random.default_rng(game_seed)

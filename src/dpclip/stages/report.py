@@ -49,7 +49,8 @@ COLUMNS = ["run", "method", "dp_guarantee", "target_epsilon", "epsilon", "alpha"
            "audit_status", "strongest_auc", "test_auc",
            "attack", "attack_auc", "attack_low_fpr", "attack_tpr_at_low_fpr",
            "attack_tpr_at_zero_fp", "c_initial", "c_median", "peak_ir_mia_train",
-           "clamp_hits_min", "clamp_hits_max", "clamp_share", "noise_shared"]
+           "clamp_hits_min", "clamp_hits_max", "clamp_share", "noise_shared",
+           "public_accuracy"]
 
 
 def _dp_bound_checks(mia: dict) -> list[dict]:
@@ -94,7 +95,8 @@ def table_row(m: dict) -> dict:
             "peak_ir_mia_train": (m["mia"].get("ir_train") or {}).get("peak_accuracy"),
             **{key: m["clip"].get(key) for key in ("clamp_hits_min", "clamp_hits_max",
                                                    "clamp_share")},
-            "noise_shared": p.get("noise_shared_across_runs")}
+            "noise_shared": p.get("noise_shared_across_runs"),
+            "public_accuracy": u.get("public_accuracy")}
 
 
 def tpr_bound_at(fpr: float, privacy: dict) -> float | None:
