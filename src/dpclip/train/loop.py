@@ -32,7 +32,7 @@ from dpclip.train.checkpoint import Checkpoint
 from dpclip.train.runs import Run, run_class
 from dpclip.train.setup import (PublicData, RunSetup, TrainConfig, TrainResult, plan_steps,
                                 resolve_device, seed_everything)
-from dpclip.train.step import LayerGroups
+from dpclip.train.book_keeping import LayerGroups
 
 
 def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,

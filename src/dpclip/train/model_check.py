@@ -29,7 +29,7 @@ replayed from each of :data:`REPLAY_SEEDS`:
 4. the forward and backward passes must leave every parameter and buffer as they were (an
    in-place renormalisation such as ``Embedding(max_norm=...)`` moves the released weights,
    running statistics or an EMA hold the data, with no clipping and no noise). The step itself
-   puts them back after every step (:class:`dpclip.train.step.StateBeforeStep`), whatever
+   puts them back after every step (:class:`dpclip.train.book_keeping.StateBeforeStep`), whatever
    this test saw; a model that writes them is refused here because it would not train as its
    author expects.
 
@@ -45,8 +45,8 @@ import torch
 from torch import nn
 
 from dpclip.errors import DpclipError
-from dpclip.train.step import (BookKeeping, LayerGroups, StateBeforeStep, backward_keeping,
-                               per_layer_norms, scaled_sum)
+from dpclip.train.book_keeping import (BookKeeping, LayerGroups, StateBeforeStep,
+                                       backward_keeping, per_layer_norms, scaled_sum)
 
 RECORDS_CHECKED = 4
 RELATIVE_TOLERANCE = 1e-6
@@ -59,8 +59,10 @@ LARGEST_BATCH_CHECKED = 512
 # the forward pass's random draws (dropout masks) replayed from each seed in turn: a mixing
 # that one draw leaves off, another turns on
 REPLAY_SEEDS = (20261129, 7, 123456789)
-# the other records of a real-valued batch are also scaled by these (adversarial records)
-PROBE_SCALES = (1e3, 1e6)
+# the other records of a real-valued batch are also scaled by these (adversarial records; the
+# last overflows most models' activations, which amplifies any cross-record term)
+PROBE_SCALES = (1e3, 1e6, 1e30)
+TRAIN_MODE_RECORDS = 2  # records checked in training mode, each with all the others changed
 
 
 def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -135,10 +137,10 @@ def _refuse_if_apart(groups, names, got, expected, say) -> None:
 
 
 def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
-                        batch_size: int, records: int = 2) -> None:
+                        batch_size: int, records: int = TRAIN_MODE_RECORDS) -> None:
     """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, each of
     ``records`` records checked with every other record of its batch changed."""
-    first = min(max(int(batch_size), records + 2), LARGEST_BATCH_CHECKED, len(x))
+    first = min(max(int(batch_size), records + 2), len(x))
     if first <= records:
         return  # too few records to change the others
     twin = copy.deepcopy(model).train()
@@ -151,7 +153,8 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
     # Poisson batches vary: the expected size, one more (an odd size, where a model that
     # reshapes by pairs breaks before training, not mid-run at a size that tells the batch's),
     # twice and four times it
-    sizes = dict.fromkeys(min(size, LARGEST_BATCH_CHECKED, len(x))
+    most = max(LARGEST_BATCH_CHECKED, 2 * first)  # the step's own batch and twice it, at least
+    sizes = dict.fromkeys(min(size, most, len(x))
                           for size in (first, first + 1, 2 * first, 4 * first))
     try:
         for seed in REPLAY_SEEDS:
@@ -185,12 +188,13 @@ def _refuse_moved_parameters(moved: list[str]) -> None:
 
 def _refuse_written_buffers(written: list[str]) -> None:
     if written:
-        raise DpclipError(f"buffer {written[0]!r} is written during the training forward pass "
-                          f"(running statistics, an EMA, an observer or a counter): the DP "
-                          f"step puts every buffer back after each step, so nothing computed "
-                          f"from a batch is released without noise, and this buffer would "
-                          f"never change as the model expects (use a layer without tracked "
-                          f"statistics, e.g. track_running_stats=False); the model is refused")
+        raise DpclipError(f"buffer or attribute {written[0]!r} is written during the training "
+                          f"forward pass (running statistics, an EMA, an observer, a counter, "
+                          f"a cached tensor): the DP step puts every buffer and attribute back "
+                          f"after each step, so nothing computed from a batch is released "
+                          f"without noise, and this one would never change as the model "
+                          f"expects (use a layer without tracked statistics, e.g. "
+                          f"track_running_stats=False); the model is refused")
 
 
 class _Pass:

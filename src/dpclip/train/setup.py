@@ -112,7 +112,7 @@ class RunSetup:
     steps, and the public (x, y) split when the run needs one."""
 
     model: nn.Module
-    groups: object  # dpclip.train.step.LayerGroups
+    groups: object  # dpclip.train.book_keeping.LayerGroups
     method: object  # dpclip.methods.Method
     cfg: TrainConfig
     device: torch.device

@@ -15,7 +15,8 @@ from dpclip.privacy import (BudgetGuard, early_stop_privacy, epsilon_of, noise_f
 from dpclip.train.model_check import check_model
 from dpclip.train.runs.base import Run, register_run_kind
 from dpclip.train.setup import RunSetup
-from dpclip.train.step import BookKeeping, dp_step, wrap_for_dp
+from dpclip.train.book_keeping import BookKeeping, wrap_for_dp
+from dpclip.train.step import dp_step
 
 # PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
 PRV_TRACE_POINTS = 50

@@ -26,7 +26,8 @@ from dpclip.privacy import early_stop_privacy, stopped_epsilon
 from dpclip.pretraining import accuracy_on, held_out_check, pretrain
 from dpclip.train.runs.base import Run, register_run_kind
 from dpclip.train.setup import RunSetup, make_optimizer
-from dpclip.train.step import LayerGroups, plain_step
+from dpclip.train.book_keeping import LayerGroups
+from dpclip.train.step import plain_step
 
 
 @register_run_kind
