@@ -11,9 +11,10 @@ method minus the baseline for a higher-is-better metric, the baseline minus the 
 otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's effect
 (``effect``) and m the number of configurations:
 
-* **setting not reproduced**: our baseline is more than ``reproduce.tolerance`` below the
-  paper's own baseline number (``reproduce``) in some configuration: the runs test our stand-in,
-  not the paper's setting there (both numbers are shown). A configuration whose baseline does
+* **setting not reproduced**: our baseline is more than ``reproduce.tolerance`` from the
+  paper's own baseline number (``reproduce``) in some configuration, either way: below it, the
+  runs test our stand-in; above it, another regime, a stronger baseline than the paper's; in
+  neither is it the paper's setting (both numbers are shown). A configuration whose baseline does
   reproduce is a fair comparison, so a contradiction there still contradicts a claim about
   every configuration (the others are named as not judged); held needs them all;
 * **held**: significant in the paper's direction in *every* configuration: L > 0 (``better``,
@@ -91,10 +92,11 @@ VERDICT_MEANINGS = {
                   "to be the paper's effect",
     INCONCLUSIVE: "the interval contains both no effect and the paper's effect; the seeds "
                   "that would decide it at 80% power are given",
-    NOT_REPRODUCED: "our baseline is more than the stated tolerance below the paper's own "
-                    "baseline number in some configuration, and no configuration where it is "
-                    "within it contradicts the claim: the runs test our stand-in, not the "
-                    "paper's setting",
+    NOT_REPRODUCED: "our baseline is more than the stated tolerance from the paper's own "
+                    "baseline number in some configuration (below: our stand-in; above: a "
+                    "stronger baseline than the paper's, another regime), and no "
+                    "configuration where it is within it contradicts the claim: the runs do "
+                    "not test the paper's setting",
     NOT_AT_SCALE: "the mechanism the claim is about cannot act in these runs (a stated "
                   "precondition fails: the clip threshold barely moves, a model without noise "
                   "does not leak, or the epsilon is of another neighbouring notion)",
@@ -451,9 +453,10 @@ def _describe(row: dict, method: str, metric: str) -> str:
 
 def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple | None]:
     """The baseline check of ``reproduce``: (reproduced, one line per configuration with our
-    mean and the paper's number, the configuration furthest on the wrong side as (label,
-    ours, the paper's)); :func:`gate_failures` names the configurations that fail it. A higher-is-better metric must be at most ``tolerance`` below the
-    paper's; a lower-is-better one at most ``tolerance`` above it."""
+    mean and the paper's number, the configuration furthest from the paper's as (label, ours,
+    the paper's)); :func:`gate_failures` names the configurations that fail it. Two-sided:
+    our baseline must be within ``tolerance`` of the paper's number, neither weaker (our
+    stand-in) nor stronger (another regime)."""
     check = claim.get("reproduce")
     if not check:
         return True, [], None
@@ -463,15 +466,12 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
     ok, lines, worst, gap = True, [], None, -math.inf
     for key, paper, ours, far in _gate_checks(claim, table):
         mean = float(ours.mean())
-        if (paper - mean if higher else mean - paper) > gap:
-            gap, worst = (paper - mean if higher else mean - paper), (_label(key), mean, paper)
+        if abs(paper - mean) > gap:
+            gap, worst = abs(paper - mean), (_label(key), mean, paper)
         ok &= not far
         better = mean >= paper if higher else mean <= paper
         lines.append(f"{_label(key)}: {method} {metric} {mean:.4g} over {len(ours)} seeds vs "
-                     f"the paper's {paper:.4g}: " + (f"{'below' if higher else 'above'} it by "
-                                                      f"more than {tolerance:g}" if far else
-                                                      "as good or better" if better else
-                                                      f"within {tolerance:g}"))
+                     f"the paper's {paper:.4g}: " + _gate_words(far, higher, tolerance, better))
         for other in check.get("also") or []:  # the paper's other numbers for this baseline
             number = for_configuration(other["paper"], key)
             if number is not None:
@@ -481,11 +481,41 @@ def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple |
     return ok, lines, worst
 
 
+WEAKER, STRONGER = "weaker", "stronger"
+
+
+def _gate_words(far: str | None, higher: bool, tolerance: float, better: bool) -> str:
+    if far == WEAKER:
+        return f"{'below' if higher else 'above'} it by more than {tolerance:g}"
+    if far == STRONGER:
+        return (f"{'above' if higher else 'below'} it by more than {tolerance:g}: a stronger "
+                f"baseline than the paper's, another regime")
+    return "as good or better, within it" if better else f"within {tolerance:g}"
+
+
 def gate_failures(claim: dict, table: pd.DataFrame) -> set[str]:
     """The configurations (their labels, :func:`_label`) whose baseline is more than
     ``reproduce.tolerance`` on the wrong side of the paper's own number: a comparison there
     tests our stand-in, not the paper's setting."""
     return {label for label, passed in gate_status(claim, table).items() if not passed}
+
+
+def _unjudged(claim: dict, table: pd.DataFrame, unfair: set[str]) -> str:
+    """The configurations the gate failed, grouped by side: "eps 0.5, where our dp_sgd
+    baseline is more than 0.015 below the paper's own" (or above it: a stronger baseline)."""
+    check = claim["reproduce"]
+    higher = HIGHER_IS_BETTER.get(check["metric"], True)
+    sides: dict[str, list[str]] = {}
+    for key, _, _, far in _gate_checks(claim, table):
+        if far and _label(key) in unfair:
+            sides.setdefault(far, []).append(_label(key))
+    words = {WEAKER: "below" if higher else "above", STRONGER: "above" if higher else "below"}
+    return "; ".join(
+        ", ".join(sorted(labels)) + f", where our {check['method']} baseline is more than "
+        f"{float(check.get('tolerance', 0.015)):g} {words[side]} the paper's own"
+        + (" (a stronger baseline than the paper's, another regime)" if side == STRONGER
+           else "")
+        for side, labels in sorted(sides.items()))
 
 
 def gate_status(claim: dict, table: pd.DataFrame) -> dict[str, bool]:
@@ -497,8 +527,9 @@ def gate_status(claim: dict, table: pd.DataFrame) -> dict[str, bool]:
 
 def _gate_checks(claim: dict, table: pd.DataFrame):
     """Per configuration the gate can check: (the configuration, the paper's number, our
-    baseline's values over seeds, whether their mean is more than ``reproduce.tolerance`` on
-    the wrong side of the paper's number)."""
+    baseline's values over seeds, None when their mean is within ``reproduce.tolerance`` of
+    the paper's number, else which side it is on: :data:`WEAKER` or :data:`STRONGER`, a
+    stronger baseline than the paper's being another regime, not the paper's setting)."""
     check = claim.get("reproduce")
     if not check:
         return
@@ -512,8 +543,9 @@ def _gate_checks(claim: dict, table: pd.DataFrame):
         if paper is None or ours.empty:
             continue
         mean = float(ours.mean())
-        yield key, paper, ours, (mean < paper - tolerance) if higher else \
-            (mean > paper + tolerance)
+        ahead = (mean - paper) if higher else (paper - mean)  # > 0: ours is the better one
+        yield key, paper, ours, WEAKER if ahead < -tolerance else \
+            STRONGER if ahead > tolerance else None
 
 
 def _schedule(runs: pd.DataFrame) -> str:
@@ -755,12 +787,7 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
             for r in (fair_contradicted if not reproduced else rows)
             if r["outcome"] == CONTRADICTED)
         if not reproduced:
-            wrong_side = "below" if HIGHER_IS_BETTER.get(claim["reproduce"]["metric"], True) \
-                else "above"
-            reason += ("; not judged in " + ", ".join(sorted(unfair))
-                + ", where our " + claim["reproduce"]["method"] + " baseline is more than "
-                + f"{float(claim['reproduce'].get('tolerance', 0.015)):g} {wrong_side} the "
-                "paper's own")
+            reason += "; not judged in " + _unjudged(claim, gate_table, unfair)
     else:
         verdict = INCONCLUSIVE
         open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
