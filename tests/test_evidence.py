@@ -800,3 +800,31 @@ def test_under_within_each_variant_runs_against_the_reference_variant():
                for line in finding.fidelity)
     far = {**claim, "reproduce": {**claim["reproduce"], "paper": {8.33: 0.99}}}
     assert judge(far, table(0.006)).verdict == NOT_REPRODUCED
+
+
+def test_a_claim_is_contradicted_only_when_every_reading_contradicts_it():
+    from dpclip.reporting.evidence import Finding, combine_readings
+
+    def finding(claim_id, verdict):
+        return Finding({"id": claim_id}, verdict, "why")
+
+    parent = finding("c", CONTRADICTED)
+    combine_readings(parent, [finding("c-lr", CONTRADICTED), finding("c-est", CONTRADICTED)])
+    assert parent.verdict == CONTRADICTED
+    assert parent.reason.endswith("the readings: contradicted under c; contradicted under c-lr; "
+                                  "contradicted under c-est")
+    parent = finding("c", CONTRADICTED)
+    combine_readings(parent, [finding("c-lr", NOT_AT_SCALE)])
+    assert parent.verdict == INCONCLUSIVE
+    assert parent.reason.startswith("the readings disagree (contradicted under c; not testable "
+                                    "at this scale under c-lr)")
+    parent = finding("c", NOT_REPRODUCED)
+    combine_readings(parent, [finding("c-lr", CONTRADICTED)])  # one fair reading is not all
+    assert parent.verdict == NOT_REPRODUCED and "contradicted under c-lr" in parent.reason
+
+
+def test_a_reading_must_name_a_claim(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - {id: a, reading_of: b, rule: better, metric: accuracy}\n")
+    with pytest.raises(DpclipError, match="reading_of names no claim: 'b'"):
+        load_claims(path)

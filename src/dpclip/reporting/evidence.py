@@ -191,6 +191,9 @@ def load_claims(path: Path) -> list[dict]:
                                          all(isinstance(v, str) for v in variants)):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: variants must be a list of "
                               f"the preset's variant names, not {variants!r}")
+        if "reading_of" in claim and claim["reading_of"] not in {c.get("id") for c in claims}:
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reading_of names no claim: "
+                              f"{claim['reading_of']!r}")
         reference = claim.get("reference_variant")
         if reference is not None and not isinstance(reference, str):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reference_variant must be "
@@ -861,7 +864,31 @@ def evidence(claims_path: Path, results: Path, project: Path | None = None) -> l
     findings = [judge(c, tables.get(c.get("preset")), project) for c in claims]
     for f in findings:
         f.ablation = ablation_lines(f.claim, results)
+    for parent in findings:
+        readings = [f for f in findings if f.claim.get("reading_of") == parent.claim["id"]]
+        if readings:
+            combine_readings(parent, readings)
     return findings
+
+
+DECISIVE = (HELD, CONTRADICTED)
+
+
+def combine_readings(parent: Finding, readings: list[Finding]) -> None:
+    """A claim whose verdict rests on an inference from the paper is also run under each
+    plausible other reading (claims with ``reading_of: <its id>``). It is contradicted, or
+    held, only when every reading is; when they disagree it is inconclusive, and its reason
+    names what each reading gave ("contradicted under X; not testable under Y"). Every
+    reading's own finding stays on the page."""
+    every = [parent, *readings]
+    summary = "; ".join(f"{f.verdict} under {f.claim['id']}" for f in every)
+    verdicts = {f.verdict for f in every}
+    if parent.verdict in DECISIVE and verdicts != {parent.verdict}:
+        parent.verdict = INCONCLUSIVE
+        parent.reason = (f"the readings disagree ({summary}); under {parent.claim['id']}'s "
+                         f"own: {parent.reason}")
+    else:
+        parent.reason += f"; the readings: {summary}"
 
 
 def _preset_facts(path: Path) -> str:
