@@ -828,3 +828,21 @@ def test_a_reading_must_name_a_claim(tmp_path):
     path.write_text("claims:\n  - {id: a, reading_of: b, rule: better, metric: accuracy}\n")
     with pytest.raises(DpclipError, match="reading_of names no claim: 'b'"):
         load_claims(path)
+
+
+def test_the_page_counts_the_rows_judged_and_tests_each_contradiction_study_wide():
+    from scipy import stats
+
+    from dpclip.reporting.evidence import multiplicity
+
+    worse = [-0.020, -0.019, -0.021, -0.018, -0.022, -0.020, -0.019]
+    finding = judge(_claim("better", "accuracy", effect=0.005),
+                    _table(_pair(worse, "accuracy")))
+    assert finding.verdict == CONTRADICTED
+    # by hand: the differences against the paper's +0.005, one-sided
+    d = pd.Series(worse)
+    p = stats.t.cdf((d.mean() - 0.005) / (d.std(ddof=1) / 7 ** 0.5), 6)
+    text = multiplicity([finding])
+    assert text.startswith("**Multiplicity.** 1 configuration rows are judged")
+    assert f"p from {p:.2g} to {p:.2g}, against 0.05 / 1 = 0.05" in text
+    assert text.endswith("every contradiction survives a study-wide Bonferroni correction.")

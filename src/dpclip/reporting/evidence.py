@@ -378,6 +378,10 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int,
     _, wide_low, wide_high, _ = paired_test(row["differences"], strict)
     wide_top = sign * wide_high if sign > 0 else sign * wide_low
     row["contradiction_interval"] = (wide_low, wide_high)
+    # what a contradiction lies below, in the favourable direction: the study-wide count's test
+    row["sign"] = sign
+    row["bar"] = null if margin is not None or favourable_effect is None else \
+        max(null, favourable_effect)
     decides = not degenerate(low, high) or (against_bound and _finite(low, high))
     wide_decides = not degenerate(wide_low, wide_high) or (against_bound and
                                                            _finite(wide_low, wide_high))
@@ -998,6 +1002,7 @@ def first_screen(findings: list[Finding]) -> list[str]:
     if contradicted:
         lines += ["", f"Contradicted ({len(contradicted)}):", ""] + \
             [f"- {listed(f)}: {f.reason}." for f in contradicted]
+        lines += ["", multiplicity(findings)]
     for heading, verdicts in (
             ("**Is the epsilon right?** Computed, no runs",
              (HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING)),
@@ -1029,6 +1034,44 @@ def first_screen(findings: list[Finding]) -> list[str]:
                      f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
                      f" ({_per_seed(r)}) | {paper} |")
     return lines + [""]
+
+
+def multiplicity(findings: list[Finding]) -> str:
+    """The study-wide count: how many configuration rows were judged, and whether each
+    contradicted row survives Bonferroni over all of them. The exact sign-flip test cannot:
+    with 7 seeds its smallest p is 2 / 2^7 = 0.0156, so each contradiction there is "every
+    seed on one side"; a one-sided paired t-test of the row's difference against what it lies
+    below (the paper's effect, the margin, the bound) gives the p compared with 0.05 / N."""
+    from scipy import stats
+
+    judged = [r for f in findings for r in f.rows if r.get("outcome") in (HELD, CONTRADICTED,
+                                                                          INCONCLUSIVE)]
+    if not judged:
+        return ""
+    level = (1 - CONFIDENCE) / len(judged)
+    tests = []
+    for f in findings:
+        if f.verdict != CONTRADICTED:
+            continue
+        for r in f.rows:
+            if r.get("outcome") != CONTRADICTED or r["seeds"] < 2:
+                continue
+            d = r["sign"] * pd.Series(r["differences"], dtype=float)
+            se = float(d.std(ddof=1)) / math.sqrt(len(d))
+            p = float(stats.t.cdf((float(d.mean()) - r["bar"]) / se, len(d) - 1)) if se > 0 \
+                else 0.0
+            tests.append((f"{f.claim['id']} {r['label']}", p))
+    if not tests:
+        return ""
+    failing = [name for name, p in tests if p >= level]
+    worst = max(p for _, p in tests)
+    return (f"**Multiplicity.** {len(judged)} configuration rows are judged across the claims; "
+            f"the exact sign-flip test's smallest p at 7 seeds is 0.0156, so each contradiction "
+            f"is \"every seed on one side\". A one-sided paired t-test of each contradicted "
+            f"row against what it lies below gives p from {min(p for _, p in tests):.2g} to "
+            f"{worst:.2g}, against 0.05 / {len(judged)} = {level:.2g}: "
+            + ("every contradiction survives a study-wide Bonferroni correction." if not failing
+               else "not significant study-wide: " + ", ".join(failing) + "."))
 
 
 def evidence_markdown(findings: list[Finding], results: Path, command: str,
