@@ -846,3 +846,13 @@ def test_the_page_counts_the_rows_judged_and_tests_each_contradiction_study_wide
     assert text.startswith("**Multiplicity.** 1 configuration rows are judged")
     assert f"p from {p:.2g} to {p:.2g}, against 0.05 / 1 = 0.05" in text
     assert text.endswith("every contradiction survives a study-wide Bonferroni correction.")
+
+
+def test_readings_are_not_counted_as_claims_of_their_own():
+    from dpclip.reporting.evidence import Finding
+
+    claim = {"id": "c", "claim": "x", "rule": "better", "method": "a", "baseline": "b"}
+    reading = {**claim, "id": "c-lr", "reading_of": "c"}
+    text = "\n".join(first_screen([Finding(claim, INCONCLUSIVE, "why"),
+                                   Finding(reading, INCONCLUSIVE, "why")]))
+    assert "no advantage claim is held (0 of 1; 1 claim in all, and 1 reading of them)" in text

@@ -975,9 +975,11 @@ def first_screen(findings: list[Finding]) -> list[str]:
     held = [f for f in decided if f.verdict == HELD]
     # an advantage: a method better than its baseline (or the lowest, or steadier over a
     # range); a held "within" claim says a method costs little, not that it gains
-    def advantage(f: Finding) -> bool:
-        return f.claim.get("rule") in ADVANTAGE_RULES and \
+    def advantage(f: Finding) -> bool:  # a reading of a claim is not another claim
+        return f.claim.get("rule") in ADVANTAGE_RULES and not f.claim.get("reading_of") and \
             f.claim.get("method") != f.claim.get("baseline")
+
+    readings = sum(1 for f in findings if f.claim.get("reading_of"))
 
     claimed = [f for f in findings if advantage(f)]
     gains = [f for f in held if advantage(f)]
@@ -991,7 +993,9 @@ def first_screen(findings: list[Finding]) -> list[str]:
               f"claims): " + "; ".join(map(listed, gains)) + "."
               if gains else
               f"**Which method?** DP-SGD: no advantage claim is held (0 of {len(claimed)}; "
-              f"{_count(len(findings), 'claim')} in all), so no alternative to DP-SGD has a "
+              f"{_count(len(findings) - readings, 'claim')} in all"
+              + (f", and {_count(readings, 'reading')} of them" if readings else "")
+              + "), so no alternative to DP-SGD has a "
               f"shown advantage in our runs.")
     others = [f for f in held if not advantage(f)]
     if others:
