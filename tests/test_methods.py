@@ -228,6 +228,20 @@ def test_ww_measures_with_the_configured_estimator():
     assert _ww().measure() != _ww(estimator="mle_ks").measure()
 
 
+def test_ww_traces_the_probed_weights_norm_at_its_probes():
+    """The trace's ww_probe_norm is the probed weights' Frobenius norm, measured when the
+    controller probes (the noise feedback shows in it) and NaN between probes."""
+    ww = _ww(probe_every=2)
+    with torch.no_grad():
+        ww.probes[0].weight.copy_(torch.diag(torch.tensor([3.0] * 30)).repeat(1, 2)[:, :40])
+    expected = float(ww.probes[0].weight.norm())  # 40 entries of 3
+    assert expected == pytest.approx(3 * np.sqrt(40))
+    ww.update(StepRelease(step=1, noisy_grad=[]))
+    assert np.isnan(ww.trace_row()["ww_probe_norm"])
+    ww.update(StepRelease(step=2, noisy_grad=[]))
+    assert ww.trace_row()["ww_probe_norm"] == pytest.approx(expected, rel=1e-5)
+
+
 def _ww(**options):
     model = torch.nn.Sequential()
     model.add_module("fc1", torch.nn.Linear(40, 30))

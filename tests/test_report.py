@@ -236,10 +236,30 @@ def test_a_figure_of_what_is_gone_does_not_stay(tmp_path, tiny_raw):
     write_csv_frame(layout.roc(run), pd.DataFrame({"attack": "loss", "fpr": [0.0, 1.0],
                                                    "tpr": [0.0, 1.0]}))
     layout.reports.mkdir(parents=True)
-    for name in [*OPTIONAL_FIGURES, "roc_lira.png", "roc_rmia.png"]:
+    for name in [*OPTIONAL_FIGURES, "roc_lira.png", "roc_rmia.png", "controller.csv"]:
         (layout.reports / name).write_bytes(b"stale")
     report(params, layout, track=False)
     assert not (layout.reports / "roc_lira.png").exists()  # no LiRA rows, no audit
     assert not (layout.reports / "roc_rmia.png").exists()
     assert not (layout.reports / "claimed_vs_audited_epsilon.png").exists()
+    assert not (layout.reports / "controller.png").exists()  # no WW-DP-SGD run
+    assert not (layout.reports / "controller.csv").exists()
     assert (layout.reports / "privacy_utility.png").read_bytes() != b"stale"  # drawn again
+
+
+def test_the_controller_rows_are_the_ww_runs_probes():
+    """controller.csv: WW-DP-SGD's rows at its probes (zeta measured), every other run and
+    step left out; the columns are the figure's."""
+    from dpclip.stages.report import controller_frame
+
+    nan = float("nan")
+    ww = pd.DataFrame({"step": [1, 2, 3, 4], "clip_threshold": [1.0, 1.1, 1.1, 1.3],
+                       "ww_zeta": [nan, 3.5, nan, 4.5], "ww_zeta_ema": [4.0, 3.9, 3.9, 4.1],
+                       "ww_probe_norm": [nan, 2.0, nan, 2.5]})
+    plain = pd.DataFrame({"step": [1, 2], "clip_threshold": [1.0, 1.0]})
+    frame = controller_frame({"ww_dp_sgd-eps8-iid-seed0": ww, "dp_sgd-eps8-iid-seed0": plain})
+    assert frame["step"].tolist() == [2, 4]
+    assert frame["run"].unique().tolist() == ["ww_dp_sgd-eps8-iid-seed0"]
+    assert frame["clip_threshold"].tolist() == [1.1, 1.3]
+    assert frame["ww_probe_norm"].tolist() == [2.0, 2.5]
+    assert controller_frame({"dp_sgd-eps8-iid-seed0": plain}).empty

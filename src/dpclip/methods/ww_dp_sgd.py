@@ -189,7 +189,7 @@ class WWDPSGD(Method):
                      "r": Tunable(0.5, 3.0)}
 
     STEP_METRICS = ("ww_zeta", "ww_zeta_ema", "ww_signal", "ww_clamp_hits_min",
-                    "ww_clamp_hits_max")
+                    "ww_clamp_hits_max", "ww_probe_norm")
 
     @classmethod
     def check_options(cls, values, prefix: str, layer_names: list[str]) -> list[str]:
@@ -211,6 +211,7 @@ class WWDPSGD(Method):
         self.log_c = math.log(self.clip_threshold)
         self.zeta_hat = opts.zeta_star
         self.zeta = math.nan
+        self.probe_norm = math.nan  # Frobenius norm of the probed weights (median over probes)
         self.signal = 0.0
         self.clamp_hits = {"min": 0, "max": 0}
         self.probe_seconds = 0.0
@@ -227,8 +228,11 @@ class WWDPSGD(Method):
             self.probe_seconds += time.perf_counter() - tic
 
     def measure(self) -> float:
-        """zeta of the probe layers now (median over several)."""
-        return float(np.median([self.exponent(spectrum(m)) for m in self.probes]))
+        """zeta of the probe layers now (median over several). Also keeps the probed weights'
+        norm: noise the step adds grows it, and with it zeta (the feedback the trace shows)."""
+        spectra = [spectrum(m) for m in self.probes]
+        self.probe_norm = float(np.median([math.sqrt(values.sum()) for values in spectra]))
+        return float(np.median([self.exponent(values) for values in spectra]))
 
     def exponent(self, eigenvalues: np.ndarray) -> float:
         """zeta of one spectrum by the configured estimator."""
@@ -262,7 +266,8 @@ class WWDPSGD(Method):
     def trace_row(self) -> dict:
         return {"ww_zeta": self.zeta if self._probed else math.nan, "ww_zeta_ema": self.zeta_hat,
                 "ww_signal": self.signal, "ww_clamp_hits_min": self.clamp_hits["min"],
-                "ww_clamp_hits_max": self.clamp_hits["max"]}
+                "ww_clamp_hits_max": self.clamp_hits["max"],
+                "ww_probe_norm": self.probe_norm if self._probed else math.nan}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "log_c": self.log_c, "zeta_hat": self.zeta_hat,

@@ -127,6 +127,34 @@ def clip_figure(path: Path, traces: dict[str, pd.DataFrame], title: str) -> Path
     return write_figure(path, fig)
 
 
+CONTROLLER_PANELS = (("clip_threshold", "clip threshold C_t"),
+                     ("ww_zeta_ema", "tail exponent zeta (EMA)"),
+                     ("ww_probe_norm", "probe layer norm ||W||_F"))
+
+
+def controller_figure(path: Path, traces: dict[str, pd.DataFrame], title: str,
+                      caption: str = "") -> Path:
+    """WW-DP-SGD's feedback, one line per run over the steps: C_t, the smoothed tail exponent
+    it steers by, and the norm of the probed weights, which the step's noise grows (the
+    larger C_t, the more). Drawn at the controller's probes; the legend right of the top
+    axes."""
+    fig, axes = _subplots(len(CONTROLLER_PANELS), 1, sharex=True, figsize=(6.5, 6.5))
+    for name, trace in traces.items():
+        probes = trace.dropna(subset=["ww_zeta"]) if "ww_zeta" in trace else trace.iloc[0:0]
+        for ax, (column, _) in zip(axes, CONTROLLER_PANELS):
+            if column in probes and probes[column].notna().any():
+                ax.plot(probes["step"], probes[column], label=name, linewidth=1)
+    for ax, (_, label) in zip(axes, CONTROLLER_PANELS):
+        ax.set_ylabel(label, fontsize=8)
+    axes[0].set_title(title, fontsize=9)
+    axes[-1].set_xlabel("step")
+    if any(ax.lines for ax in axes[:1]):
+        _legend_outside(axes[0])
+    if caption:
+        _caption(axes[-1], caption)
+    return write_figure(path, fig)
+
+
 def comparison_figure(path: Path, table: pd.DataFrame) -> Path:
     """Accuracy, ECE, loss-attack AUC and (when evaluated) peak IR-attack accuracy of every
     run, side by side; a dotted line marks 0.5, an attack's guess."""

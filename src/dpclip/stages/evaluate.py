@@ -54,7 +54,7 @@ from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics,
                             reliability_bins, roc_points, strongest_attack)
 from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
-from dpclip.reporting.plots import (clip_figure, early_stopping_figure,
+from dpclip.reporting.plots import (clip_figure, controller_figure, early_stopping_figure,
                                     layer_attack_figure, reliability_figure, roc_figure)
 from dpclip.pipeline.provenance import EVALUATE, for_key
 from dpclip.threads import use_threads
@@ -496,6 +496,9 @@ def _write_plots(layout, run, rocs, probs, labels, n_bins, trace, metrics, basel
                title=f"Membership-attack ROC: {title}", bound=bound)
     reliability_figure(folder / "reliability.png", frame, metrics["utility"]["ece"], title)
     clip_figure(folder / "clip_threshold.png", {run: trace}, title=f"C_t: {run}")
+    if "ww_zeta" in trace:
+        controller_figure(folder / "controller.png", {run: trace},
+                          title=f"WW-DP-SGD's controller at its probes: {run}")
     if "monitored_std" in trace:
         series = get_method(metrics["method"]).early_stopping_series
         early_stopping_figure(folder / "early_stopping.png", trace,

@@ -18,8 +18,9 @@ from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
 from dpclip.naming import RunKey, configured_runs
 from dpclip.pipeline.side_by_side import in_a_worker
-from dpclip.reporting.plots import (audit_figure, clip_figure, comparison_figure,
-                                    dp_bound_curve, privacy_utility_figure, roc_figure)
+from dpclip.reporting.plots import (CONTROLLER_PANELS, audit_figure, clip_figure,
+                                    comparison_figure, controller_figure, dp_bound_curve,
+                                    privacy_utility_figure, roc_figure)
 from dpclip.reporting.seed_stats import (BASELINE, CONFIGURATION, HEADLINE,
                                          paired_comparison, seed_summary)
 from dpclip.reporting.summary_table import LEGEND, legend, summary_frame, text_table
@@ -194,7 +195,18 @@ def _shadow_notes(layout: Layout) -> list[str]:
 
 DATA_USE = "data_use.md"
 SUMMARY_CSV, SUMMARY_TEXT = "summary.csv", "summary.txt"  # the short table (make run prints it)
-OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "privacy_utility.png")  # and roc_*.png
+OPTIONAL_FIGURES = ("claimed_vs_audited_epsilon.png", "privacy_utility.png",
+                    "controller.png")  # and roc_*.png
+CONTROLLER_CSV = "controller.csv"  # WW-DP-SGD's probes, every run of it (presets commit it)
+
+
+def controller_frame(traces: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The rows of the runs' traces at WW-DP-SGD's probes (its controller's updates): run,
+    step, C_t, zeta (raw and smoothed), the probed weights' norm. Empty without such runs."""
+    columns = ["run", "step", "ww_zeta", *(column for column, _ in CONTROLLER_PANELS)]
+    frames = [trace.dropna(subset=["ww_zeta"]).assign(run=name).reindex(columns=columns)
+              for name, trace in traces.items() if "ww_zeta" in trace]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def attack_notes(attacks: list[str]) -> list[str]:
@@ -477,8 +489,9 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
 def draw_figures(layout: Layout, runs: list[RunKey], table: pd.DataFrame, attacks: list[str],
                  privacy_utility: pd.DataFrame) -> None:
     """The report's figures in ``reports/``: claimed against audited epsilon, the comparison,
-    the clip thresholds (all runs, then per configuration), one ROC figure per attack, and
-    privacy against utility over seeds."""
+    the clip thresholds (all runs, then per configuration), one ROC figure per attack,
+    privacy against utility over seeds, and WW-DP-SGD's controller at its probes (with its
+    rows in controller.csv, which presets commit)."""
     out = layout.reports
     traces = {k.name: pd.read_csv(layout.trace(k.name)) for k in runs}
     rocs = {k.name: read_roc(layout, k.name) for k in runs}
@@ -503,6 +516,13 @@ def draw_figures(layout: Layout, runs: list[RunKey], table: pd.DataFrame, attack
             roc_figure(out / f"{attack.figure_stem()}.png", curves,
                        title=f"{attack.label} ROC by run")
     privacy_utility_figure(out / "privacy_utility.png", privacy_utility)
+    controller = controller_frame(traces)
+    (out / CONTROLLER_CSV).unlink(missing_ok=True)
+    if len(controller):
+        write_csv_frame(out / CONTROLLER_CSV, controller)
+        controller_figure(out / "controller.png",
+                          {run: traces[run] for run in controller["run"].unique()},
+                          title="WW-DP-SGD's controller at its probes, by run")
 
 
 def describe(result: ReportResult, layout: Layout) -> str:
