@@ -194,6 +194,12 @@ def load_claims(path: Path) -> list[dict]:
         if "reading_of" in claim and claim["reading_of"] not in {c.get("id") for c in claims}:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reading_of names no claim: "
                               f"{claim['reading_of']!r}")
+        not_run = claim.get("readings_not_run")
+        if not_run is not None and not (isinstance(not_run, list) and not_run and
+                                        all(isinstance(r, str) and r.strip() for r in not_run)):
+            raise DpclipError(f"{path}: claim {claim.get('id')!r}: readings_not_run must be a "
+                              f"list of texts (each reading and why it is not run), not "
+                              f"{not_run!r}")
         reference = claim.get("reference_variant")
         if reference is not None and not isinstance(reference, str):
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: reference_variant must be "
@@ -870,7 +876,7 @@ def evidence(claims_path: Path, results: Path, project: Path | None = None) -> l
         f.ablation = ablation_lines(f.claim, results)
     for parent in findings:
         readings = [f for f in findings if f.claim.get("reading_of") == parent.claim["id"]]
-        if readings:
+        if readings or parent.claim.get("readings_not_run"):
             combine_readings(parent, readings)
     return findings
 
@@ -882,11 +888,14 @@ def combine_readings(parent: Finding, readings: list[Finding]) -> None:
     """A claim whose verdict rests on an inference from the paper is also run under each
     plausible other reading (claims with ``reading_of: <its id>``). It is contradicted, or
     held, only when every reading is; when they disagree it is inconclusive, and its reason
-    names what each reading gave ("contradicted under X; not testable under Y"). Every
-    reading's own finding stays on the page."""
+    names what each reading gave ("contradicted under X; not testable under Y"). A reading
+    that cannot be run here (the claim's ``readings_not_run``: what it would test, and why
+    not) counts as not testable. Every reading's own finding stays on the page."""
     every = [parent, *readings]
-    summary = "; ".join(f"{f.verdict} under {f.claim['id']}" for f in every)
-    verdicts = {f.verdict for f in every}
+    not_run = list(parent.claim.get("readings_not_run") or [])
+    summary = "; ".join([f"{f.verdict} under {f.claim['id']}" for f in every]
+                        + [f"{UNTESTABLE} under {reading}" for reading in not_run])
+    verdicts = {f.verdict for f in every} | ({UNTESTABLE} if not_run else set())
     if parent.verdict in DECISIVE and verdicts != {parent.verdict}:
         parent.verdict = INCONCLUSIVE
         parent.reason = (f"the readings disagree ({summary}); under {parent.claim['id']}'s "
