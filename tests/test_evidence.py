@@ -758,7 +758,7 @@ def test_which_method_names_a_held_advantage_and_not_a_held_no_loss_claim():
     text = "\n".join(first_screen([cost, worse]))
     assert "**Which method?** DP-SGD: no advantage claim is held (0 of 1; 2 claims in all)" \
         in text
-    assert "Also held: **cost**" in text and "Contradicted (1):\n\n- **worse** (" in text
+    assert "Also held: **cost**" in text and "Contradicted under every reading run (1):\n\n- **worse** (" in text
     text = "\n".join(first_screen([gain, cost, worse]))
     assert "**Which method?** Held advantages (1 of 2 advantage claims): **gain** (" in text
 
@@ -823,6 +823,25 @@ def test_a_claim_is_contradicted_only_when_every_reading_contradicts_it():
     assert parent.verdict == NOT_REPRODUCED and "contradicted under c-lr" in parent.reason
 
 
+def test_a_reading_that_cannot_be_run_keeps_a_claim_from_being_decided(tmp_path):
+    """readings_not_run: a plausible reading with no setting to run (the paper's own, not in
+    our copy) counts as not testable, so the claim is not contradicted on our reading
+    alone; the page says which reading gave what. A list of texts, or a clear error."""
+    from dpclip.reporting.evidence import Finding, combine_readings
+
+    parent = Finding({"id": "c", "readings_not_run": ["the paper's own b_max"]},
+                     CONTRADICTED, "why")
+    combine_readings(parent, [])
+    assert parent.verdict == INCONCLUSIVE
+    assert parent.reason.startswith("the readings disagree (contradicted under c; not testable "
+                                    "here under the paper's own b_max)")
+    path = tmp_path / "claims.yaml"
+    path.write_text("claims:\n  - {id: a, readings_not_run: some text, rule: better, "
+                    "metric: accuracy}\n")
+    with pytest.raises(DpclipError, match="readings_not_run must be a list of texts"):
+        load_claims(path)
+
+
 def test_a_reading_must_name_a_claim(tmp_path):
     path = tmp_path / "claims.yaml"
     path.write_text("claims:\n  - {id: a, reading_of: b, rule: better, metric: accuracy}\n")
@@ -856,3 +875,42 @@ def test_readings_are_not_counted_as_claims_of_their_own():
     text = "\n".join(first_screen([Finding(claim, INCONCLUSIVE, "why"),
                                    Finding(reading, INCONCLUSIVE, "why")]))
     assert "no advantage claim is held (0 of 1; 1 claim in all, and 1 reading of them)" in text
+
+
+def test_a_row_that_repeats_another_is_shown_once():
+    """A variant whose mechanism never acts equals its twin seed for seed (wide_clamp =
+    no_clamp, negated: the pair the other way round): its numbers are printed once, the
+    second row points at the first; zeros and rows under three seeds are never matched."""
+    from dpclip.reporting.evidence import Finding, same_runs
+
+    def row(label, differences):
+        return {"label": label, "differences": differences}
+
+    a, b = Finding({"id": "a"}, INCONCLUSIVE, ""), Finding({"id": "b"}, INCONCLUSIVE, "")
+    compared = [(a, row("no_clamp", [0.02, -0.01, 0.005])),
+                (b, row("wide_clamp", [-0.02, 0.01, -0.005])),
+                (b, row("K25", [0.02, -0.01, 0.004])),
+                (a, row("zero", [0.0, 0.0, 0.0])), (b, row("zero too", [0.0, 0.0, 0.0])),
+                (a, row("two", [0.1, 0.2])), (b, row("two again", [0.1, 0.2]))]
+    assert same_runs(compared) == {("b", "wide_clamp"): ("a", "no_clamp")}
+
+
+def test_a_claim_contradicted_under_one_reading_only_is_listed_apart_with_each_reading():
+    """The page lists a claim as contradicted only when every reading run contradicts it; a
+    claim contradicted under some readings is listed apart, naming what each gave, and its
+    contradicted rows still count in the study-wide multiplicity line."""
+    from dpclip.reporting.evidence import combine_readings, first_screen
+
+    worse = [-0.03, -0.031, -0.029, -0.032, -0.03, -0.028, -0.033]
+    parent = judge({**_claim("better", "accuracy", effect=0.02), "id": "c"},
+                   _table(_pair(worse, "accuracy")))
+    reading = judge({**_claim("better", "accuracy", effect=0.02), "id": "c-est",
+                     "reading_of": "c"}, None)
+    assert (parent.verdict, reading.verdict) == (CONTRADICTED, UNTESTABLE)
+    combine_readings(parent, [reading])
+    text = "\n".join(first_screen([parent, reading]))
+    assert "Contradicted under every reading run" not in text
+    assert ("Contradicted under some readings of the paper, not under all, so not "
+            "contradicted (1):\n\n- **c** (") in text
+    assert "contradicted under c; not testable here under c-est." in text
+    assert "**Multiplicity.**" in text and "p from" in text

@@ -143,6 +143,8 @@ class Finding:
     metric_text: str = ""  # what the differences are of (a range over variants, for spreads)
     excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
     unjudged: list[str] = field(default_factory=list)  # configurations the gate left out
+    readings: list[tuple[str, str]] = field(default_factory=list)  # (reading, verdict), the
+    # claim's own first, when it was run under several (:func:`combine_readings`)
     method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
     # it comes from a reference variant; under ``within`` the reference's runs are the
     # baseline, ``<baseline> (<variant>)``, and this stays the claim's own); empty: the
@@ -893,8 +895,9 @@ def combine_readings(parent: Finding, readings: list[Finding]) -> None:
     not) counts as not testable. Every reading's own finding stays on the page."""
     every = [parent, *readings]
     not_run = list(parent.claim.get("readings_not_run") or [])
-    summary = "; ".join([f"{f.verdict} under {f.claim['id']}" for f in every]
-                        + [f"{UNTESTABLE} under {reading}" for reading in not_run])
+    parent.readings = ([(f.claim["id"], f.verdict) for f in every]
+                       + [(reading, UNTESTABLE) for reading in not_run])
+    summary = "; ".join(f"{verdict} under {name}" for name, verdict in parent.readings)
     verdicts = {f.verdict for f in every} | ({UNTESTABLE} if not_run else set())
     if parent.verdict in DECISIVE and verdicts != {parent.verdict}:
         parent.verdict = INCONCLUSIVE
@@ -979,7 +982,9 @@ def first_screen(findings: list[Finding]) -> list[str]:
     does not hide the data)."""
     decided = [f for f in findings if f.verdict in (HELD, CONTRADICTED)]
     compared = [(f, r) for f in findings for r in f.rows if r["seeds"] >= 2]
-    clear = sorted((pair for pair in compared if _consistent(pair[1])),
+    repeats = same_runs(compared)
+    clear = sorted((pair for pair in compared if _consistent(pair[1])
+                    and (pair[0].claim["id"], pair[1]["label"]) not in repeats),
                    key=lambda pair: -abs(pair[1]["difference"]))
     held = [f for f in decided if f.verdict == HELD]
     # an advantage: a method better than its baseline (or the lowest, or steadier over a
@@ -1011,10 +1016,20 @@ def first_screen(findings: list[Finding]) -> list[str]:
         answer += " Also held: " + "; ".join(map(listed, others)) + "."
     lines = ["## What the runs show", "", answer + " How sure: the differences below, each "
              "with its interval and seeds; every claim not listed here is undecided."]
-    contradicted = [f for f in decided if f.verdict == CONTRADICTED]
+    contradicted = [f for f in decided if f.verdict == CONTRADICTED
+                    and not f.claim.get("reading_of")]
     if contradicted:
-        lines += ["", f"Contradicted ({len(contradicted)}):", ""] + \
+        lines += ["", f"Contradicted under every reading run ({len(contradicted)}):", ""] + \
             [f"- {listed(f)}: {f.reason}." for f in contradicted]
+    split = [f for f in findings if f.verdict != CONTRADICTED
+             and any(verdict == CONTRADICTED for _, verdict in f.readings)]
+    if split:
+        lines += ["", f"Contradicted under some readings of the paper, not under all, so not "
+                      f"contradicted ({len(split)}):", ""] + \
+            [f"- **{f.claim['id']}** ({_claim_text(f)}): "
+             + "; ".join(f"{verdict} under {name}" for name, verdict in f.readings) + "."
+             for f in split]
+    if contradicted or split:
         lines += ["", multiplicity(findings)]
     for heading, verdicts in (
             ("**Is the epsilon right?** Computed, no runs",
@@ -1042,11 +1057,35 @@ def first_screen(findings: list[Finding]) -> list[str]:
               "[95% interval] (per seed) | the paper's |", "|---|---|---|---|---|---|"]
     for f, r in compared:
         paper = "" if r.get("paper_effect") is None else f"{r['paper_effect']:+.3g}"
+        same = repeats.get((f.claim["id"], r["label"]))
+        numbers = (f"seed for seed the numbers of {same[0]}, {same[1]} (above)" if same
+                   else f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
+                        f" ({_per_seed(r)})")
         lines.append(f"| {f.claim['id']} | {_row_verdict(f, r)} | {r['label']} | "
-                     f"{f.metric_text or f.claim['metric']} | "
-                     f"{_interval_text(r['difference'], r['difference_low'], r['difference_high'])}"
-                     f" ({_per_seed(r)}) | {paper} |")
+                     f"{f.metric_text or f.claim['metric']} | {numbers} | {paper} |")
     return lines + [""]
+
+
+def same_runs(compared: list[tuple[Finding, dict]]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Rows that repeat another row: (claim, configuration) -> the first such row's. A row
+    repeats another when its per-seed differences are equal (or negated: the same pair the
+    other way round) on three or more seeds, not all zero: by chance that does not happen,
+    but a variant where the mechanism never acts equals its twin bit for bit (the wider clamp
+    that never binds, a probe whose controller never leaves C_0)."""
+    seen: dict[tuple, tuple[str, str]] = {}
+    first_of = {}
+    for f, r in compared:
+        differences = tuple(round(float(d), 12) for d in r.get("differences") or [])
+        if len(differences) < 3 or not any(differences):
+            continue
+        here = (f.claim["id"], r["label"])
+        for key in (differences, tuple(-d for d in differences)):
+            if key in seen:
+                first_of[here] = seen[key]
+                break
+        else:
+            seen[differences] = here
+    return first_of
 
 
 def multiplicity(findings: list[Finding]) -> str:
@@ -1063,8 +1102,8 @@ def multiplicity(findings: list[Finding]) -> str:
         return ""
     level = (1 - CONFIDENCE) / len(judged)
     tests = []
-    for f in findings:
-        if f.verdict != CONTRADICTED:
+    for f in findings:  # a claim contradicted, or one of its readings (its own rows here)
+        if CONTRADICTED not in (f.verdict, dict(f.readings).get(f.claim["id"])):
             continue
         for r in f.rows:
             if r.get("outcome") != CONTRADICTED or r["seeds"] < 2:
