@@ -63,6 +63,7 @@ import yaml
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_text
 from dpclip.reporting import accounting, benchmarks
+from dpclip.reporting.lead import lead_lines, load_mechanisms
 from dpclip.reporting.plots import claim_figure
 from dpclip.reporting.seed_stats import (CONFIDENCE, POWER, degenerate, mean_interval,
                                          minimum_exact_seeds, paired_test, seeds_needed)
@@ -975,7 +976,7 @@ def _row_verdict(finding: Finding, row: dict) -> str:
     return verdict
 
 
-def first_screen(findings: list[Finding]) -> list[str]:
+def first_screen(findings: list[Finding], lead: list[str] = ()) -> list[str]:
     """What a user can act on, before the rules: which claims are decided, the differences
     every seed agrees on, and per claim and configuration the matched-setting difference with
     its interval and seeds, whatever the baseline gate says (the gate names the verdict; it
@@ -1016,6 +1017,9 @@ def first_screen(findings: list[Finding]) -> list[str]:
         answer += " Also held: " + "; ".join(map(listed, others)) + "."
     lines = ["## What the runs show", "", answer + " How sure: the differences below, each "
              "with its interval and seeds; every claim not listed here is undecided."]
+    if lead:  # what the runs show beside the verdicts: mechanisms traced, post-hoc findings
+        lines += ["", *lead]
+        lines = lines[:-1] if lines[-1] == "" else lines
     contradicted = [f for f in decided if f.verdict == CONTRADICTED
                     and not f.claim.get("reading_of")]
     if contradicted:
@@ -1127,10 +1131,11 @@ def multiplicity(findings: list[Finding]) -> str:
 
 
 def evidence_markdown(findings: list[Finding], results: Path, command: str,
-                      figures: dict[str, str] | None = None) -> str:
-    """The verdict report: what the runs show (:func:`first_screen`), what the verdicts mean,
-    a summary table, one section per claim."""
-    lines = ["# Evidence: the papers' claims, tested", "", *first_screen(findings),
+                      figures: dict[str, str] | None = None, lead: list[str] = ()) -> str:
+    """The verdict report: what the runs show (:func:`first_screen`, with the ``lead`` of
+    :mod:`dpclip.reporting.lead`), what the verdicts mean, a summary table, one section per
+    claim."""
+    lines = ["# Evidence: the papers' claims, tested", "", *first_screen(findings, lead),
              "## How to read it", "",
              f"Regenerate: `{command}`. Our numbers come from the preset runs' metrics "
              f"(`{results}/<preset>/<variant>/reports/comparison.csv`), as fractions where the "
@@ -1202,10 +1207,13 @@ def write_evidence(claims_path: Path, results: Path, out: Path, command: str) ->
         if claim_figure(out.parent / name, f.rows, f.compared_method, metric,
                         f"{f.claim['id']}: {f.verdict}"):
             figures[f.claim["id"]] = name
+    lead = lead_lines(claims_path, results, out)
+    drawn = set(figures.values()) | {f"{out.stem}/{spec['id']}.png"
+                                     for spec in load_mechanisms(claims_path)}
     for stale in sorted((out.parent / out.stem).glob("*.png")):  # a claim no longer drawn
-        if f"{out.stem}/{stale.name}" not in figures.values():
+        if f"{out.stem}/{stale.name}" not in drawn:
             stale.unlink()
-    text = evidence_markdown(findings, results, command, figures)
+    text = evidence_markdown(findings, results, command, figures, lead)
     write_text(out, text)
     body = markdown.markdown(text, extensions=["tables"])
     write_text(out.with_suffix(".html"), "<!doctype html><meta charset='utf-8'>"

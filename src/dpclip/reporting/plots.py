@@ -133,17 +133,25 @@ CONTROLLER_PANELS = (("clip_threshold", "clip threshold C_t"),
 
 
 def controller_figure(path: Path, traces: dict[str, pd.DataFrame], title: str,
-                      caption: str = "") -> Path:
+                      caption: str = "",
+                      noise_alone: dict[str, pd.DataFrame] | None = None) -> Path:
     """WW-DP-SGD's feedback, one line per run over the steps: C_t, the smoothed tail exponent
     it steers by, and the norm of the probed weights, which the step's noise grows (the
-    larger C_t, the more). Drawn at the controller's probes; the legend right of the top
-    axes."""
+    larger C_t, the more). Drawn at the controller's probes; ``noise_alone`` (step,
+    noise_alone per run) dashed in the norm panel, in its run's colour; the legend right of
+    the top axes."""
     fig, axes = _subplots(len(CONTROLLER_PANELS), 1, sharex=True, figsize=(6.5, 6.5))
     for name, trace in traces.items():
         probes = trace.dropna(subset=["ww_zeta"]) if "ww_zeta" in trace else trace.iloc[0:0]
+        colour = None
         for ax, (column, _) in zip(axes, CONTROLLER_PANELS):
             if column in probes and probes[column].notna().any():
-                ax.plot(probes["step"], probes[column], label=name, linewidth=1)
+                (line,) = ax.plot(probes["step"], probes[column], label=name, linewidth=1,
+                                  color=colour)
+                colour = line.get_color()
+        if noise_alone and name in noise_alone:
+            axes[-1].plot(noise_alone[name]["step"], noise_alone[name]["noise_alone"],
+                          linestyle="--", linewidth=1, color=colour)
     for ax, (_, label) in zip(axes, CONTROLLER_PANELS):
         ax.set_ylabel(label, fontsize=8)
     axes[0].set_title(title, fontsize=9)
