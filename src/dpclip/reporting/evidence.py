@@ -1144,6 +1144,14 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
              f"below {minimum_exact_seeds()} seeds; 95% intervals; `dpclip.reporting.evidence`). A "
              "verdict is one of:", ""]
     lines += [f"- **{name}**: {meaning}." for name, meaning in VERDICT_MEANINGS.items()]
+    lines += ["", "**Readings.** Where the paper leaves open a setting a verdict rests on (an "
+              "estimator, a gain, a clamp, a learning rate, a partition), the claim is also run "
+              "under each plausible other reading: the claims whose text starts \"(A reading: "
+              "...)\". A claim is contradicted, or held, only when every reading run is; a "
+              "reading that cannot be run here counts as not testable, and the claim's verdict "
+              "names what each reading gave. A row whose numbers repeat another row's seed for "
+              "seed (a variant where the mechanism never acts is its twin bit for bit) is shown "
+              "once."]
     lines += ["", "| claim | source | verdict | seeds to decide | our baseline / the paper's "
               "(furthest configuration) |", "|---|---|---|---|---|"]
     for f in findings:
