@@ -1012,7 +1012,7 @@ def first_screen(findings: list[Finding], lead: list[str] = ()) -> list[str]:
               + (f", and {_count(readings, 'reading')} of them" if readings else "")
               + "), so no alternative to DP-SGD has a "
               f"shown advantage in our runs.")
-    others = [f for f in held if not advantage(f)]
+    others = [f for f in held if not advantage(f) and not f.claim.get("reading_of")]
     if others:
         answer += " Also held: " + "; ".join(map(listed, others)) + "."
     lines = ["## What the runs show", "", answer + " How sure: the differences below, each "
