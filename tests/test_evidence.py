@@ -535,10 +535,27 @@ def test_each_clamp_in_the_claims_is_the_one_its_preset_runs():
             if condition["kind"] != "clip_moves":
                 continue
             preset = yaml.safe_load((PROJECT / "presets" / f"{claim['preset']}.yaml").read_text())
-            options = get_method(condition["method"]).default_options().model_dump() | (
-                (preset["params"].get("methods") or {}).get(condition["method"]) or {})
-            assert condition.get("clamp") == ([options["c_min"], options["c_max"]]
-                                              if options["clamp"] else None), claim["id"]
+            method = condition["method"]
+            shared = get_method(method).default_options().model_dump() | (
+                (preset["params"].get("methods") or {}).get(method) or {})
+            variants = preset.get("variants") or {}
+            # the precondition projects C_0 onto its clamp: per variant the same C_0' as the
+            # clamp that variant runs (a wider clamp that holds C_0 inside gives C_0 too)
+            same = []
+            for variant in (claim.get("variants") or list(variants) or [None]) + \
+                    [claim.get("reference_variant")] * bool(claim.get("reference_variant")):
+                overrides = variants.get(variant) or {}
+                options = shared | ((overrides.get("methods") or {}).get(method) or {})
+                c0 = float(((overrides.get("train") or {}).get("clip_norm"))
+                           or preset["params"].get("train", {}).get("clip_norm") or 1.0)
+                runs = ([options["c_min"], options["c_max"]] if options["clamp"] else None)
+                declared = condition.get("clamp")
+                assert (declared is None) == (runs is None), (claim["id"], variant)
+                if runs is not None:
+                    assert min(max(c0, declared[0]), declared[1]) == \
+                        min(max(c0, runs[0]), runs[1]), (claim["id"], variant)
+                same.append(declared == runs)
+            assert any(same), claim["id"]  # the clamp some variant of the claim runs
 
 
 def test_a_contradiction_of_a_lower_is_better_claim_lies_above_the_papers_effect():
