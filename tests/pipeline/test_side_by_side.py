@@ -128,11 +128,10 @@ def test_in_a_worker_runs_beside_the_body_and_raises_what_the_function_raised(tm
     import functools
     import os
 
-    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "dpclip.io",
-                     "writing") as done:
+    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "writing") as done:
         assert done() != os.getpid()
     assert (tmp_path / "pid").read_text() == str(done())
-    with in_a_worker(functools.partial(fail, ""), "dpclip.io", "drawing") as done:
+    with in_a_worker(functools.partial(fail, ""), "drawing") as done:
         with pytest.raises(ConfigError, match="cannot draw"):
             done()
 
@@ -143,13 +142,13 @@ def test_in_a_worker_finishes_its_work_when_the_body_fails_and_stops_on_ctrl_c(t
 
     finished = tmp_path / "finished"
     with pytest.raises(ValueError, match="the store failed"):
-        with in_a_worker(functools.partial(whose, str(finished), 1.0), "dpclip.io", "w"):
+        with in_a_worker(functools.partial(whose, str(finished), 1.0), "w"):
             raise ValueError("the store failed")
     assert finished.exists()  # what it writes is complete, not cut off half-way
     stopped = tmp_path / "stopped"
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        with in_a_worker(functools.partial(whose, str(stopped), 30.0), "dpclip.io", "w"):
+        with in_a_worker(functools.partial(whose, str(stopped), 30.0), "w"):
             time.sleep(0.5)  # the worker is under way
             raise KeyboardInterrupt
     assert time.monotonic() - started < 20 and not stopped.exists()
@@ -214,20 +213,6 @@ def test_the_default_count_fills_twice_the_cpus_with_threads_and_keeps_a_gpu_to_
     assert side_by_side.default_jobs(2, "cuda") == 4
 
 
-@pytest.mark.parametrize("written, read", [("threads: 4", 4), ("threads: null", None),
-                                           ("threads: '2'", None), ("threads: two", None),
-                                           ("[not, a, mapping]", None)])
-def test_the_thread_count_read_before_validation_is_a_whole_number_or_none(tmp_path, written,
-                                                                         read):
-    """The command reads train.threads before torch (to start the workers' server early):
-    what the validation would convert or refuse must not crash that arithmetic."""
-    from dpclip.cli import _threads_and_device_as_written
-
-    params = tmp_path / "params.yaml"
-    params.write_text(f"train:\n  {written}\n" if "threads" in written else written)
-    assert _threads_and_device_as_written(str(params)) == (read, "auto")
-
-
 def mark_and_maybe_fail(key: tuple) -> dict:
     """Key (folder, i): run 0 is slow, run 1 fails at once, the others are quick; each run
     that ends well leaves a file named after it."""
@@ -247,7 +232,7 @@ def test_a_failure_stops_the_runs_not_taken_without_waiting_for_the_runs_before_
     under way, finishes and is kept."""
     keys = [(str(tmp_path), i) for i in range(12)]
     with pytest.raises(DpclipError, match="run 1 failed"):
-        list(run_side_by_side(mark_and_maybe_fail, keys, 2, "dpclip.io"))
+        list(run_side_by_side(mark_and_maybe_fail, keys, 2, "train"))
     ran = sorted(int(p.name) for p in tmp_path.iterdir())
     # the pool queues one run beyond its two workers, and a few more can go while the error
     # travels back; waiting for run 0 first, the other worker ran 2 .. 8 or 9 meanwhile
@@ -264,9 +249,9 @@ def die_on_one(key: int) -> dict:
 
 
 def test_a_worker_that_dies_gives_one_clear_error():
-    with pytest.raises(DpclipError, match="a worker process of io died .* --jobs or "
+    with pytest.raises(DpclipError, match="a worker process of train died .* --jobs or "
                                           "DPCLIP_JOBS"):
-        list(run_side_by_side(die_on_one, [0, 1, 2], 2, "dpclip.io"))
+        list(run_side_by_side(die_on_one, [0, 1, 2], 2, "train"))
 
 
 def fail_on_two(key: int) -> dict:
@@ -279,7 +264,7 @@ def fail_on_two(key: int) -> dict:
 def test_a_failed_run_raises_its_own_error_and_the_runs_before_it_come_in_order():
     done = []
     with pytest.raises(ConfigError) as raised:
-        for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "dpclip.io"):
+        for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "train"):
             done.append((key, result["key"]))
     assert done == [(0, 0), (1, 1)][:len(done)]  # those done before the failure came back
     assert raised.value.problems == ["train.lr: 2 is bad"]  # the exception, unpickled whole

@@ -27,14 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ONCE, PER_ALPHA, PER_RUN = "once", "per_alpha", "per_run"
-# what logging MLflow children needs besides dpclip.tracking (report's workers import it as
-# the stage starts, while it writes its tables): dpclip.tracking.log_children; the first
-# model's export imports torch.export's tracer (0.4-0.6 s)
-MLFLOW_IMPORTS = ("mlflow", "mlflow.pytorch", "mlflow.store.tracking.sqlalchemy_store",
-                  "torch.export", "torch.export._trace")
-# what the workers that log them import: also dpclip.mlflow_preload, which builds MLflow's
-# package map once for all of them (1.2-1.5 s of each worker's first child)
-MLFLOW_WORKER_IMPORTS = (*MLFLOW_IMPORTS, "dpclip.mlflow_preload")
 PLUGIN_FAMILIES = ("methods", "attacks", "data.sources")  # modules found at run time
 
 
@@ -80,14 +72,14 @@ class Stage:
     provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
     # DVC runs it on every `dvc repro`: it reads what DVC cannot list (files params.yaml names)
     always_changed: bool = False
-    # what its worker processes (dpclip.pipeline.side_by_side) import first: a stage run once
-    # that hands work to workers names them (per run: the stage's module, always)
-    worker_imports: tuple[str, ...] = ()
+    # a stage run once that hands work to worker processes (dpclip.pipeline.side_by_side;
+    # report: its MLflow children); a per-run stage always does
+    side_by_side: bool = False
 
     @property
-    def workers(self) -> tuple[str, ...]:
-        """The modules its workers import first; () when it has none."""
-        return (self.module,) if self.scope == PER_RUN else self.worker_imports
+    def workers(self) -> bool:
+        """Whether its command hands work to worker processes (it then takes ``--jobs``)."""
+        return self.scope == PER_RUN or self.side_by_side
 
     @property
     def module(self) -> str:
@@ -229,8 +221,7 @@ DECLARED: tuple[Stage, ...] = (
         outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
-        runs=("attacks",), worker_imports=("dpclip.tracking", *MLFLOW_WORKER_IMPORTS,
-                                           "dpclip.stages.report", "matplotlib.pyplot"),
+        runs=("attacks",), side_by_side=True,
         flags=(Flag("--no-track", "track", False, "skip MLflow logging"),)),
 )
 
