@@ -8,12 +8,13 @@ same bytes in any process; ``dpclip verify`` compares the results of a pipeline 
 commit's.
 
 The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` start method):
-a fresh interpreter, started with the command's first worker, from which each worker is forked
-before it imports anything of its own. Forking the command's own process instead would be
-cheaper, but torch's OpenMP thread pool does not survive a fork: a child forked after its parent
-ran one parallel region hangs in its own first one. A worker has the command's environment,
-working directory and standard streams; before its first run imports torch it chooses OpenMP's
-passive wait (:func:`_start_worker`).
+a fresh interpreter, started with the command's first worker, which imports only
+:mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait for the workers) and forks each
+worker; a worker imports what its runs need itself. Forking the command's own process instead
+would be cheaper, but torch's OpenMP thread pool does not survive a fork: a child forked after
+its parent ran one parallel region hangs in its own first one. The server, and so each worker,
+has the command's environment, standard streams and umask; a worker runs in the command's
+working directory.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
 stops the runs not yet handed to the workers (Python's pool hands over one run more than it
@@ -47,12 +48,8 @@ PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 # the worker count when the command gives none: `dvc repro` runs the command dvc.yaml states
 JOBS_VARIABLE = "DPCLIP_JOBS"
 
-# GNU OpenMP's wait policy, which it reads once, as torch loads it (a policy the user chose is
-# kept): by default its threads spin while they wait, and two spinning workers of two threads
-# on two cores took the default pipeline's train stage from 11.7 s (one process) to 46 s;
-# waiting passively, the workers only, 7.8 s (docs/measurements.md). The policy changes when a
-# thread sleeps, not what it computes; the command's own process keeps its own.
-WAIT_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# what the workers' fork server imports, before anything loads torch
+SERVER_IMPORTS = ["dpclip.pipeline.passive_openmp"]
 
 
 def cpu_count() -> int:
@@ -101,7 +98,7 @@ def in_a_worker(function: Callable[[], object], what: str) -> Iterator[Callable[
     :class:`DpclipError` naming ``what``). The body failing waits for the worker too (what it
     writes is then complete), unless the body was interrupted (Ctrl-C), which stops it.
     ``function`` must pickle."""
-    context = multiprocessing.get_context("forkserver")
+    context = _context()
     stop = context.Event()
     pool = _pool(context, 1, None, stop)
     future = pool.submit(function)
@@ -125,6 +122,14 @@ def in_a_worker(function: Callable[[], object], what: str) -> Iterator[Callable[
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _context():
+    """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
+    (when this process starts it: with its first worker; it runs until this process ends)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(SERVER_IMPORTS)
+    return context
+
+
 def _pool(context, workers: int, rows, stop) -> ProcessPoolExecutor:
     """``workers`` processes of the fork-server ``context``, each set up by
     :func:`_start_worker` (``rows``: their progress-bar rows, or None; ``stop``: an event that
@@ -134,15 +139,11 @@ def _pool(context, workers: int, rows, stop) -> ProcessPoolExecutor:
 
 
 def _start_worker(rows, owner: int, stop) -> None:
-    """A worker's set-up, before its first run imports torch: OpenMP's passive wait (unless
-    the environment chose a policy: :data:`WAIT_POLICY_VARIABLES`), its progress-bar row (one
-    of ``rows``, a queue; None: it draws no bar), the command's reporting, and a watch that
-    ends it when the command sets ``stop`` (Ctrl-C) or has died (``owner``: the fork server
-    outlives a killed command while workers run, so a worker whose command died ends itself
-    within a second rather than finish its run unowned and race a new command on the same
-    outputs)."""
-    if not any(os.environ.get(name) for name in WAIT_POLICY_VARIABLES):
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    """A worker's set-up: its progress-bar row (one of ``rows``, a queue; None: it draws no
+    bar), the command's reporting, and a watch that ends it when the command sets ``stop``
+    (Ctrl-C) or has died (``owner``: nothing else ends a worker whose command was killed, so
+    it ends itself within a second rather than finish its run unowned and race a new command
+    on the same outputs)."""
     if rows is not None:
         os.environ[PROGRESS_ROW] = str(rows.get())
     configure_process()
@@ -165,7 +166,7 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, what: str) -> Iterato
     in worker processes. ``run`` must pickle (a module-level function, or a
     ``functools.partial`` of one); ``what``: the runs' stage, which an error names."""
     jobs = max(1, min(jobs, len(keys)))
-    context = multiprocessing.get_context("forkserver")
+    context = _context()
     rows, stop = context.Queue(), context.Event()
     for row in range(jobs):
         rows.put(row)
