@@ -8,13 +8,13 @@ same bytes in any process; ``dpclip verify`` compares the results of a pipeline 
 commit's.
 
 The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` start method):
-a fresh interpreter, started with the command's first worker, which imports only
-:mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait for the workers) and forks each
-worker; a worker imports what its runs need itself. Forking the command's own process instead
-would be cheaper, but torch's OpenMP thread pool does not survive a fork: a child forked after
-its parent ran one parallel region hangs in its own first one. The server, and so each worker,
-has the command's environment, standard streams and umask; a worker runs in the command's
-working directory.
+a fresh interpreter that imports :mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait
+for the workers) and the stage's module, and then forks each worker. Forking the command's own
+process instead would be cheaper, but torch's OpenMP thread pool does not survive a fork: a
+child forked after its parent ran one parallel region hangs in its own first one. The command
+starts the server before it imports torch itself (:func:`start_server`), so that the two
+imports overlap on two cores. The server, and so each worker, has the command's environment,
+standard streams and umask; a worker runs in the command's working directory.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
 stops the runs not yet handed to the workers (Python's pool hands over one run more than it
@@ -27,6 +27,7 @@ one error.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -48,8 +49,8 @@ PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 # the worker count when the command gives none: `dvc repro` runs the command dvc.yaml states
 JOBS_VARIABLE = "DPCLIP_JOBS"
 
-# what the workers' fork server imports, before anything loads torch
-SERVER_IMPORTS = ["dpclip.pipeline.passive_openmp"]
+# what the workers' fork server imports first, before anything loads torch
+SERVER_IMPORTS = ("dpclip.pipeline.passive_openmp", "dpclip")
 
 
 def cpu_count() -> int:
@@ -91,6 +92,28 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
+def start_server(modules: tuple[str, ...]) -> None:
+    """Start the workers' fork server now, importing :data:`SERVER_IMPORTS` and ``modules``
+    (what the workers import first), while this process goes on with its own imports and work.
+    multiprocessing starts its server with a process's first worker and waits for the server's
+    imports before that worker runs: so the first worker, one that does nothing, is started by a
+    thread of its own."""
+    context = _context()
+    context.set_forkserver_preload([*SERVER_IMPORTS, *modules])
+    threading.Thread(target=context.Process(target=os.getpid).start, daemon=True).start()
+
+
+@functools.cache
+def _context():
+    """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
+    (and what :func:`start_server` adds) when this process starts it, with its first worker;
+    it runs until this process ends. Set up once, so that a pool does not take back what
+    :func:`start_server` added before the server read it."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(SERVER_IMPORTS))
+    return context
+
+
 @contextmanager
 def in_a_worker(function: Callable[[], object], what: str) -> Iterator[Callable[[], object]]:
     """Run ``function()`` in one worker process while the body runs; yields a function that
@@ -120,14 +143,6 @@ def in_a_worker(function: Callable[[], object], what: str) -> Iterator[Callable[
         if interrupted:  # stop now, as Ctrl-C stops the command
             stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _context():
-    """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
-    (when this process starts it: with its first worker; it runs until this process ends)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(SERVER_IMPORTS)
-    return context
 
 
 def _pool(context, workers: int, rows, stop) -> ProcessPoolExecutor:

@@ -72,14 +72,14 @@ class Stage:
     provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
     # DVC runs it on every `dvc repro`: it reads what DVC cannot list (files params.yaml names)
     always_changed: bool = False
-    # a stage run once that hands work to worker processes (dpclip.pipeline.side_by_side;
-    # report: its MLflow children); a per-run stage always does
-    side_by_side: bool = False
+    # what its worker processes (dpclip.pipeline.side_by_side) import first: a stage run once
+    # that hands work to workers names them (per run: the stage's module, always)
+    worker_imports: tuple[str, ...] = ()
 
     @property
-    def workers(self) -> bool:
-        """Whether its command hands work to worker processes (it then takes ``--jobs``)."""
-        return self.scope == PER_RUN or self.side_by_side
+    def workers(self) -> tuple[str, ...]:
+        """The modules its workers import first; () when it has none."""
+        return (self.module,) if self.scope == PER_RUN else self.worker_imports
 
     @property
     def module(self) -> str:
@@ -221,7 +221,9 @@ DECLARED: tuple[Stage, ...] = (
         outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
-        runs=("attacks",), side_by_side=True,
+        # the workers draw the figures and log the MLflow children (dpclip.tracking.log_child)
+        runs=("attacks",), worker_imports=("dpclip.stages.report", "matplotlib.pyplot",
+                                           "mlflow.pytorch"),
         flags=(Flag("--no-track", "track", False, "skip MLflow logging"),)),
 )
 
