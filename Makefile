@@ -38,11 +38,9 @@ $(STAMP): requirements.lock pyproject.toml
 dvc.yaml: install
 	$(BIN)/python -m dpclip.pipeline.dvc_yaml --write
 
-# `dpclip warm`: the stages' commands fork from one process that imported their libraries once
-# (the same results; docs/pipeline.md)
 run: install dvc.yaml
 	@start=$$(date +%s); \
-	dpclip warm -- dvc repro 2>&1 | $(BIN)/python -m dpclip.reporting.stage_times && end=$$(date +%s) && \
+	dvc repro 2>&1 | $(BIN)/python -m dpclip.reporting.stage_times && end=$$(date +%s) && \
 	echo && cat reports/summary.txt && echo && \
 	echo "Every column of every run: reports/comparison.md (.csv); over seeds: reports/seeds.csv" && \
 	echo "Figures: reports/*.png, per run: figures/<run>/; dvc plots show; dpclip compare" && \

@@ -69,7 +69,7 @@ def dvc_project(tmp_path_factory):
     return make_dvc_project(tmp_path_factory)
 
 
-def make_dvc_project(tmp_path_factory, jobs: int = 1, warm: bool = False):
+def make_dvc_project(tmp_path_factory, jobs: int = 1):
     """A copy of the project with tiny params, after one `dvc repro`: (temporary folder,
     project, environment, the output of the repro). Each module that changes it makes its own
     (tests/test_e2e_experiments.py), so that pytest-xdist can run them side by side. ``jobs``:
@@ -77,9 +77,7 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1, warm: bool = False):
     every import of a stage's command (a worker ends without Python's exit handlers), and
     because workers for runs of a fraction of a second, beside the other pytest worker, made
     these modules slower (tests/pipeline/test_side_by_side.py compares the outputs of every
-    per-run stage with and without workers). ``warm``: the repro runs under ``dpclip warm``
-    (``make run``'s way), every stage's command forked from one process, and no import is
-    recorded."""
+    per-run stage with and without workers)."""
     tmp = tmp_path_factory.mktemp("e2e")
     project = tmp / "project"
     project.mkdir()
@@ -99,23 +97,16 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1, warm: bool = False):
              "plots/offline.html"], project, env)
     # the first repro runs every stage and every run: each stage's command records the dpclip
     # modules it imported (the `executed` fixture), so no stage has to run again for that
-    if warm:
-        first = _sh(repro(warm=True), project, env)
-        # every stage's command ran warm (a refused one would say "cold" and why)
-        stages = first.count("Running stage")
-        assert stages >= 10 and f"{stages} dpclip command(s) started warm\n" in first
-    else:
-        traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
-            [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
-        first = _sh(repro(), project, traced)
+    traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
+        [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
+    first = _sh(repro(), project, traced)
     _leave_fresh_build(project, fresh_builds(tmp_path_factory) / fresh_build_name(tmp))
     return tmp, project, env, first
 
 
-def repro(warm: bool = False) -> list[str]:
-    """``dvc repro``, or ``dpclip warm -- dvc repro`` (``make run``'s)."""
-    return [str(BIN / "dpclip"), "warm", "--", str(BIN / "dvc"), "repro"] if warm else \
-        [str(BIN / "dvc"), "repro"]
+def repro() -> list[str]:
+    """``dvc repro`` (what ``make run`` runs)."""
+    return [str(BIN / "dvc"), "repro"]
 
 
 # what git tracks of a project's outputs (UNTRACKED_OUTPUTS: the rest), with its parameters
@@ -230,15 +221,14 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
 
 def test_second_repro_is_up_to_date_and_a_param_change_reruns_only_dependents(dvc_project):
     _, project, env, _ = dvc_project
-    again = _sh([str(BIN / "dvc"), "repro"], project, env)  # cold, as this module's first
+    again = _sh(repro(), project, env)
     # only the check stage, which runs every time (it reads the files params.yaml names)
     assert again.count("Running stage") == 1 and "Running stage 'check'" in again
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["evaluate"] = {"ece_bins": 10}
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    changed = _sh(repro(warm=True), project, env)  # make run's way
+    changed = _sh(repro(), project, env)
     assert "Running stage 'evaluate'" in changed and "Running stage 'report'" in changed
-    assert "dpclip warm: 3 dpclip command(s) started warm" in changed  # check and these two
     assert "Running stage 'train'" not in changed and "Running stage 'prepare'" not in changed
     assert "[2/2] dp_sgd-eps8-iid-seed0: accuracy=" in changed
 

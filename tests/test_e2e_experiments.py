@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-experiments")]
 
 @pytest.fixture(scope="module")
 def dvc_project(tmp_path_factory):
-    """Built and changed under ``dpclip warm`` (``make run``'s way), while tests/test_e2e.py
-    builds its project cold: the commit test below compares the two builds' bytes."""
-    return make_dvc_project(tmp_path_factory, warm=True)
+    """Built and changed here, while tests/test_e2e.py builds its own project in another
+    folder: the commit test below compares the two builds' bytes."""
+    return make_dvc_project(tmp_path_factory)
 
 
 def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
@@ -32,7 +32,7 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["train"]["methods"] = ["non_private", "dp_sgd", "auto_s"]
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    out = _sh(repro(warm=True), project, env)
+    out = _sh(repro(), project, env)
     assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
     for stage_runs in (out.split("Running stage 'train'")[1].split("Running stage")[0],
                        out.split("Running stage 'evaluate'")[1].split("Running stage")[0]):
@@ -45,7 +45,7 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     # removing it again: its evaluation leaves `dvc metrics show`, its trained model stays
     raw["train"]["methods"] = ["non_private", "dp_sgd"]
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    out = _sh(repro(warm=True), project, env)
+    out = _sh(repro(), project, env)
     assert "Running stage 'train'" in out and "[2/2] dp_sgd-eps8-iid-seed0: up to date" in out
     shown = _sh([str(BIN / "dvc"), "metrics", "show", "--json"], project, env)
     assert "auto_s" not in shown and "dp_sgd-eps8-iid-seed0" in shown
@@ -89,7 +89,7 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     else:
         for name in UNTRACKED_OUTPUTS + ["summary", "overlays"]:
             shutil.rmtree(project / name, ignore_errors=True)
-        _sh(repro(), project, env)  # cold: the comparison is warm against cold
+        _sh(repro(), project, env)
         assert _sh(["git", "status", "--porcelain"], project, env) == ""
     # what the commit's outputs were, to get them back from DVC's cache after the experiment
     kept = {path: (project / path).read_bytes() for path in (
@@ -98,9 +98,8 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     # another training length: new models (an evaluation change may leave an underfit
     # model's summary as it was: ECE with 5 or 10 bins is the same when every confidence
     # falls into one bin)
-    ran = _sh([str(BIN / "dpclip"), "warm", "--", str(BIN / "dvc"), "exp", "run", "-S",
-               "train.epochs=3", "-n", "epochs3"], project, env)
-    assert " cold (" not in ran  # DVC's experiment variables do not keep it cold
+    _sh([str(BIN / "dvc"), "exp", "run", "-S", "train.epochs=3", "-n", "epochs3"], project,
+        env)
     shown = _sh([str(BIN / "dvc"), "exp", "show", "--json"], project, env)
     (commit,) = [r for r in json.loads(shown[shown.index("["):]) if r["rev"] != "workspace"]
     rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]

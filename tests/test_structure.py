@@ -167,7 +167,7 @@ LAYERS = (
                 "pretraining"}),  # the training library reads no pipeline file
     ("outputs", {"artifacts", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
-    ("stages", {"stages", "tracking", "mlflow_preload"}),
+    ("stages", {"stages", "tracking"}),
     ("tools", {"cli", "commands", "presets", "bench", "advise"}),
 )
 

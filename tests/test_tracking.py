@@ -363,22 +363,3 @@ def test_the_ui_address_is_the_tracking_servers_own_when_there_is_one():
     assert "MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/3/" in local
     served = describe({**summary, "tracking_uri": "http://10.0.0.5:5001/"})
     assert "MLflow UI: http://10.0.0.5:5001/#/experiments/3/runs?" in served
-
-
-def test_the_logging_workers_inherit_mlflows_package_map_from_their_server(monkeypatch):
-    """MLflow builds its module-to-distribution map on a process's first logged model (1.2-1.5
-    s here); the report's workers' fork server imports dpclip.mlflow_preload, which builds it
-    there once. Without a map, running the preload's code builds it (this fails when MLflow
-    no longer keeps it where dpclip.tracking.build_package_map looks)."""
-    import runpy
-
-    from mlflow.utils import requirements_utils
-
-    from dpclip.pipeline.spec import BY_NAME, MLFLOW_WORKER_IMPORTS
-    from dpclip.tracking import MLFLOW_WORKER_IMPORTS as PRELOADED
-
-    assert "dpclip.mlflow_preload" in BY_NAME["report"].workers
-    assert PRELOADED is MLFLOW_WORKER_IMPORTS and "dpclip.mlflow_preload" in PRELOADED
-    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)
-    runpy.run_module("dpclip.mlflow_preload")
-    assert "torch" in requirements_utils._MODULES_TO_PACKAGES["torch"]

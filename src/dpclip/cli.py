@@ -22,7 +22,6 @@ from dpclip.naming import RunKey, configured_runs, parse_scalar
 from dpclip.pipeline.side_by_side import (JOBS_VARIABLE, configure_process, default_jobs,
                                           start_server)
 from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
-from dpclip.pipeline.warm import run_warm, serve
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
@@ -111,11 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     preset.add_argument("--power-budget", type=float, metavar="MINUTES",
                         help="run the seeds the preset's claims need at 80%% power, within "
                              "this much wall time (starting with --seeds, default 6)")
-    warm = sub.add_parser("warm", help="run a command (dvc repro) whose dpclip commands "
-                                       "start warm: forked from this process, which imports "
-                                       "dpclip and its libraries once (same results)")
-    warm.add_argument("run", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                      help="e.g. dpclip warm -- dvc repro")
     ev = sub.add_parser("evidence", help="the verdict report: each paper claim "
                                          "(presets/claims.yaml) against the preset runs")
     ev.add_argument("--results", default="results/presets", help="the preset runs' folder")
@@ -169,18 +163,8 @@ def _check_choice(key: str, value, allowed: list) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    warm = run_warm(argv)  # under `dpclip warm`: a process forked from it runs the command
-    if warm is not None:
-        return warm
     args = build_parser().parse_args(argv)
     configure_process()
-    if args.command == "warm":
-        try:
-            return serve(args.run[1:] if args.run[:1] == ["--"] else args.run, main)
-        except DpclipError as exc:
-            print(f"dpclip: error: {exc}", file=sys.stderr)
-            return 2
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
     if args.command == "preset":  # reads params.yaml under its own overlays
@@ -191,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return _tool("compare")(args)
     try:
         if _side_by_side_jobs(args, *_threads_and_device_as_written(args.params)) > 1:
-            first, *preload = BY_NAME[args.command].workers  # imported as this process works
-            start_server(first, tuple(preload))
+            start_server(BY_NAME[args.command].workers)  # its imports beside this process's
         # by name: validating every family's sections (every method's options, ...) refuses
         # bad input and fills in defaults that only the stages running that family read, and
         # import; so that code is no dependency of the stages that run none of it

@@ -68,7 +68,6 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey
 from dpclip.pipeline.provenance import TRAIN
-from dpclip.pipeline.spec import MLFLOW_WORKER_IMPORTS
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
@@ -618,34 +617,14 @@ def log_children(children: Children, runs: list[RunKey], jobs: int = 1):
 
     Why: exporting a model (``torch.export``), validating its input example and logging its
     metrics took 0.3 s of one core per child here, after a first child of 2.3 s (imports,
-    the first export), which the workers' fork server imports as the report starts."""
+    the first export)."""
     if jobs <= 1 or len(runs) <= 1:
         for key in runs:
             yield key, log_child(children, key)
         return
     from dpclip.pipeline.side_by_side import run_side_by_side
 
-    # the workers' fork server imports these once (about 3 s here, torch included)
-    yield from run_side_by_side(partial(log_child, children), runs, jobs, __name__,
-                                preload=MLFLOW_WORKER_IMPORTS)
-
-
-def build_package_map() -> bool:
-    """Have MLflow build, in this process, its map from importable modules to installed
-    distributions; whether it holds one now. When MLflow logs a model it checks the model's
-    pip requirements against the installed packages (a warning on a mismatch), and the first
-    check in a process builds that map from every distribution's file list
-    (``importlib_metadata.packages_distributions()``): 1.2-1.5 s of a worker's first child
-    here, against 0.3 s for each later child. MLflow keeps it for the life of the process, in
-    a private module; should that change, this does nothing and each worker builds its own as
-    before (tests/test_tracking.py notices)."""
-    try:
-        from mlflow.utils import requirements_utils
-
-        requirements_utils._init_modules_to_packages_map()
-        return requirements_utils._MODULES_TO_PACKAGES is not None
-    except Exception:  # noqa: BLE001 - a warm-up: whatever MLflow changed, log as before
-        return False
+    yield from run_side_by_side(partial(log_child, children), runs, jobs, "report")
 
 
 def log_child(children: Children, key: RunKey) -> str:

@@ -128,11 +128,10 @@ def test_in_a_worker_runs_beside_the_body_and_raises_what_the_function_raised(tm
     import functools
     import os
 
-    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "dpclip.io",
-                     "writing") as done:
+    with in_a_worker(functools.partial(whose, str(tmp_path / "pid")), "writing") as done:
         assert done() != os.getpid()
     assert (tmp_path / "pid").read_text() == str(done())
-    with in_a_worker(functools.partial(fail, ""), "dpclip.io", "drawing") as done:
+    with in_a_worker(functools.partial(fail, ""), "drawing") as done:
         with pytest.raises(ConfigError, match="cannot draw"):
             done()
 
@@ -143,13 +142,13 @@ def test_in_a_worker_finishes_its_work_when_the_body_fails_and_stops_on_ctrl_c(t
 
     finished = tmp_path / "finished"
     with pytest.raises(ValueError, match="the store failed"):
-        with in_a_worker(functools.partial(whose, str(finished), 1.0), "dpclip.io", "w"):
+        with in_a_worker(functools.partial(whose, str(finished), 1.0), "w"):
             raise ValueError("the store failed")
     assert finished.exists()  # what it writes is complete, not cut off half-way
     stopped = tmp_path / "stopped"
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        with in_a_worker(functools.partial(whose, str(stopped), 30.0), "dpclip.io", "w"):
+        with in_a_worker(functools.partial(whose, str(stopped), 30.0), "w"):
             time.sleep(0.5)  # the worker is under way
             raise KeyboardInterrupt
     assert time.monotonic() - started < 20 and not stopped.exists()
@@ -214,6 +213,36 @@ def test_the_default_count_fills_twice_the_cpus_with_threads_and_keeps_a_gpu_to_
     assert side_by_side.default_jobs(2, "cuda") == 4
 
 
+# in a fresh process (its fork server starts with the environment given): what two workers
+# read of OpenMP's wait policy (os.getenv in each), then what the command itself reads
+POLICY_CHECK = """
+import os
+from dpclip.pipeline.side_by_side import run_side_by_side
+keys = ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT"]
+print(sorted(set(run_side_by_side(os.getenv, keys, 2, "train"))), os.getenv(keys[0]))
+"""
+
+
+@pytest.mark.parametrize("given, workers", [
+    ({}, "[('GOMP_SPINCOUNT', None), ('OMP_WAIT_POLICY', 'PASSIVE')] None"),
+    ({"OMP_WAIT_POLICY": "ACTIVE"},
+     "[('GOMP_SPINCOUNT', None), ('OMP_WAIT_POLICY', 'ACTIVE')] ACTIVE"),
+    ({"GOMP_SPINCOUNT": "1000"}, "[('GOMP_SPINCOUNT', '1000'), ('OMP_WAIT_POLICY', None)] None")])
+def test_the_workers_wait_passively_unless_the_environment_chose_a_policy(given, workers):
+    """Two spinning workers on two cores took the train stage from 11.7 to 46 s: the workers'
+    fork server sets OpenMP's passive wait before anything loads torch (OpenMP reads it once),
+    unless the environment chose a policy; the command keeps its own."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", POLICY_CHECK], env={**env, **given},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == workers
+
+
 @pytest.mark.parametrize("written, read", [("threads: 4", 4), ("threads: null", None),
                                            ("threads: '2'", None), ("threads: two", None),
                                            ("[not, a, mapping]", None)])
@@ -226,6 +255,45 @@ def test_the_thread_count_read_before_validation_is_a_whole_number_or_none(tmp_p
     params = tmp_path / "params.yaml"
     params.write_text(f"train:\n  {written}\n" if "threads" in written else written)
     assert _threads_and_device_as_written(str(params)) == (read, "auto")
+
+
+# in a fresh process: the workers' server started early with a module that takes 2 s to
+# import, then two runs, each saying whose child its worker is and whether it found that
+# module imported (inherited from the server)
+EARLY_START = """
+import os, time
+from dpclip.pipeline.side_by_side import run_side_by_side, start_server
+from probe import facts
+os.environ["COMMAND_PID"] = str(os.getpid())  # the server's environment: the workers'
+started = time.monotonic()
+start_server(("slow_import",))
+print(time.monotonic() - started)
+print(sorted(set(result for _, result in run_side_by_side(facts, [0, 1], 2, "train"))))
+"""
+PROBE = """
+import os, sys
+def facts(_key):
+    return os.getppid() != int(os.environ["COMMAND_PID"]), "slow_import" in sys.modules
+"""
+
+
+def test_the_server_starts_early_without_waiting_for_its_imports(tmp_path):
+    """The command starts the workers' fork server before it imports torch itself, so that
+    the two imports overlap: starting it returns at once, and the workers are forked from it
+    with what it imported."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(2)\n")
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-c", EARLY_START], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seconds, facts = done.stdout.splitlines()
+    assert float(seconds) < 1.0 and facts == "[(True, True)]"
 
 
 def mark_and_maybe_fail(key: tuple) -> dict:
@@ -247,7 +315,7 @@ def test_a_failure_stops_the_runs_not_taken_without_waiting_for_the_runs_before_
     under way, finishes and is kept."""
     keys = [(str(tmp_path), i) for i in range(12)]
     with pytest.raises(DpclipError, match="run 1 failed"):
-        list(run_side_by_side(mark_and_maybe_fail, keys, 2, "dpclip.io"))
+        list(run_side_by_side(mark_and_maybe_fail, keys, 2, "train"))
     ran = sorted(int(p.name) for p in tmp_path.iterdir())
     # the pool queues one run beyond its two workers, and a few more can go while the error
     # travels back; waiting for run 0 first, the other worker ran 2 .. 8 or 9 meanwhile
@@ -264,9 +332,9 @@ def die_on_one(key: int) -> dict:
 
 
 def test_a_worker_that_dies_gives_one_clear_error():
-    with pytest.raises(DpclipError, match="a worker process of io died .* --jobs or "
+    with pytest.raises(DpclipError, match="a worker process of train died .* --jobs or "
                                           "DPCLIP_JOBS"):
-        list(run_side_by_side(die_on_one, [0, 1, 2], 2, "dpclip.io"))
+        list(run_side_by_side(die_on_one, [0, 1, 2], 2, "train"))
 
 
 def fail_on_two(key: int) -> dict:
@@ -279,7 +347,7 @@ def fail_on_two(key: int) -> dict:
 def test_a_failed_run_raises_its_own_error_and_the_runs_before_it_come_in_order():
     done = []
     with pytest.raises(ConfigError) as raised:
-        for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "dpclip.io"):
+        for key, result in run_side_by_side(fail_on_two, [0, 1, 2, 3], 2, "train"):
             done.append((key, result["key"]))
     assert done == [(0, 0), (1, 1)][:len(done)]  # those done before the failure came back
     assert raised.value.problems == ["train.lr: 2 is bad"]  # the exception, unpickled whole

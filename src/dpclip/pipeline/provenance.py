@@ -3,8 +3,8 @@
 
 Why one command for all runs: starting Python with torch, Opacus and scikit-learn costs about
 5 s on a 2-core machine, while a default run trains in about 1 s, so one DVC stage per run
-spent most of the pipeline importing (the command's runs go side by side in worker processes
-forked from one that imported once: :mod:`dpclip.pipeline.side_by_side`). Merging the runs into
+spent most of the pipeline importing (the command's runs go side by side in worker processes:
+:mod:`dpclip.pipeline.side_by_side`). Merging the runs into
 one stage must not lose what the per-run stages gave: adding a method, or changing one method's
 options or module, re-runs only that method's runs.
 
@@ -150,7 +150,7 @@ class RunStage:
         keys = configured_runs(params)
         stale = [key for key in keys if force or not self.is_current(params, key, layout)]
         if jobs > 1 and len(stale) > 1:
-            done = run_side_by_side(run, stale, jobs, f"dpclip.stages.{self.name}")
+            done = run_side_by_side(run, stale, jobs, self.name)
         else:
             done = ((key, run(key)) for key in stale)
         for key in keys:

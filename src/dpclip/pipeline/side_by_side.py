@@ -7,28 +7,32 @@ its own thread count (``train.threads``) and seeds its own generators, so a run 
 same bytes in any process; ``dpclip verify`` compares the results of a pipeline run with a
 commit's.
 
-The workers are forked from a fork server (:mod:`dpclip.pipeline.fork_server`), a process that
-imported the stage's module and has run nothing else. Forking the stage's own process instead
-would be cheaper, but torch's OpenMP thread pool does not survive a fork: a child forked after
-its parent ran one parallel region hangs in its own first one. A command on its own starts the
-server before it imports torch itself (:func:`start_server`), so the two imports overlap on two
-cores; under ``dpclip warm`` the stage commands share the one the warm process started.
+The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` start method):
+a fresh interpreter that imports :mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait
+for the workers) and the stage's module, and then forks each worker. Forking the command's own
+process instead would be cheaper, but torch's OpenMP thread pool does not survive a fork: a
+child forked after its parent ran one parallel region hangs in its own first one. The command
+starts the server before it imports torch itself (:func:`start_server`), so that the two
+imports overlap on two cores. The server, and so each worker, has the command's environment,
+standard streams and umask; a worker runs in the command's working directory.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
 stops the runs not yet handed to the workers (Python's pool hands over one run more than it
 has workers), without waiting for the runs before it in the order; the runs under way finish
-and are kept, and then its error is raised. Ctrl-C stops the workers at once, as it stops a run in one process (training
-resumes from its last checkpoint). A worker that dies (killed for memory) ends the other
-workers' runs too (Python's process pool does so), which is reported as one error.
+and are kept, and then its error is raised. Ctrl-C stops the workers at once, as it stops a run
+in one process (training resumes from its last checkpoint). A worker that dies (killed for
+memory) ends the other workers' runs too (Python's process pool does so), which is reported as
+one error.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import multiprocessing
 import os
 import signal
 import threading
-import time
 import warnings
 from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -37,7 +41,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dpclip.errors import DpclipError
-from dpclip.pipeline import fork_server
 
 # the worker's row for its progress bar (tqdm's position), so that bars do not overwrite each
 # other on one terminal; read by dpclip.train.runs.base (not imported here: no torch yet)
@@ -45,6 +48,9 @@ PROGRESS_ROW = "DPCLIP_PROGRESS_ROW"
 
 # the worker count when the command gives none: `dvc repro` runs the command dvc.yaml states
 JOBS_VARIABLE = "DPCLIP_JOBS"
+
+# what the workers' fork server imports first, before anything loads torch
+SERVER_IMPORTS = ("dpclip.pipeline.passive_openmp", "dpclip")
 
 
 def cpu_count() -> int:
@@ -67,7 +73,7 @@ def default_jobs(threads: int | None = None, device: str = "cpu") -> int:
         if not given.isdigit() or int(given) < 1:
             raise DpclipError(f"{JOBS_VARIABLE}: {given!r} must be a whole number of at least 1")
         return int(given)
-    if not fork_server.available():  # Windows
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows
         return 1
     if device == "cuda" or (device == "auto" and Path("/dev/nvidiactl").exists()):
         return 1
@@ -86,25 +92,38 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
-def start_server(module: str, preload: tuple[str, ...] = ()) -> None:
-    """Start the workers' fork server now, importing ``module`` (the stage's) and ``preload``
-    (what its workers import later: each would else import it again), so that these imports
-    run while this process imports its own and works; under ``dpclip warm`` the server the
-    warm process started serves instead."""
-    fork_server.start_server(("dpclip", module, *preload))
+def start_server(modules: tuple[str, ...]) -> None:
+    """Start the workers' fork server now, importing :data:`SERVER_IMPORTS` and ``modules``
+    (what the workers import first), while this process goes on with its own imports and work.
+    multiprocessing starts its server with a process's first worker and waits for the server's
+    imports before that worker runs: so the first worker, one that does nothing, is started by a
+    thread of its own."""
+    context = _context()
+    context.set_forkserver_preload([*SERVER_IMPORTS, *modules])
+    threading.Thread(target=context.Process(target=os.getpid).start, daemon=True).start()
+
+
+@functools.cache
+def _context():
+    """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
+    (and what :func:`start_server` adds) when this process starts it, with its first worker;
+    it runs until this process ends. Set up once, so that a pool does not take back what
+    :func:`start_server` added before the server read it."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(SERVER_IMPORTS))
+    return context
 
 
 @contextmanager
-def in_a_worker(function: Callable[[], object], module: str, what: str
-                ) -> Iterator[Callable[[], object]]:
+def in_a_worker(function: Callable[[], object], what: str) -> Iterator[Callable[[], object]]:
     """Run ``function()`` in one worker process while the body runs; yields a function that
     waits for its result (and raises what ``function`` raised; a worker that died, as a
     :class:`DpclipError` naming ``what``). The body failing waits for the worker too (what it
     writes is then complete), unless the body was interrupted (Ctrl-C), which stops it.
-    ``function`` must pickle; ``module``: what the worker imports first, as for
-    :func:`run_side_by_side`."""
-    start_server(module)
-    pool = _pool(1, rows=None)
+    ``function`` must pickle."""
+    context = _context()
+    stop = context.Event()
+    pool = _pool(context, 1, None, stop)
     future = pool.submit(function)
 
     def result():
@@ -122,62 +141,51 @@ def in_a_worker(function: Callable[[], object], module: str, what: str
         raise
     finally:
         if interrupted:  # stop now, as Ctrl-C stops the command
-            _stop(pool)
+            stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _pool(workers: int, rows) -> ProcessPoolExecutor:
-    """``workers`` processes from this process's fork server, each set up by
-    :func:`_start_worker` (``rows``: their progress-bar rows, or None)."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=fork_server.WORKERS,
-                               initializer=_start_worker,
-                               initargs=(rows, os.getpid(), fork_server.AskingProcess()))
+def _pool(context, workers: int, rows, stop) -> ProcessPoolExecutor:
+    """``workers`` processes of the fork-server ``context``, each set up by
+    :func:`_start_worker` (``rows``: their progress-bar rows, or None; ``stop``: an event that
+    ends them)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                               initializer=_start_worker, initargs=(rows, os.getpid(), stop))
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """End the pool's workers now (Python's pool has no public way to)."""
-    for process in list(getattr(pool, "_processes", {}).values()):
-        process.terminate()
-
-
-def _start_worker(rows, owner: int, setting: fork_server.WorkerSetting) -> None:
-    """A worker's set-up: the command's standard output and error, umask, CPU set and ignored
-    signals (``setting``), its progress-bar row (one of ``rows``, a queue; None: it draws no
-    bar), the command's reporting, and a watch on the command's process (``owner``): the fork
-    server outlives it while workers run, so a worker whose command died (killed, say) ends
-    itself within a second rather than finish its run unowned and race a new command on the
-    same outputs."""
-    setting.apply()
+def _start_worker(rows, owner: int, stop) -> None:
+    """A worker's set-up: its progress-bar row (one of ``rows``, a queue; None: it draws no
+    bar), the command's reporting, and a watch that ends it when the command sets ``stop``
+    (Ctrl-C) or has died (``owner``: nothing else ends a worker whose command was killed, so
+    it ends itself within a second rather than finish its run unowned and race a new command
+    on the same outputs)."""
     if rows is not None:
         os.environ[PROGRESS_ROW] = str(rows.get())
     configure_process()
-    threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
+    threading.Thread(target=_end_with, args=(owner, stop), daemon=True).start()
 
 
-def _end_with(owner: int) -> None:
-    while True:
-        time.sleep(1.0)
+def _end_with(owner: int, stop) -> None:
+    while not stop.wait(1.0):
         try:
             os.kill(owner, 0)  # signal 0: only whether the process exists
         except ProcessLookupError:
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+            break
         except PermissionError:  # it exists (another user's process took the id: unlikely)
             pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
-                     preload: tuple[str, ...] = ()) -> Iterator[tuple]:
+def run_side_by_side(run: Callable, keys: list, jobs: int, what: str) -> Iterator[tuple]:
     """Yield (key, ``run(key)``) for each of ``keys`` in their order, ``jobs`` runs at a time
     in worker processes. ``run`` must pickle (a module-level function, or a
-    ``functools.partial`` of one); ``module`` and ``preload``: what the workers import first
-    (:func:`start_server`)."""
+    ``functools.partial`` of one); ``what``: the runs' stage, which an error names."""
     jobs = max(1, min(jobs, len(keys)))
-    start_server(module, preload)  # the command started it already, unless called elsewhere
-    rows = fork_server.WORKERS.Queue()
+    context = _context()
+    rows, stop = context.Queue(), context.Event()
     for row in range(jobs):
         rows.put(row)
-    pool = _pool(jobs, rows)
+    pool = _pool(context, jobs, rows, stop)
     interrupted, futures = False, []
     try:
         futures = [pool.submit(run, key) for key in keys]
@@ -196,8 +204,8 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
         lost = [str(getattr(key, "name", key)) for key, future in zip(keys, futures)
                 if future.done() and not future.cancelled()
                 and isinstance(future.exception(), BrokenProcessPool)]
-        raise DpclipError(f"a worker process of {module.rsplit('.', 1)[-1]} died (killed, "
-                          f"perhaps for memory), which ended the runs under way or waiting "
+        raise DpclipError(f"a worker process of {what} died (killed, perhaps for memory), "
+                          f"which ended the runs under way or waiting "
                           f"({', '.join(lost) or 'none'}); the finished runs are kept. Fewer "
                           f"workers: --jobs or {JOBS_VARIABLE}") from exc
     except KeyboardInterrupt:
@@ -206,5 +214,5 @@ def run_side_by_side(run: Callable, keys: list, jobs: int, module: str,
     finally:
         # after a failure: the runs not handed over stay stale, those under way finish
         if interrupted:  # stop now, as Ctrl-C stops a run in one process
-            _stop(pool)
+            stop.set()
         pool.shutdown(wait=True, cancel_futures=True)

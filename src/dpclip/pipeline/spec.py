@@ -27,14 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ONCE, PER_ALPHA, PER_RUN = "once", "per_alpha", "per_run"
-# what logging MLflow children needs besides dpclip.tracking (report's workers import it as
-# the stage starts, while it writes its tables): dpclip.tracking.log_children; the first
-# model's export imports torch.export's tracer (0.4-0.6 s)
-MLFLOW_IMPORTS = ("mlflow", "mlflow.pytorch", "mlflow.store.tracking.sqlalchemy_store",
-                  "torch.export", "torch.export._trace")
-# what the workers that log them import: also dpclip.mlflow_preload, which builds MLflow's
-# package map once for all of them (1.2-1.5 s of each worker's first child)
-MLFLOW_WORKER_IMPORTS = (*MLFLOW_IMPORTS, "dpclip.mlflow_preload")
 PLUGIN_FAMILIES = ("methods", "attacks", "data.sources")  # modules found at run time
 
 
@@ -229,8 +221,9 @@ DECLARED: tuple[Stage, ...] = (
         outs=(Output("reports"),
               Output("overlays", cache=False, note="git tracks these plot tables: `dvc plots "
                                                    "diff main` reads main's from git")),
-        runs=("attacks",), worker_imports=("dpclip.tracking", *MLFLOW_WORKER_IMPORTS,
-                                           "dpclip.stages.report", "matplotlib.pyplot"),
+        # the workers draw the figures and log the MLflow children (dpclip.tracking.log_child)
+        runs=("attacks",), worker_imports=("dpclip.stages.report", "matplotlib.pyplot",
+                                           "mlflow.pytorch"),
         flags=(Flag("--no-track", "track", False, "skip MLflow logging"),)),
 )
 

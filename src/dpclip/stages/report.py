@@ -478,7 +478,7 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
     if track and jobs > 1:
         # drawn in a worker while this process creates the MLflow store (on a new store
         # MLflow's schema migrations alone took 1.6 s here); logged once drawn
-        with in_a_worker(drawing, __name__, "drawing the report's figures") as drawn:
+        with in_a_worker(drawing, "drawing the report's figures") as drawn:
             logged = log_pipeline(params, layout, runs, jobs, figures=drawn)
     else:
         drawing()
