@@ -34,7 +34,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m dpclip.reporting.offline_plots || echo "warning: dvc plots show will load Vega from its CDN"
 	touch $(STAMP)
 
-# dvc.yaml is generated from the stage declarations (src/dpclip/pipeline/spec.py)
+# dvc.yaml is generated from the stage declarations (src/dpclip/catalog.py)
 dvc.yaml: install
 	$(BIN)/python -m dpclip.pipeline.dvc_yaml --write
 
@@ -57,6 +57,7 @@ mlflow-ui: install
 prefect-ui: install
 	$(BIN)/prefect server start
 
-# the outputs git does not track (dvc.lock, summary/ and overlays/ are committed)
-clean:
-	rm -rf data/prepared data/partitions shadow tuned runs traces timings audits metrics plots figures reports
+# the outputs git does not track, as the stages declare them (dvc.lock, summary/ and overlays/
+# are committed)
+clean: install
+	rm -rf $$($(BIN)/python -m dpclip.pipeline.dvc_yaml --untracked)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import math
 import os
 import sys
@@ -42,12 +41,9 @@ from dpclip.errors import DpclipError
 from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs
 from dpclip.pipeline.params import load_params
-from dpclip.pipeline.local import stage_options
-from dpclip.pipeline.spec import ONCE, PER_ALPHA, PER_RUN, STAGES, Stage, upstream
+from dpclip.catalog import ONCE, PER_ALPHA, PER_RUN, STAGES, Stage, upstream
+from dpclip.runner import UP_TO_DATE, run_one, stage_module, stage_options, tidy
 from dpclip.reporting.summary_table import HEADERS, LEGEND, cells
-
-UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
-
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
     """Retry what may pass on a second try (a killed process, a full disk, a locked database),
@@ -68,7 +64,7 @@ RETRIED = dict(TASK, retries=2, retry_delay_seconds=exponential_backoff(backoff_
 
 def _once_task(stage: Stage):
     """A stage run once (or once per alpha) as a task: its stage function itself."""
-    function = getattr(importlib.import_module(stage.module), stage.name)
+    function = getattr(stage_module(stage), stage.name)
     name = f"{stage.name}-{{alpha}}" if stage.scope == PER_ALPHA else stage.name
     return task(name=stage.name, task_run_name=name, **TASK)(function)
 
@@ -79,17 +75,8 @@ def _per_run_task(stage: Stage):
     nothing to do (``skipped``); else the stage function on that run."""
 
     def run(params, key: RunKey, layout: Layout, progress: bool = False):
-        module = importlib.import_module(stage.module)
-        why = getattr(module, stage.skipped)(params) if stage.skipped else None
-        if why:
-            return Completed(message=why)
-        provenance = getattr(importlib.import_module("dpclip.pipeline.provenance"),
-                             stage.provenance)
-        result = provenance.reuse(params, key, layout)
-        if result is not None:
-            return Completed(message=UP_TO_DATE, data=result)
-        return getattr(module, stage.name)(params, key.method, key.epsilon, key.alpha,
-                                           key.seed, layout, **stage_options(stage, progress))
+        result, why = run_one(stage, params, key, layout, **stage_options(stage, progress))
+        return Completed(message=why, data=result) if why else result
 
     run.__name__ = run.__qualname__ = f"{stage.name}_run"
     return task(name=stage.name, task_run_name=f"{stage.name}-{{key.name}}", **RETRIED)(run)
@@ -241,7 +228,7 @@ def _per_run_stages(params, layout: Layout, keys: list[RunKey], stages: list[Sta
     if states.get(stages[0].name) is not None:
         return
     for stage in stages:
-        getattr(importlib.import_module(stage.module), stage.tidy)(params, layout)
+        tidy(stage, params, layout)
         states[stage.name] = {}
     parallel = runs_in_processes()
     for key in keys:

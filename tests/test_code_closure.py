@@ -67,8 +67,9 @@ def test_a_package_that_imports_all_its_modules_brings_them_all(tmp_path):
 
 
 def test_a_run_depends_on_every_run_kind_and_on_its_own_method_only():
-    from dpclip.pipeline.provenance import TRAIN
+    from dpclip.catalog import BY_NAME
+    from dpclip.pipeline.provenance import code_files
 
-    files = TRAIN.code_files("dp_sgd")
+    files = code_files(BY_NAME["train"], "dp_sgd")
     assert "src/dpclip/train/runs/private.py" in files  # the DP step's run, loaded by name
     assert "src/dpclip/methods/dp_sgd.py" in files and "src/dpclip/methods/auto_s.py" not in files

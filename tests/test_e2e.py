@@ -442,7 +442,7 @@ def _validated_only(stage: str) -> set[str]:
     only to validate params.yaml (the registries' discovery), so not the stage's code; the
     stages that read what they fill in, or run them, list them."""
     from dpclip.code_closure import closure_files, package_modules
-    from dpclip.pipeline.spec import BY_NAME, PLUGIN_FAMILIES
+    from dpclip.catalog import BY_NAME, PLUGIN_FAMILIES
 
     plugins = [module for module in package_modules() for family in PLUGIN_FAMILIES
                if family not in BY_NAME[stage].runs and module.startswith(f"dpclip.{family}.")]
@@ -471,7 +471,7 @@ def test_a_docstring_edit_makes_exactly_the_stages_that_run_the_module_stale(dvc
     prepare)."""
     from dpclip.code_closure import closure_files
     from dpclip.pipeline.dvc_yaml import code_roots
-    from dpclip.pipeline.spec import BY_NAME
+    from dpclip.catalog import BY_NAME
 
     _, project, env, _ = dvc_project
     sources = sorted((project / "src" / "dpclip").rglob("*.py"))

@@ -387,36 +387,11 @@ def test_adaclip_opacus_runs_opacus_optimizer_and_is_flagged():
     assert len(set(thresholds)) > 1  # Opacus moved C, and the trace follows it
 
 
-def test_the_old_shared_dc_sgd_section_is_still_read_with_a_warning(tiny_raw):
-    with pytest.warns(FutureWarning, match=r"read from methods\.dc_sgd as before"):
-        params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12, "p": 0.25}}))
-    assert params.method_options("dc_sgd_p").bins == 12
-    assert params.method_options("dc_sgd_p").p == 0.25
-    assert params.method_options("dc_sgd_e").bins == 12
-    assert "p" not in params.method_options("dc_sgd_e").model_fields  # the E rule has no quantile
-    # a method's own section wins over the old shared one
-    params = parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30}}))
-    assert params.method_options("dc_sgd_e").bins == 30
-    # with every reader's own section set, the old one would be ignored: refused by name
-    with pytest.raises(ConfigError, match=r"methods\.dc_sgd: \{'bins': 12\} is superseded by "
-                                          r"methods\.dc_sgd_e and methods\.dc_sgd_p"):
-        parse_params(tiny_raw(methods={"dc_sgd": {"bins": 12}, "dc_sgd_e": {"bins": 30},
-                                       "dc_sgd_p": {}}))
-    # a section that is no method's is refused by name, as is a typo in the old section
-    with pytest.raises(ConfigError, match=r"methods\.dcsgd"):
-        parse_params(tiny_raw(methods={"dcsgd": {"bins": 12}}))
-    with pytest.raises(ConfigError, match=r"methods\.dc_sgd\.bns: 3 is not a known key"):
-        parse_params(tiny_raw(methods={"dc_sgd": {"bns": 3}}))
-    with pytest.raises(ConfigError, match=r"methods\.dc_sgd: 5 must be a mapping"):
-        parse_params(tiny_raw(methods={"dc_sgd": 5}))
-
-
-def test_adaclip_opacus_still_reads_adaclip_s_section_when_its_own_is_absent(tiny_raw):
-    with pytest.warns(FutureWarning, match=r"methods\.adaclip_opacus is absent"):
-        params = parse_params(tiny_raw(methods={"adaclip": {"clip_lr": 0.2}}))
-    assert params.method_options("adaclip_opacus").clip_lr == 0.2
-    assert params.method_options("adaclip").clip_lr == 0.2
-
+def test_a_section_that_is_no_methods_is_refused_by_name(tiny_raw):
+    """The rules that once shared a section (dc_sgd, adaclip) read their own only."""
+    for section in ("dcsgd", "dc_sgd"):
+        with pytest.raises(ConfigError, match=rf"methods\.{section}"):
+            parse_params(tiny_raw(methods={section: {"bins": 12}}))
 
 def test_adaclip_moves_c_on_an_empty_batch_from_the_released_count_alone():
     """An empty Poisson batch releases the count's noise alone; the controller reads it as

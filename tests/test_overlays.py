@@ -11,7 +11,9 @@ from dpclip.pipeline.params import parse_params
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
-from dpclip.stages.evaluate import remove_unconfigured_evaluations, run_summary
+from dpclip.catalog import BY_NAME
+from dpclip.runner import tidy
+from dpclip.stages.evaluate import run_summary
 from dpclip.reporting.overlays import FILES, thin, thin_log, write_overlays
 
 
@@ -115,7 +117,7 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
 
 def test_a_run_no_longer_configured_loses_its_summary(evaluated):
     params, layout, _ = evaluated
-    assert remove_unconfigured_evaluations(params, layout) == ["auto_s-eps8-iid-seed0"]
+    assert tidy(BY_NAME["evaluate"], params, layout) == ["auto_s-eps8-iid-seed0"]
     assert not layout.summary("auto_s-eps8-iid-seed0").exists()
     assert read_json(layout.summary("dp_sgd-eps8-iid-seed0"))["epsilon"] == 7.9
 

@@ -15,7 +15,9 @@ from dpclip.pipeline.params import parse_params
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
 from dpclip.pipeline import provenance
-from dpclip.pipeline.provenance import AUDIT, EVALUATE, TRAIN
+from dpclip.catalog import BY_NAME
+
+TRAIN, AUDIT, EVALUATE = (BY_NAME[name] for name in ("train", "audit", "evaluate"))
 
 METHODS = ["dp_sgd", "auto_s", "lm_dp_sgd"]
 
@@ -43,19 +45,19 @@ def recorded_runs(tmp_path, tiny_raw, methods):
         return parse_params(merged(raw, sections))
 
     for key in configured_runs(params()):
-        inputs = TRAIN.inputs(params(), key, layout)
+        inputs = provenance.inputs(TRAIN, params(), key, layout)
         layout.run_dir(key.name).mkdir(parents=True)
         (layout.run_dir(key.name) / "model.pt").write_bytes(b"weights")
         (layout.run_dir(key.name) / "record.json").write_text("{}")
         layout.trace(key.name).parent.mkdir(exist_ok=True)
         layout.trace(key.name).write_text("step\n1\n")
-        TRAIN.record(layout, key, inputs)
+        provenance.record(TRAIN, layout, key, inputs)
     return layout, params
 
 
 def stale(layout, params) -> list[str]:
-    return [key.method for key in configured_runs(params) if not TRAIN.is_current(
-        params, key, layout)]
+    return [key.method for key in configured_runs(params) if not provenance.is_current(
+        TRAIN, params, key, layout)]
 
 
 def test_recorded_runs_are_current(project):
@@ -132,7 +134,7 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
             module.write("\n# an edit\n")
         found = stale(layout, params())
         for key in configured_runs(params()):  # record again: the next edit starts clean
-            TRAIN.record(layout, key, TRAIN.inputs(params(), key, layout))
+            provenance.record(TRAIN, layout, key, provenance.inputs(TRAIN, params(), key, layout))
         return found
 
     assert touch("methods/common/dc_sgd.py") == ["dc_sgd_p", "dc_sgd_e"]
@@ -142,19 +144,19 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
     assert touch("attacks/common/signals.py") == []
     evaluated = params()
     key = configured_runs(evaluated)[0]
-    before = EVALUATE.code_files(key.method, evaluated)
+    before = provenance.code_files(EVALUATE, key.method, evaluated)
     assert "src/dpclip/attacks/loss.py" in before and "src/dpclip/attacks/lira.py" in before
-    assert "src/dpclip/attacks/loss.py" not in TRAIN.code_files(key.method, evaluated)
+    assert "src/dpclip/attacks/loss.py" not in provenance.code_files(TRAIN, key.method, evaluated)
 
 
 def test_each_run_runs_the_stale_runs_and_force_runs_all(project):
     layout, params = project
     changed = params(methods={"auto_s": {"gamma": 0.02}})
     ran = []
-    done = list(TRAIN.each_run(changed, layout, lambda key: ran.append(key.method) or {}))
+    done = list(provenance.each_run(TRAIN, changed, layout, lambda key: ran.append(key.method) or {}))
     assert ran == ["auto_s"] and [r is None for _, r in done] == [True, False, True]
     ran.clear()
-    list(TRAIN.each_run(changed, layout, lambda key: ran.append(key.method) or {}, force=True))
+    list(provenance.each_run(TRAIN, changed, layout, lambda key: ran.append(key.method) or {}, force=True))
     assert ran == METHODS
 
 
@@ -163,7 +165,7 @@ def test_a_run_that_did_not_write_its_outputs_records_nothing(project):
     key = configured_runs(params())[0]
     layout.trace(key.name).unlink()
     with pytest.raises(RuntimeError, match="did not write"):
-        TRAIN.record(layout, key, TRAIN.inputs(params(), key, layout))
+        provenance.record(TRAIN, layout, key, provenance.inputs(TRAIN, params(), key, layout))
 
 
 def _covered(path: str, declared: list[str]) -> bool:
@@ -179,7 +181,7 @@ def test_dvc_yaml_lists_every_input_of_every_run(stage, tiny_raw, tmp_path):
     deps = [str(d).split("#")[0].strip() for d in declared["deps"]]
     params = parse_params(tiny_raw(train={"methods": METHODS}))
     for key in configured_runs(params):
-        inputs = stage.inputs(params, key, Layout(tmp_path))
+        inputs = provenance.inputs(stage, params, key, Layout(tmp_path))
         for path in inputs["files"]:
             folder = path if not path.startswith(("runs/", "traces/", "data/partitions/")) \
                 else str(Path(path).parent)
@@ -202,28 +204,28 @@ def test_the_thread_count_is_recorded_as_used(tiny_raw, tmp_path):
 
     params = parse_params(tiny_raw(train={"threads": None}))
     key = configured_runs(params)[0]
-    recorded = TRAIN.inputs(params, key, Layout(tmp_path))["params"]["train.threads"]
+    recorded = provenance.inputs(TRAIN, params, key, Layout(tmp_path))["params"]["train.threads"]
     assert params.train.threads is None and recorded == os.cpu_count()
-    assert "src/dpclip/threads.py" in TRAIN.inputs(params, key, Layout(tmp_path))["files"]
+    assert "src/dpclip/threads.py" in provenance.inputs(TRAIN, params, key, Layout(tmp_path))["files"]
 
 
 def test_an_unconfigured_run_waits_outside_the_hashed_folders_and_comes_back_current(project):
     """runs/ and traces/ are hashed as wholes into dvc.lock: they must hold the configured
     runs only, whatever ran before (else a fresh clone's repro changes dvc.lock)."""
-    from dpclip.stages.train import set_aside_unconfigured_runs
+    from dpclip.runner import tidy
 
     layout, params = project
     fewer = params(train={"methods": ["dp_sgd"]})
-    moved = set_aside_unconfigured_runs(fewer, layout)
+    moved = tidy(TRAIN, fewer, layout)
     gone = sorted(key.name for key in configured_runs(params()) if key.method != "dp_sgd")
     assert moved == {"retired": gone, "restored": []}
     assert sorted(p.name for p in layout.run_dir("x").parent.iterdir()) == \
         [configured_runs(fewer)[0].name]
     assert sorted(p.stem for p in layout.trace("x").parent.iterdir()) == \
         [configured_runs(fewer)[0].name]
-    assert (layout.retired(gone[0]) / "run" / "model.pt").read_bytes() == b"weights"
-    assert (layout.retired(gone[0]) / "trace.csv").read_text() == "step\n1\n"
+    assert (layout.retired(gone[0]) / "runs" / "model.pt").read_bytes() == b"weights"
+    assert (layout.retired(gone[0]) / "traces").read_text() == "step\n1\n"
     # configured again: moved back, and current (not trained again)
-    assert set_aside_unconfigured_runs(params(), layout) == {"retired": [], "restored": gone}
+    assert tidy(TRAIN, params(), layout) == {"retired": [], "restored": gone}
     assert stale(layout, params()) == []
     assert not layout.retired(gone[0]).exists()

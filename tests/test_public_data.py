@@ -312,7 +312,7 @@ def test_a_bad_private_cell_is_located_but_not_shown(tmp_path, tiny_raw):
 def test_mnist_with_fashion_mnist_as_public_data_runs_at_the_defaults(tmp_path, tiny_raw):
     # the defaults once stopped here: sanitize's keep_public_head (on) would have chosen the
     # released head by its accuracy on another dataset's task; auto turns it off there
-    from dpclip.pipeline.local import run_stages
+    from dpclip.runner import run_stages
 
     write_idx_folder(tmp_path / "mnist", n=400)
     write_idx_folder(tmp_path / "fashion", n=400, seed=1)

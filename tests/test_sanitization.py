@@ -379,16 +379,6 @@ def test_public_pretraining_stops_on_the_held_out_split_and_keeps_the_best_weigh
     assert run.public_fit == {"public_steps_run": 37}
 
 
-def test_a_retired_option_names_what_replaced_it(tiny_raw):
-    from dpclip.pipeline.params import parse_params
-    from dpclip.errors import ConfigError
-
-    with pytest.raises(ConfigError) as err:
-        parse_params(tiny_raw(methods={"sanitize": {"public_epochs": 100}}))
-    assert "methods.sanitize.public_epochs: 100 is no longer an option: the public " \
-           "pre-training is sized by public_steps" in str(err.value)
-
-
 def test_the_methods_own_optimizer_trains_the_private_layers():
     from dpclip.train import build_run
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from dpclip.pipeline.spec import STAGES as DECLARED_STAGES
+from dpclip.catalog import STAGES as DECLARED_STAGES
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -69,11 +69,14 @@ def test_every_method_has_its_own_params_section_and_module():
     import yaml
 
     from dpclip.methods import available_methods
-    from dpclip.pipeline.provenance import TRAIN
+    from dpclip.catalog import BY_NAME
+    from dpclip.pipeline.provenance import code_files
 
-    auto_s = TRAIN.code_files("auto_s")  # its own module, no other method's
+    train = BY_NAME["train"]
+    auto_s = code_files(train, "auto_s")  # its own module, no other method's
     assert "src/dpclip/methods/auto_s.py" in auto_s and "src/dpclip/methods/dp_psac.py" not in auto_s
-    assert TRAIN.reads_method_options and not any(k.startswith("methods") for k in TRAIN.params)
+    assert train.per_run.method_options and \
+        not any(k.startswith("methods") for k in train.per_run.params)
     sections = yaml.safe_load((SRC.parent / "params.yaml").read_text())["methods"]
     for name in available_methods():
         assert name in sections, f"params.yaml has no methods.{name} section"
@@ -151,7 +154,7 @@ def test_no_import_runs_back_up_to_the_stages():
     them (the command, the presets) imports a module of dpclip.stages."""
     from dpclip.code_closure import direct_imports, package_modules
 
-    runners = {"dpclip.bench"}
+    runners = {"dpclip.bench", "dpclip.runner"}
     back = {m: sorted(d for d in direct_imports(m) if d.startswith("dpclip.stages."))
             for m in package_modules() if not m.startswith("dpclip.stages") and m not in runners}
     assert {m: d for m, d in back.items() if d} == {}
@@ -161,13 +164,14 @@ def test_no_import_runs_back_up_to_the_stages():
 # never above (the first part of the name after dpclip. decides; a new one must be placed)
 LAYERS = (
     ("foundation", {"errors", "io", "hashing", "numerics", "threads", "randomness", "registry",
-                    "param_types", "naming", "layout", "trace_columns", "code_closure"}),
+                    "param_types", "naming", "layout", "trace_columns", "code_closure",
+                    "catalog"}),
     ("schema", {"config"}),  # knows no plugin family
     ("domain", {"privacy", "models", "data", "methods", "attacks", "train", "audit", "metrics",
                 "pretraining"}),  # the training library reads no pipeline file
     ("outputs", {"artifacts", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
-    ("stages", {"stages", "tracking"}),
+    ("stages", {"stages", "tracking", "runner"}),
     ("tools", {"cli", "commands", "presets", "bench", "advise"}),
 )
 
@@ -191,6 +195,49 @@ def test_every_import_stays_in_its_layer_or_goes_down():
               for m in sorted(package_modules()) for d in sorted(direct_imports(m))
               if _layer(d) > _layer(m)]
     assert not upward, upward
+
+
+# the modules that import a module whose name is computed (not a literal), and what they load
+BY_COMPUTED_NAME = {
+    "dpclip.runner": "the declared stages (dpclip.stages.*, its own layer)",
+    "dpclip.registry": "the modules of the family that owns the registry (it passes its own "
+                       "package's name)",
+    "dpclip.train.runs": "its own modules (pkgutil.iter_modules)",
+    "dpclip.cli": "in _load, the literal names its callers pass (counted as imports above)",
+}
+
+
+def _imports_by_name(module: str, path: Path) -> tuple[list[str], bool]:
+    """The dpclip modules ``module`` imports by a literal name (``importlib.import_module``,
+    the CLI's ``_load``), and whether it also imports one by a computed name."""
+    literal, computed = [], False
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and node.args and (
+                getattr(node.func, "attr", None) == "import_module"
+                or getattr(node.func, "id", None) in ("import_module", "_load")):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                literal += [arg.value] if arg.value.startswith("dpclip") else []
+            else:
+                computed = True
+    return literal, computed
+
+
+def test_every_import_by_name_stays_in_its_layer_or_goes_down():
+    """``importlib`` hides an import from the AST's import statements: a literal name counts
+    as an import; a computed one is allowed only where listed, with what it loads."""
+    from dpclip.code_closure import package_modules
+
+    upward, unlisted = [], []
+    for module, path in sorted(package_modules().items()):
+        literal, computed = _imports_by_name(module, path)
+        upward += [f"{module} loads {name}" for name in literal
+                   if _layer(name) > _layer(module)]
+        if computed and module not in BY_COMPUTED_NAME:
+            unlisted.append(module)
+    assert not upward and not unlisted, (upward, unlisted)
+    assert "dpclip.pipeline.provenance" in _imports_by_name(
+        "dpclip.runner", package_modules()["dpclip.runner"])[0]
 
 
 def test_the_schema_imports_no_plugin_family():

@@ -183,15 +183,16 @@ def test_values_searched_on_other_data_are_refused(tmp_path, tiny_raw, write_par
 
 def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, write_params):
     from dpclip.naming import RunKey
-    from dpclip.pipeline.provenance import TRAIN
+    from dpclip.catalog import BY_NAME
+    from dpclip.pipeline.provenance import is_current
 
     base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
     assert main([*base, "train"]) == 0
     raw = tiny_raw(train={"methods": ["dp_sgd", "auto_s"], "epochs": 1}, tune=TUNE)
     params = parse_params(raw)
     tune_module.tune(params, layout, progress=False)  # adds auto_s, rewrites tuned.json
-    assert TRAIN.is_current(params, RunKey("dp_sgd", 8, "iid", 0), layout)
-    assert not TRAIN.is_current(params, RunKey("auto_s", 8, "iid", 0), layout)
+    assert is_current(BY_NAME["train"], params, RunKey("dp_sgd", 8, "iid", 0), layout)
+    assert not is_current(BY_NAME["train"], params, RunKey("auto_s", 8, "iid", 0), layout)
 
 
 def test_a_run_reads_its_tuned_values_once(tmp_path, tiny_raw, write_params, monkeypatch):
@@ -305,15 +306,11 @@ def test_the_stage_trains_each_trial_at_the_runs_steps(tmp_path, tiny_raw, write
     assert run_sigma <= trained_sigma <= 1.01 * run_sigma  # what the trial trained with
 
 
-def test_the_later_tune_keys_leave_records_searched_before_valid(tiny_raw):
-    """tune.match and tune.members enter a search's fingerprint only when set otherwise than
-    their defaults: a tuned.json searched before they existed is still the run's."""
+def test_every_tune_key_enters_the_search_s_fingerprint(tiny_raw):
     from dpclip.pipeline import tuned
 
     before = parse_params(tiny_raw(tune=TUNE))
-    assert not {"match", "members"} & set(tuned._tune_basis(before))
     steps = parse_params(tiny_raw(tune={**TUNE, "match": "steps", "members": 60_000}))
-    assert tuned._tune_basis(steps)["match"] == "steps"
     assert tuned.fingerprint(steps, "dp_sgd") != tuned.fingerprint(before, "dp_sgd")
     with pytest.raises(ConfigError, match="tune.members: 60000 is read only with tune.match"):
         parse_params(tiny_raw(tune={**TUNE, "members": 60_000}))

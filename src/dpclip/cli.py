@@ -1,7 +1,7 @@
 """The ``dpclip`` command: one subcommand per pipeline stage, and the tools around them.
 
 The stages' subcommands (what dvc.yaml calls) are built from their declarations
-(:mod:`dpclip.pipeline.spec`); the tools that are no stage live in :mod:`dpclip.commands`.
+(:mod:`dpclip.catalog`); the tools that are no stage live in :mod:`dpclip.commands`.
 
 Every subcommand validates ``params.yaml`` first; a bad value stops it before any work with one
 message naming the key and the value, and exit status 2.
@@ -21,7 +21,7 @@ from dpclip.layout import Layout
 from dpclip.naming import RunKey, configured_runs, parse_scalar
 from dpclip.pipeline.side_by_side import (JOBS_VARIABLE, configure_process, default_jobs,
                                           start_server)
-from dpclip.pipeline.spec import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
+from dpclip.catalog import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
 RUN_OPTIONS = ("method", "epsilon", "alpha", "seed")
@@ -208,35 +208,33 @@ def _dispatch(args, params, layout) -> int:
 
 
 def run_stage(stage: Stage, args, params, layout) -> int:
-    """Run one declared stage as its subcommand asks; print what its ``describe`` says. Only
-    this stage's module is imported: its command executes no other stage's code."""
-    module = importlib.import_module(stage.module)
-    describe = module.describe
-    options = {flag.keyword: getattr(args, flag.keyword) for flag in stage.flags
-               if getattr(args, flag.keyword) is not None}
-    if stage.progress:
-        options["progress"] = not args.quiet
+    """Run one declared stage as its subcommand asks (:mod:`dpclip.pipeline.runner`); print
+    what its ``describe`` says. Only this stage's module is imported: its command executes no
+    other stage's code."""
+    runner = importlib.import_module("dpclip.runner")  # its code: dpclip.pipeline.dvc_yaml
+    describe = runner.stage_module(stage).describe
+    options = runner.stage_options(stage, not args.quiet, **{
+        flag.keyword: getattr(args, flag.keyword) for flag in stage.flags
+        if getattr(args, flag.keyword) is not None})
     if stage.scope == ONCE:
         if stage.workers:
             options["jobs"] = _side_by_side_jobs(args, params.train.threads, params.train.device)
-        print(describe(getattr(module, stage.name)(params, layout, **options), layout))
+        print(describe(runner.run_once(stage, params, layout, **options), layout))
         return 0
     if stage.scope == PER_ALPHA:
         alpha = parse_scalar(args.alpha)
         _check_choice("partition.alphas", alpha, params.partition.alphas)
-        print(describe(getattr(module, stage.name)(params, alpha, layout), layout))
+        print(describe(runner.run_for_alpha(stage, params, alpha, layout), layout))
         return 0
     given = [name for name in RUN_OPTIONS if getattr(args, name) is not None]
     if given:
         key = _one_run(args, params, given)
-        result = getattr(module, stage.name)(params, key.method, key.epsilon, key.alpha,
-                                             key.seed, layout, **options)
-        print(f"{key.name}: {describe(result, layout)}")
+        result, why = runner.run_one(stage, params, key, layout, force=True, **options)
+        print(f"{key.name}: {why or describe(result, layout)}")
         return 0
     runs = configured_runs(params)
     jobs = _side_by_side_jobs(args, params.train.threads, params.train.device)
-    done = getattr(module, f"{stage.name}_all")(params, layout, force=args.force, jobs=jobs,
-                                                **options)
+    done = runner.run_every(stage, params, layout, force=args.force, jobs=jobs, **options)
     for i, (key, result) in enumerate(done, 1):
         line = "up to date" if result is None else describe(result, layout)
         print(f"[{i}/{len(runs)}] {key.name}: {line}", flush=True)

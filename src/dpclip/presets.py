@@ -37,11 +37,12 @@ from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.naming import configured_runs
-from dpclip.pipeline.local import run_stages
+from dpclip.runner import run_stages
 from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
-from dpclip.pipeline.provenance import TRAIN
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline.provenance import is_current
 from dpclip.pipeline.side_by_side import cpu_count, default_jobs as side_by_side_jobs
 
 PRESETS = Path("presets")
@@ -152,7 +153,8 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
 
 def expected_cost(params, layout: Layout) -> dict:
     """The expected training time of the runs that are not up to date (:mod:`dpclip.bench`)."""
-    stale = [key for key in configured_runs(params) if not TRAIN.is_current(params, key, layout)]
+    stale = [key for key in configured_runs(params)
+             if not is_current(BY_NAME["train"], params, key, layout)]
     return training_cost(params, layout, stale) if stale else {
         "runs": 0, "seconds": 0.0, "seconds_all": 0.0, "methods": {}}
 

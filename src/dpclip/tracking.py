@@ -67,7 +67,8 @@ from dpclip.io import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.naming import RunKey
-from dpclip.pipeline.provenance import TRAIN
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline.provenance import record_path
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 
 log = logging.getLogger(__name__)
@@ -233,8 +234,8 @@ def _stored_elsewhere(experiment, artifact_root: Path | None) -> bool:
 
 def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     """The experiment's id, created when missing, with the tags the UI reads (the kind, a
-    description, the headline view) set where they are missing or were written by an older
-    version of this module; tags a user set stay.
+    description, the headline view) set where they are missing or differ from this
+    module's; tags a user set stay.
 
     An experiment whose artifacts live outside ``artifact_root`` came with a copied or moved
     project: it is renamed ``<name> (artifacts in <its folder>)``, its runs kept as they are,
@@ -539,7 +540,7 @@ def child_run_name(layout: Layout, key: RunKey, fingerprint: str,
     weights' hash when it recorded none)."""
     if dvc_experiment:
         return f"{key.name}@{dvc_experiment}"
-    path = TRAIN.provenance(layout, key)
+    path = record_path(BY_NAME["train"], layout, key)
     if path.exists():
         inputs = json.dumps(read_json(path)["inputs"], sort_keys=True, default=str)
         return f"{key.name}@{hashlib.sha256(inputs.encode()).hexdigest()[:7]}"
@@ -575,9 +576,7 @@ def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
     what the run trained with."""
     out = {"dataset": metrics["dataset"], "method": key.method, "target_epsilon": key.epsilon,
            "alpha": key.alpha, "seed": key.seed}
-    path = TRAIN.provenance(layout, key)
-    if not path.exists():  # trained before runs recorded their provenance
-        return {**out, "provenance": "not recorded"}
+    path = record_path(BY_NAME["train"], layout, key)
     for name, value in read_json(path)["inputs"]["params"].items():
         section, _, rest = name.partition(".")
         if section == "methods":

@@ -20,7 +20,8 @@ from dpclip.layout import Layout
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition
 from dpclip.stages.prepare import prepare
-from dpclip.pipeline.provenance import EVALUATE
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline.provenance import code_files
 from dpclip.stages.report import report
 from dpclip.stages.train import train
 from dpclip.tracking import summary_metrics
@@ -75,7 +76,7 @@ def test_the_documented_attack_runs_through_the_stages_into_every_output(mentr, 
     code = read_json(layout.figures(run) / "provenance.json")["inputs"]["files"]
     # (a plugin here; the file in src/ when a reader saved the page's module there)
     labels = {"plugin:dpclip.attacks.mentr", "src/dpclip/attacks/mentr.py"}
-    assert labels & set(code) and labels & EVALUATE.code_files("dp_sgd", params).keys()
+    assert labels & set(code) and labels & code_files(BY_NAME["evaluate"], "dp_sgd", params).keys()
     report(params, layout, track=False)
     table = pd.read_csv(layout.reports / "comparison.csv")
     assert table.loc[0, "mentr_auc"] == pytest.approx(ours["auc"])

@@ -1,7 +1,7 @@
-"""Adding a stage is one module plus its declaration: the two blocks of
-docs/adding-a-stage.md, written into a copy of the package, give a dvc.yaml stage with exactly
-its code, a subcommand, and a `dvc repro` that runs prepare and the new stage only; an edit of
-the new module makes that stage stale and no other."""
+"""Adding a stage is one module plus its declaration: the blocks of docs/adding-a-stage.md (a
+stage run once and a per-run one), written into a copy of the package, give dvc.yaml stages
+with exactly their code, subcommands, and a `dvc repro` that runs what each reads and the new
+stage only; an edit of a new module makes its stage stale and no other."""
 
 from __future__ import annotations
 
@@ -43,13 +43,14 @@ def project(tmp_path_factory):
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in (".gitignore", "requirements.lock"):
         shutil.copy(PROJECT / name, project)
-    module, declaration = _blocks()
+    module, declaration, per_run_module, per_run_declaration = _blocks()
     (project / "src" / "dpclip" / "stages" / "class_balance.py").write_text(module)
-    spec = project / "src" / "dpclip" / "pipeline" / "spec.py"
+    (project / "src" / "dpclip" / "stages" / "member_counts.py").write_text(per_run_module)
+    spec = project / "src" / "dpclip" / "catalog.py"
     text = spec.read_text()
     assert text.count(END_OF_DECLARED) == 1
-    spec.write_text(text.replace(END_OF_DECLARED, "\n" + declaration.rstrip("\n")
-                                 + END_OF_DECLARED))
+    declared = "".join("\n" + d.rstrip("\n") for d in (declaration, per_run_declaration))
+    spec.write_text(text.replace(END_OF_DECLARED, declared + END_OF_DECLARED))
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(project / "src")}  # the copy, not the installed package
@@ -90,3 +91,26 @@ def test_dvc_repro_runs_prepare_and_the_new_stage_and_an_edit_stales_it_alone(pr
              if any("src/dpclip/stages/class_balance.py" in change.get("changed deps", {})
                     for change in changes if isinstance(change, dict))}
     assert stale == {"class_balance"}
+
+
+def test_a_per_run_stage_runs_each_configured_run_once_and_keeps_the_current_ones(project):
+    root, env = project
+    out = _sh([str(BIN / "dvc"), "repro", "member_counts"], root, env)
+    assert "Running stage 'member_counts'" in out and "Running stage 'train'" not in out
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    runs = sorted(p.name for p in (root / "member_counts").iterdir())
+    assert len(runs) == (len(params["train"]["methods"]) * len(params["train"]["seeds"])
+                         * len(params["privacy"]["target_epsilons"])
+                         * len(params["partition"]["alphas"]))
+    for run in runs:
+        counts = json.loads((root / "member_counts" / run / "counts.json").read_text())
+        alpha = run.split("-")[2]
+        partition = json.loads((root / "data" / "partitions" / alpha / "partition.json")
+                               .read_text())
+        assert sum(counts["counts"]) == len(partition["positions"])
+        assert (root / "member_counts" / run / "provenance.json").is_file()
+    again = _sh(["dpclip", "member_counts"], root, env)
+    assert again.count("up to date") == len(runs)  # each run's inputs are unchanged
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["member_counts"]
+    assert "data/partitions" in stage["deps"] and "train.seeds" in stage["params"]
+    assert stage["outs"] == [{"member_counts": {"persist": True}}]

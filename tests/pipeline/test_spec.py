@@ -1,4 +1,4 @@
-"""The stage declarations (dpclip.pipeline.spec): the DAG their inputs and outputs give, worked
+"""The stage declarations (dpclip.catalog): the DAG their inputs and outputs give, worked
 out by hand, and the contract every declared stage's module keeps (as the method and attack
 registries' contract tests do)."""
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from dpclip.pipeline.spec import (BY_NAME, DECLARED, ONCE, PER_ALPHA, PER_RUN, STAGES, Output,
+from dpclip.catalog import (BY_NAME, DECLARED, ONCE, PER_ALPHA, PER_RUN, STAGES, Output,
                                   Stage, in_pipeline_order, upstream)
 
 
@@ -52,16 +52,14 @@ def test_a_folder_dependency_reads_the_outputs_inside_it():
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_every_declared_stage_has_the_functions_its_scope_needs(stage):
-    """The contract of :mod:`dpclip.pipeline.spec`'s docstring, for every declared stage."""
+    """The contract of :mod:`dpclip.catalog`'s docstring, for every declared stage."""
     module = importlib.import_module(stage.module)
     assert callable(getattr(module, stage.name)) and callable(module.describe)
     assert stage.scope in (ONCE, PER_ALPHA, PER_RUN)
     if stage.scope == PER_RUN:
-        assert callable(getattr(module, f"{stage.name}_all"))
-        assert callable(getattr(module, stage.tidy))
-        from dpclip.pipeline import provenance
-
-        assert getattr(provenance, stage.provenance).name == stage.name
+        assert stage.per_run is not None and stage.tidy in ("set aside", "remove")
+        for pattern in stage.per_run.writes.values():  # each output of a run is a DVC output
+            assert stage.produces(pattern.split("{")[0].rstrip("/")), pattern
     if stage.skipped:
         assert callable(getattr(module, stage.skipped))
     assert stage.outs or stage.metrics

@@ -31,7 +31,6 @@ class AdaClipOpacus(Method):
     run_kind = "opacus_optimizer"
     OPTIONS = ADACLIP_OPTIONS  # the same knobs as the sound adaclip, in its own section
     TUNED_OPTIONS = ADACLIP_TUNED
-    OLD_SECTIONS = ("adaclip",)  # read adaclip's section once: still, when its own is absent
 
     @classmethod
     def check_options(cls, values, prefix: str, layer_names: list[str]) -> list[str]:

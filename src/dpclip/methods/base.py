@@ -20,7 +20,7 @@ The hooks, by what they serve (each has a default, so a method overrides only wh
   :meth:`Method.attach` and :meth:`Method.opacus_step`;
 * parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml; or a pydantic
   ``Options`` model of the module's own), :meth:`Method.check_options`,
-  :meth:`Method.params_problems` (rules across sections) and ``OLD_SECTIONS``;
+  and :meth:`Method.params_problems` (rules across sections);
 * evaluation: :meth:`Method.rebuild_for_evaluation` (what the method added to the model);
 * records and tools: :meth:`Method.data_use`, ``controller_data``, ``early_stopping_watches``,
   :meth:`Method.step_metrics` (MLflow), :meth:`Method.probe_cost` (``dpclip bench``).
@@ -28,7 +28,6 @@ The hooks, by what they serve (each has a default, so a method overrides only wh
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -123,11 +122,6 @@ class Method:
     private: ClassVar[bool] = True  # False: plain training, no clipping, no noise
     dp_guarantee: ClassVar[bool] = True  # False: a literal-paper variant whose epsilon fails
     OPTIONS: ClassVar[dict[str, Option]] = {}  # params.yaml methods.<name>.<option>
-    # sections this method read before it had its own (still read, with a warning, when its
-    # own is absent)
-    OLD_SECTIONS: ClassVar[tuple[str, ...]] = ()
-    # options a release removed: {name: what replaced it}, named when an old params.yaml has one
-    RETIRED_OPTIONS: ClassVar[dict[str, str]] = {}
     # How the method's training runs (dpclip.train.runs.RUN_KINDS): "private" = the shared DP
     # step (dpclip.train.step); "plain" = no privacy; "opacus_optimizer" = the method brings an
     # Opacus DPOptimizer of its own through attach() and opacus_step(); a method with a
@@ -335,62 +329,24 @@ register = REGISTRY.register  # the class decorator of every method module
 
 def read_method_options(raw: object, layer_names: list[str], problems: list[str]) -> dict:
     """``methods.<method>.<option>`` for every registered method, each validated by the
-    method's own model; a method's old shared section (``Method.OLD_SECTIONS``) is still read,
-    with a warning, when its own is absent (its unknown keys are refused as before), and refused
-    when every method that read it has its own (it would be ignored)."""
+    method's own model."""
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         problems.append(bad_value("methods", raw, "must be a mapping of keys"))
         return {}
-    readers: dict[str, list[type[Method]]] = {}  # old section -> the methods that read it
-    for cls in REGISTRY.values():
-        for old in cls.OLD_SECTIONS:
-            readers.setdefault(old, []).append(cls)
     problems += [unknown_key(f"methods.{k}", v, REGISTRY)
-                 for k, v in raw.items() if k not in set(REGISTRY) | set(readers)]
-    for old, classes in readers.items():
-        if old in raw and old not in REGISTRY:
-            problems += _old_section_problems(old, raw[old], classes)
-            if all(cls.name in raw for cls in classes):  # nobody reads it: say so
-                owners = " and ".join(f"methods.{cls.name}" for cls in classes)
-                problems.append(bad_value(f"methods.{old}", raw[old],
-                                          f"is superseded by {owners}, which are all set, "
-                                          f"and would be ignored: remove it"))
+                 for k, v in raw.items() if k not in REGISTRY]
     out = {}
-    for name, cls in sorted(REGISTRY.items()):
-        key, section = name, raw.get(name)
-        old = next((o for o in cls.OLD_SECTIONS if name not in raw and o in raw), None)
-        if old is not None:
-            warnings.warn(f"methods.{name} is absent: its options are read from methods.{old} "
-                          f"as before; write methods.{name} (DVC tracks that section)",
-                          FutureWarning, stacklevel=3)
-            old_section = raw[old] if isinstance(raw[old], dict) else {}
-            key, section = old, {k: v for k, v in old_section.items() if k in cls.OPTIONS}
-        if isinstance(section, dict):
-            retired = {k: v for k, v in section.items() if k in cls.RETIRED_OPTIONS}
-            problems += [bad_value(f"methods.{key}.{k}", v, f"is no longer an option: "
-                                                         f"{cls.RETIRED_OPTIONS[k]}")
-                         for k, v in retired.items()]
-            section = {k: v for k, v in section.items() if k not in retired}
+    for key, cls in sorted(REGISTRY.items()):
+        section = raw.get(key)
         try:
             values = cls.parse_options(section)
         except ValidationError as exc:
             problems += problems_of(exc, ("methods", key), cls.options_model())
             continue
         problems += cls.check_options(values, f"methods.{key}", layer_names)
-        out[name] = values
+        out[key] = values
     return out
-
-
-def _old_section_problems(old: str, section, classes: list[type[Method]]) -> list[str]:
-    """An old shared section must still be a mapping of options one of its readers knows."""
-    if section is None:
-        return []
-    if not isinstance(section, dict):
-        return [bad_value(f"methods.{old}", section, "must be a mapping of keys")]
-    known = {k for cls in classes for k in cls.OPTIONS}
-    return [unknown_key(f"methods.{old}.{k}", v, known)
-            for k, v in section.items() if k not in known]
 
 
 EPS64 = torch.finfo(torch.float64).eps

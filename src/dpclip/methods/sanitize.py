@@ -232,8 +232,6 @@ class Sanitize(Method):
     adjacency = "replace_one_features"  # labels public, one record's features replaced
     early_stopping_watches = "the released sanitized outputs' std"
     early_stopping_series = "sanitized-output std"
-    RETIRED_OPTIONS = {"public_epochs": "the public pre-training is sized by public_steps and "
-                                        "stops on the public holdout (public_patience)"}
     OPTIONS = {
         "n": Option(8, low=1, integer=True, help="width n of the sanitization layer"),
         "drop_p": Option(0.1, low=0.0, high=1.0, high_open=True,

@@ -1,3 +1,4 @@
-"""The pipeline as data: each stage declared once (:mod:`dpclip.pipeline.spec`), ``dvc.yaml``
-generated from the declarations (:mod:`dpclip.pipeline.dvc_yaml`), and the stages run in
-order in one process (:mod:`dpclip.pipeline.local`). Importing the package imports no stage."""
+"""What the stages share to run: the parameters (:mod:`~dpclip.pipeline.params`), a run's
+inputs and tuned values, per-run caching (:mod:`~dpclip.pipeline.provenance`), runs side by
+side, and ``dvc.yaml`` generated from the stages' declarations (:mod:`dpclip.catalog`).
+Importing the package imports no stage."""

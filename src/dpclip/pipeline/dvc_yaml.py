@@ -1,7 +1,8 @@
-"""``dvc.yaml``, generated from the stage declarations (:mod:`dpclip.pipeline.spec`).
+"""``dvc.yaml``, generated from the stage declarations (:mod:`dpclip.catalog`).
 
     python -m dpclip.pipeline.dvc_yaml            # print it
     python -m dpclip.pipeline.dvc_yaml --write    # write it (the committed file must equal it)
+    python -m dpclip.pipeline.dvc_yaml --untracked  # the outputs `make clean` removes
 
 Each stage's dependencies are its data inputs, ``requirements.lock`` (the exact versions
 installed) and its code: every module of the package its command imports, ``cli.py``
@@ -17,12 +18,12 @@ from pathlib import Path
 import yaml
 
 from dpclip.code_closure import PACKAGE, ROOT_NAME, closure_files, package_modules
-from dpclip.pipeline.spec import PER_ALPHA, PLOTS, STAGES, Output, Stage
+from dpclip.catalog import PER_ALPHA, PLOTS, STAGES, Output, Stage, untracked_outputs
 
 PROJECT = PACKAGE.parent.parent
 LOCK_FILE = "requirements.lock"
 HEADER = """\
-# GENERATED from src/dpclip/pipeline/spec.py by `python -m dpclip.pipeline.dvc_yaml --write`
+# GENERATED from src/dpclip/catalog.py by `python -m dpclip.pipeline.dvc_yaml --write`
 # (`make dvc.yaml`): edit the declarations, not this file.
 # Stage logic lives in src/dpclip/stages; each command is the `dpclip` CLI. Methods, target
 # epsilons, alphas and seeds are the axes of the runs: adding one value trains and evaluates
@@ -40,7 +41,7 @@ def code_roots(stage: Stage, package: Path = PACKAGE) -> list[str]:
     """The modules a stage's command starts from: the CLI, the stage's module, and every
     module of each plugin family the stage runs (found by name at run time, so no import
     reaches them)."""
-    roots = [f"{ROOT_NAME}.cli", stage.module]
+    roots = [f"{ROOT_NAME}.cli", f"{ROOT_NAME}.runner", stage.module]
     for family in stage.runs:
         roots += [name for name in package_modules(package)
                   if name.startswith(f"{ROOT_NAME}.{family}.")]
@@ -48,9 +49,19 @@ def code_roots(stage: Stage, package: Path = PACKAGE) -> list[str]:
 
 
 def stage_code(stage: Stage, package: Path = PACKAGE) -> list[str]:
-    """The stage's code dependencies, one file each (``src/dpclip/...``)."""
-    return [f"src/{ROOT_NAME}/{path}" for path in closure_files(code_roots(stage, package),
-                                                                 package)]
+    """The stage's code dependencies (``src/dpclip/...``): a folder whole where the stage's
+    code holds every module in it (a plugin family it runs: a new plugin file changes no line
+    of dvc.yaml), the other files one by one."""
+    code = set(closure_files(code_roots(stage, package), package))
+    every = [modules.relative_to(package).as_posix()
+             for modules in package_modules(package).values()]
+    deps = set()
+    for path in code:
+        parts = path.split("/")[:-1]
+        whole = next((folder for folder in ("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+                      if all(f in code for f in every if f.startswith(folder + "/"))), path)
+        deps.add(whole)
+    return [f"src/{ROOT_NAME}/{dep}" for dep in sorted(deps)]
 
 
 def _scalar(value) -> str:
@@ -99,12 +110,12 @@ def render_stage(stage: Stage, package: Path = PACKAGE) -> list[str]:
     if stage.always_changed:
         lines.append("    always_changed: true")
     lines.append("    deps:")
-    lines += [f"      - {dep}{_note(stage.notes.get(dep, ''))}" for dep in stage.deps]
+    lines += [f"      - {dep}{_note(stage.notes.get(dep, ''))}" for dep in stage.all_deps]
     lines.append(f"      - {LOCK_FILE}")
     lines += [f"      - {path}" for path in stage_code(stage, package)]
-    if stage.params:
+    if stage.all_params:
         lines.append("    params:")
-        lines += [f"      - {p}{_note(stage.notes.get(p, ''))}" for p in stage.params]
+        lines += [f"      - {p}{_note(stage.notes.get(p, ''))}" for p in stage.all_params]
     lines += _outputs("metrics", stage.metrics)
     lines += _outputs("outs", stage.outs)
     return lines
@@ -142,7 +153,9 @@ def write(target: Path = PROJECT / "dvc.yaml") -> bool:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
+    if sys.argv[1:] == ["--untracked"]:
+        print(" ".join(untracked_outputs()))
+    elif sys.argv[1:] == ["--write"]:
         target = PROJECT / "dvc.yaml"
         print(f"{target}: {'written' if write(target) else 'already current'}")
     else:

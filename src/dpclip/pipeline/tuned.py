@@ -39,22 +39,12 @@ def with_values(params: Params, values: dict) -> Params:
     return parse_params(with_overrides(params.to_dict(), overrides))
 
 
-# keys added to the tune section later: in the fingerprint only when not at their defaults, so
-# a record searched before they existed stays valid
-LATER_TUNE_KEYS = {"match": "epochs", "members": None}
-
-
-def _tune_basis(params: Params) -> dict:
-    tune = params.tune.model_dump()
-    return {k: v for k, v in tune.items() if k not in LATER_TUNE_KEYS or v != LATER_TUNE_KEYS[k]}
-
-
 def fingerprint(params: Params, method: str) -> str:
     """SHA-256 of what a search for ``method`` depends on besides the data: the training and
     privacy settings, the method's options and the ``tune`` section."""
     basis = {"train": params.train.model_dump(exclude=UNTUNED_TRAIN_KEYS),
              "privacy": params.privacy.model_dump(exclude={"target_epsilons"}),
-             "tune": _tune_basis(params), "method": option_values(params.method_options(method))}
+             "tune": params.tune.model_dump(), "method": option_values(params.method_options(method))}
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()
 
 

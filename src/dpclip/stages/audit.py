@@ -33,14 +33,17 @@ from dpclip.config import Params
 from dpclip.io import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey, configured_runs
-from dpclip.pipeline.provenance import AUDIT, for_key
-from dpclip.retire import set_aside
+from dpclip.naming import RunKey
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline import provenance
 from dpclip.threads import use_threads
 from dpclip.train import build_run
 from dpclip.pipeline.inputs import RunInputs, run_inputs
 
 KINDS = ("whitebox", "blackbox")
+
+
+STAGE = BY_NAME["audit"]
 
 
 def canary_seed(params: Params, run: str, kind: str) -> int:
@@ -67,7 +70,7 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     reason = why_not_audited(params, method)
     # what the run's training reads, resolved once for every kind and the provenance
     data = run_inputs(params, key, layout) if reason is None and a.kinds else None
-    inputs = AUDIT.inputs(params, key, layout,
+    inputs = provenance.inputs(STAGE, params, key, layout,
                           **({} if data is None else {"tuned": data.tuned}))
     use_threads(params.train.threads)
     results = {}
@@ -79,7 +82,7 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
         else:
             results[kind] = _audit_kind(params, key, kind, layout, data)
     write_json(layout.audit(run), results)
-    AUDIT.record(layout, key, inputs)
+    provenance.record(STAGE, layout, key, inputs)
     return results
 
 
@@ -105,24 +108,6 @@ def kind_confidence(params: Params) -> float:
     """Each kind's confidence: ``audit.confidence`` split (Bonferroni) over the kinds run, so
     the larger of their bounds (the summary's) holds at ``audit.confidence``."""
     return 1.0 - (1.0 - params.audit.confidence) / max(1, len(params.audit.kinds))
-
-
-def set_aside_unconfigured_audits(params: Params, layout: Layout) -> dict[str, list[str]]:
-    """``audits/`` holds the configured runs only (DVC hashes it whole); the others wait in
-    ``.dpclip/retired/<run>/audit``."""
-    return set_aside({key.name for key in configured_runs(params)},
-                     layout.audit("any").parent.parent,
-                     lambda run: {"audit": layout.audit(run).parent}, layout)
-
-
-def audit_all(params: Params, layout: Layout = Layout(), force: bool = False,
-              jobs: int = 1):
-    """Audit every configured run that is not up to date (all with ``force``), in this
-    process or ``jobs`` at a time side by side; yields (run, its audit, or None when it was
-    up to date). The audits of runs no longer configured are set aside first
-    (:mod:`dpclip.retire`)."""
-    set_aside_unconfigured_audits(params, layout)
-    return AUDIT.each_run(params, layout, for_key(audit, params, layout), force, jobs)
 
 
 def describe(result: dict, layout: Layout) -> str:

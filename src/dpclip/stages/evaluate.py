@@ -26,9 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import shutil
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -48,7 +46,7 @@ from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, alpha_tag, configured_runs
+from dpclip.naming import RunKey, alpha_tag
 from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics, classifier_auc,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points, strongest_attack)
@@ -56,10 +54,14 @@ from dpclip.methods import get_method
 from dpclip.models import logits_of, parameterised_layers
 from dpclip.reporting.plots import (clip_figure, controller_figure, early_stopping_figure,
                                     layer_attack_figure, reliability_figure, roc_figure)
-from dpclip.pipeline.provenance import EVALUATE, for_key
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline import provenance
 from dpclip.threads import use_threads
 
 log = logging.getLogger(__name__)
+
+
+STAGE = BY_NAME["evaluate"]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -124,7 +126,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
     if not record_path.exists():
         raise DpclipError(f"run {run!r} has no trained model at {str(record_path)!r}: run the "
                           f"train stage first")
-    inputs = EVALUATE.inputs(params, key, layout)
+    inputs = provenance.inputs(STAGE, params, key, layout)
     use_threads(params.train.threads)
     record = read_json(record_path)
     model = load_model(layout, run)
@@ -209,7 +211,7 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                  baseline_attack().name)
     write_json(layout.metrics(run), metrics)
     write_json(layout.summary(run), run_summary(metrics))
-    EVALUATE.record(layout, key, inputs)
+    provenance.record(STAGE, layout, key, inputs)
     return metrics
 
 
@@ -343,39 +345,6 @@ def run_summary(metrics: dict) -> dict:
     if bounds:
         summary["audit_epsilon_lower_bound"] = max(bounds)
     return summary
-
-
-def evaluate_all(params: Params, layout: Layout = Layout(), force: bool = False,
-                 jobs: int = 1):
-    """Evaluate every configured run that is not up to date (all with ``force``), in this
-    process or ``jobs`` at a time side by side; yields (run, its metrics, or None when they
-    were up to date)."""
-    # dvc.yaml declares the folder even when evaluate.ir_attack is off and it stays empty
-    layout.ir_attack("any").parent.mkdir(parents=True, exist_ok=True)
-    remove_unconfigured_evaluations(params, layout)
-    return EVALUATE.each_run(params, layout, for_key(evaluate, params, layout), force, jobs)
-
-
-def remove_unconfigured_evaluations(params: Params, layout: Layout) -> list[str]:
-    """Delete the evaluation outputs (metrics, summary, plot tables, figures) of runs that are no longer
-    configured, so ``dvc metrics show`` and the plots list the configured runs only. They are
-    measurements, recomputed in about a second if the run comes back; its trained model in
-    ``runs/`` is kept."""
-
-    configured = {key.name for key in configured_runs(params)}
-    written = [*layout.metrics("any").parent.glob("*.json"),
-               *layout.summary("any").parent.glob("*.json")]
-    gone = sorted({path.stem for path in written} - configured)
-    for name in gone:
-        # the outputs' paths depend on the run's name only
-        for path in EVALUATE.outputs(layout, SimpleNamespace(name=name)).values():
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        log.info("removed the evaluation of %s (no longer configured; runs/%s is kept)",
-                 name, name)
-    return gone
 
 
 def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,

@@ -44,12 +44,15 @@ from dpclip.config import Params
 from dpclip.io import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
-from dpclip.naming import RunKey, configured_runs
-from dpclip.pipeline.provenance import REFERENCE, for_key
-from dpclip.retire import set_aside
+from dpclip.naming import RunKey
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline import provenance
 from dpclip.threads import use_threads
 from dpclip.train import plan_steps, train_model
 from dpclip.pipeline.inputs import run_inputs
+
+STAGE = BY_NAME["reference"]
+
 
 def reference_seed(params: Params, run: str, what: str) -> int:
     """A seed of the run's reference models (the pool's halves, or model k's training),
@@ -107,7 +110,7 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
     data = run_inputs(params, key, layout)  # the run's members, configuration, public data
-    inputs = REFERENCE.inputs(params, key, layout, tuned=data.tuned)
+    inputs = provenance.inputs(STAGE, params, key, layout, tuned=data.tuned)
     use_threads(params.train.threads)
     a = params.attack
     x_out, y_out, _ = load_split(layout, "target_holdout")
@@ -156,29 +159,8 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
              "target_plan": {"n_train": n_m, "sample_rate": q, "steps": steps},
              "models": models}
     write_json(folder / "reference.json", facts)
-    REFERENCE.record(layout, key, inputs)
+    provenance.record(STAGE, layout, key, inputs)
     return facts
-
-
-def set_aside_unconfigured_references(params: Params, layout: Layout) -> dict[str, list[str]]:
-    """``references/`` holds the configured runs only (all of them set aside when
-    ``attack.references`` is 0); the others wait in ``.dpclip/retired/<run>/references``."""
-    configured = {key.name for key in configured_runs(params)} if params.attack.references \
-        else set()
-    return set_aside(configured, layout.references("any").parent,
-                     lambda run: {"references": layout.references(run)}, layout)
-
-
-def reference_all(params: Params, layout: Layout = Layout(), force: bool = False,
-                  jobs: int = 1):
-    """Train the reference models of every configured run that is not up to date (all with
-    ``force``), in this process or ``jobs`` at a time side by side; yields (run, its facts, or
-    None when up to date). Nothing is trained with ``attack.references: 0``."""
-    set_aside_unconfigured_references(params, layout)
-    layout.references("any").parent.mkdir(parents=True, exist_ok=True)  # DVC's output
-    if skipped(params):
-        return iter(())
-    return REFERENCE.each_run(params, layout, for_key(reference, params, layout), force, jobs)
 
 
 def skipped(params: Params) -> str | None:

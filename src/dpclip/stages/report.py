@@ -272,7 +272,7 @@ ADDED_NOTES = [
     "`clamp_hits_min` / `clamp_hits_max`: the controller's updates at which its clamp set C_t "
     "to the lower / upper bound (WW-DP-SGD; empty for a method without a clamp); "
     "`clamp_share`: their sum over the controller's updates.",
-    "— = not recorded (metrics written by an older version).",
+    "— = not recorded.",
 ]
 
 
@@ -416,9 +416,6 @@ def data_use_markdown(metrics: list[dict]) -> str:
     for use, runs in groups.values():
         title = "All runs" if len(groups) == 1 else ", ".join(f"`{r}`" for r in runs)
         lines += [f"## {title}", ""]
-        if not isinstance(use, dict):
-            lines += ["— (not recorded: metrics written by an older version)", ""]
-            continue
         lines += ["| component | data it saw |", "|---|---|"]
         lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in use.items()]
         lines.append("")

@@ -42,7 +42,9 @@ from dpclip.methods.base import REGISTRY
 from dpclip.models import parameterised_layers
 from dpclip.naming import alpha_tag
 from dpclip.reporting.plots import layer_attack_figure
-from dpclip.pipeline.provenance import SHADOW, shadow_key
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline import provenance
+from dpclip.pipeline.provenance import shadow_key
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.train.step import layer_norms_of
@@ -96,6 +98,9 @@ def _at_most(positions: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
     return positions[np.sort(pick)]
 
 
+STAGE = BY_NAME["shadow"]
+
+
 def methods_needing_risk(params: Params) -> list[str]:
     """The configured methods that read the shadow stage's risk (``needs_shadow_risk``)."""
     return [m for m in params.train.methods if get_method(m).needs_shadow_risk]
@@ -119,16 +124,16 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
            force: bool = False) -> dict:
     """The shadow model's per-layer risk (module docstring), when a configured method reads
     it; else a risk file saying it was not needed. A shadow model made from the same inputs
-    (:data:`~dpclip.pipeline.provenance.SHADOW`) is kept unless ``force``."""
+    (its provenance: :mod:`dpclip.pipeline.provenance`) is kept unless ``force``."""
     if not methods_needing_risk(params):
         return not_needed(layout)
     key = shadow_key(params)
-    reused = None if force else SHADOW.reuse(params, key, layout)
+    reused = None if force else provenance.reuse(STAGE, params, key, layout)
     if reused is not None:
         return {**reused, "kept": True}  # "kept": for the command's line, not in the file
-    inputs = SHADOW.inputs(params, key, layout)
+    inputs = provenance.inputs(STAGE, params, key, layout)
     record = train_shadow(params, layout, progress)
-    SHADOW.record(layout, key, inputs)
+    provenance.record(STAGE, layout, key, inputs)
     return record
 
 

@@ -23,13 +23,15 @@ from dpclip.config import IID, Params
 from dpclip.io import write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey, configured_runs
+from dpclip.naming import RunKey
 from dpclip.numerics import kernels_in_use
-from dpclip.pipeline.provenance import TRAIN, for_key
-from dpclip.retire import set_aside
+from dpclip.catalog import BY_NAME
+from dpclip.pipeline import provenance
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
 from dpclip.pipeline.inputs import checkpoint_of, run_inputs
+
+STAGE = BY_NAME["train"]
 
 
 def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout(),
@@ -38,7 +40,7 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     run = key.name
     data = run_inputs(params, key, layout)  # the run resolved once (tuned values included)
     # before training: what this run was made from
-    inputs = TRAIN.inputs(params, key, layout, tuned=data.tuned)
+    inputs = provenance.inputs(STAGE, params, key, layout, tuned=data.tuned)
     threads = use_threads(params.train.threads)
     meta, cfg = data.meta, data.cfg
     result = train_model(data.x, data.y, data.shape, data.n_classes, cfg, progress=progress,
@@ -60,29 +62,8 @@ def train(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     write_csv_frame(layout.trace(run), pd.DataFrame(result.trace))
     write_json(run_dir / "record.json", record)
     write_json(layout.timing(run), {"run": run, **result.time})
-    TRAIN.record(layout, key, inputs)
+    provenance.record(STAGE, layout, key, inputs)
     return {**record, "time": result.time}  # the caller prints the time; the file has no time
-
-
-def set_aside_unconfigured_runs(params: Params, layout: Layout) -> dict[str, list[str]]:
-    """Move the trained runs no longer configured (model, record, provenance, trace) to
-    ``.dpclip/retired/<run>/``, and bring back configured runs waiting there
-    (:mod:`dpclip.retire`): ``runs/`` and ``traces/`` hold the configured runs only."""
-    return set_aside({key.name for key in configured_runs(params)},
-                     layout.run_dir("any").parent,
-                     lambda run: {"run": layout.run_dir(run), "trace.csv": layout.trace(run)},
-                     layout)
-
-
-def train_all(params: Params, layout: Layout = Layout(), progress: bool = True,
-              force: bool = False, jobs: int = 1):
-    """Train every configured run that is not up to date (all with ``force``), in this process
-    or ``jobs`` at a time side by side (:mod:`dpclip.pipeline.side_by_side`); yields (run, its
-    record, or None when it was up to date). Runs no longer configured are set aside first
-    (:func:`set_aside_unconfigured_runs`)."""
-    set_aside_unconfigured_runs(params, layout)
-    return TRAIN.each_run(params, layout, for_key(train, params, layout, progress=progress),
-                          force, jobs)
 
 
 def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alpha,
@@ -90,8 +71,7 @@ def data_use(method_use: dict, cfg: TrainConfig, meta: dict, n_members: int, alp
     """``privacy.data_use``: which data each component of the run saw (docs/privacy.md, "Public
     data"): the method's own components, then preprocessing, early stopping and evaluation."""
     partition = "iid" if alpha == IID else f"Dirichlet alpha {alpha}"
-    preprocessing = (meta.get("preprocessing") or {}).get("fitted_on") or \
-        "not recorded (data prepared by an older version)"
+    preprocessing = meta["preprocessing"]["fitted_on"]
     rule = cfg.train.early_stopping.rule
     stopping = "not used" if rule == "none" else \
         f"{rule} rule on {get_method(cfg.method).early_stopping_watches} (post-processing)"

@@ -46,11 +46,11 @@ from dpclip.errors import ConfigError
 from dpclip.hashing import file_hash
 from dpclip.io import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.methods import get_method
+from dpclip.methods import REGISTRY, get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
 from dpclip.naming import epsilon_tag
-from dpclip.pipeline.provenance import PACKAGE
+from dpclip.code_closure import PACKAGE, closure_files
 from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
@@ -257,10 +257,11 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     return entry, [{"method": method, "epsilon": epsilon_tag(epsilon), **r} for r in rows]
 
 
-# what a search reads besides the parameters: the package files training runs (as in
-# dpclip.pipeline.provenance.TRAIN, every method's module) and this stage
-CODE = ("train", "methods", "models.py", "privacy.py", "randomness.py", "threads.py",
-        "tuned.py", "stages/train.py", "stages/tune.py")
+def search_code() -> list[str]:
+    """What a search runs besides the parameters: the package files of this stage, of training
+    and of every method (paths under ``src/dpclip``)."""
+    return closure_files(["dpclip.stages.tune", "dpclip.stages.train",
+                          *(cls.__module__ for cls in REGISTRY.values())])
 
 
 def search_inputs(params: Params, layout: Layout) -> dict:
@@ -270,7 +271,7 @@ def search_inputs(params: Params, layout: Layout) -> dict:
             "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
             "files": {"data/prepared": file_hash(layout.prepared),
                       "shadow/risk.json": file_hash(layout.shadow_risk),
-                      **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in CODE}}}
+                      **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in search_code()}}}
 
 
 def tune(params: Params, layout: Layout = Layout(), progress: bool = True,

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
 
 from dpclip.methods.base import Method, StepRelease
 from dpclip.randomness import NoiseSources

@@ -70,7 +70,6 @@ class DynamicClipping(Method):
     extra query, and C_{t+1} = :meth:`next_threshold` of the noisy histogram."""
 
     controller_data = "the noisy histogram of members' gradient norms (accounted)"
-    OLD_SECTIONS = ("dc_sgd",)  # both rules once shared one section
     OPTIONS = {
         "bins": Option(20, low=2, integer=True, help="H, histogram bins"),
         "b_max": Option(5.0, low=0.0, low_open=True, help="histogram range [0, b_max]"),

@@ -1,23 +1,27 @@
-"""Every stage of the pipeline, declared once: its command, the parameters it reads, its inputs
-and outputs, and whether it runs once, per alpha or per run.
+"""The catalog: every stage of the pipeline declared once, with its command, the parameters it
+reads, its inputs and outputs, and whether it runs once, per alpha or per run.
 
 Everything that runs or describes the stages reads :data:`STAGES` (the declarations of
 :data:`DECLARED` in the order their inputs and outputs give):
 
 * ``dvc.yaml`` is generated from it (:mod:`dpclip.pipeline.dvc_yaml`), each stage's code
   dependencies from the import closure of its command (:mod:`dpclip.code_closure`);
-* the ``dpclip`` command has one subcommand per stage, built from it;
-* the Prefect flow and the presets run the stages in its order, with the edges its inputs and
-  outputs give (a stage waits for every stage whose output it reads, :func:`upstream`).
+* the ``dpclip`` command has one subcommand per stage, built from it, and the command, the
+  presets and the Prefect flow run a stage of each kind with the same functions
+  (:mod:`dpclip.pipeline.runner`), in its order, with the edges its inputs and outputs give
+  (a stage waits for every stage whose output it reads, :func:`upstream`);
+* what each run of a stage reads and writes (:class:`PerRun`) is its provenance
+  (:mod:`dpclip.pipeline.provenance`), and :class:`~dpclip.layout.Layout` reads each run's
+  paths from it;
+* ``make clean`` removes the outputs git does not track (:func:`untracked_outputs`), and a
+  test holds ``.gitignore`` to them.
 
 A stage ``NAME`` is the module ``dpclip.stages.NAME``, which defines:
 
 * ``NAME(params, layout, ...)`` (once), ``NAME(params, alpha, layout)`` (per alpha) or
   ``NAME(params, method, epsilon, alpha, seed, layout, ...)`` (per run), returning its result;
 * ``describe(result, layout) -> str``: the line the command prints;
-* per run also ``NAME_all(params, layout, ..., force)`` (every configured run that is not up
-  to date, yielding (run, result or None)) and the functions named by :attr:`Stage.tidy` and
-  :attr:`Stage.skipped`.
+* the function named by :attr:`Stage.skipped`, if any.
 
 This module imports nothing from the package, so reading the declarations runs no stage code.
 """
@@ -28,18 +32,53 @@ from dataclasses import dataclass, field
 
 ONCE, PER_ALPHA, PER_RUN = "once", "per_alpha", "per_run"
 PLUGIN_FAMILIES = ("methods", "attacks", "data.sources")  # modules found at run time
+# the axes of the runs: a per-run stage reads them all (dvc.yaml lists them)
+RUN_AXES = ("train.methods", "privacy.target_epsilons", "partition.alphas", "train.seeds")
+SHADOW_RISK = "shadow/risk.json"  # read by the methods that use the shadow stage's risk
+TUNED = "tuned/tuned.json"
+# written by the stages outside DVC's outputs: the wall times of training (they differ on
+# every run)
+UNTRACKED = ("timings",)
 
 
 @dataclass(frozen=True)
 class Output:
     """One output path of a stage, with DVC's options: ``cache: false`` keeps it out of DVC's
-    cache (git tracks it, or it is too large to copy); ``persist: true`` stops DVC from
-    deleting it before the stage runs (the per-run stages keep the runs that are current)."""
+    cache (git tracks it); ``persist: true`` stops DVC from deleting it before the stage runs
+    (the per-run stages keep the runs that are current)."""
 
     path: str
     cache: bool = True
     persist: bool = False
     note: str = ""  # a comment beside it in dvc.yaml
+
+
+@dataclass(frozen=True)
+class PerRun:
+    """What one run of a stage reads and writes, recorded in its provenance file: the run is
+    redone only when one of them changed (:mod:`dpclip.pipeline.provenance`). Paths are
+    patterns: ``{run}`` is the run's name, ``{alpha}`` its partition's tag."""
+
+    params: tuple[str, ...]  # params.yaml keys each run reads
+    reads: tuple[str, ...]  # input files or folders
+    writes: dict[str, str]  # name -> output file or folder: Layout.<name>(run)
+    record: str  # its provenance file
+    result: str  # the name of the output its function returns (JSON)
+    method_options: bool = True  # reads its own method's methods.<method> section
+    tuned_values: bool = True  # reads its entry of tuned/tuned.json (dpclip.pipeline.tuned)
+    shadow_risk: bool = True  # reads shadow/risk.json when its method uses the risk
+    chosen_attacks: bool = False  # the attacks attack.kinds names are its code too
+    optional: tuple[str, ...] = ()  # names of writes recorded only when written
+
+    def parts(self) -> dict[str, str]:
+        """Each write's entry directly under its folder (``runs/{run}`` for
+        ``runs/{run}/model.pt``), named by that folder: what leaves with a run no longer
+        configured."""
+        out = {}
+        for pattern in self.writes.values():
+            folder, rest = pattern.split("{run}", 1)
+            out[folder.rstrip("/").replace("/", "_")] = folder + "{run}" + rest.split("/")[0]
+        return out
 
 
 @dataclass(frozen=True)
@@ -57,19 +96,21 @@ class Stage:
     name: str
     help: str  # the subcommand's help line
     scope: str  # ONCE, PER_ALPHA (a DVC matrix over partition.alphas) or PER_RUN
-    deps: tuple[str, ...] = ()  # data inputs (the code ones come from the import closure)
-    params: tuple[str, ...] = ()  # params.yaml sections or keys
+    deps: tuple[str, ...] = ()  # data inputs besides its runs' (code: the import closure)
+    params: tuple[str, ...] = ()  # params.yaml sections or keys besides its runs'
     outs: tuple[Output, ...] = ()
     metrics: tuple[Output, ...] = ()
     runs: tuple[str, ...] = ()  # the plugin families it runs, every registered module of each
+    per_run: PerRun | None = None  # per run: what each run reads and writes
     progress: bool = False  # its functions take ``progress`` (a bar unless --quiet)
     quiet: bool = True  # dvc.yaml's command passes --quiet
     flags: tuple[Flag, ...] = ()
     comment: str = ""  # above the stage in dvc.yaml
     notes: dict[str, str] = field(default_factory=dict)  # dep or param -> comment beside it
-    tidy: str = ""  # per run: sets aside the outputs of runs no longer configured
+    # per run: what happens to the outputs of runs no longer configured: "set aside" in
+    # .dpclip/retired (trained models, restored when configured again) or "remove"
+    tidy: str = "set aside"
     skipped: str = ""  # per run: why nothing runs (None: it runs), from params
-    provenance: str = ""  # per run: its dpclip.pipeline.provenance.RunStage
     # DVC runs it on every `dvc repro`: it reads what DVC cannot list (files params.yaml names)
     always_changed: bool = False
     # what its worker processes (dpclip.pipeline.side_by_side) import first: a stage run once
@@ -91,20 +132,45 @@ class Stage:
         alpha = " --alpha ${item.alpha}" if self.scope == PER_ALPHA else ""
         return f"dpclip{' --quiet' if self.quiet else ''} {self.name}{alpha}"
 
+    @property
+    def all_deps(self) -> tuple[str, ...]:
+        """dvc.yaml's deps: its own, and the folders its runs read."""
+        runs = self.per_run
+        if runs is None:
+            return self.deps
+        read = [_folder(p) for p in runs.reads]
+        read += [TUNED] * runs.tuned_values + [SHADOW_RISK] * runs.shadow_risk
+        return tuple(dict.fromkeys([*read, *self.deps]))
+
+    @property
+    def all_params(self) -> tuple[str, ...]:
+        """dvc.yaml's params: its runs' keys (and the tune and methods sections they read),
+        the axes of the runs (per run), and its own."""
+        runs = self.per_run
+        if runs is None:
+            return self.params
+        read = [*(["tune"] if runs.tuned_values else []), *runs.params,
+                *(RUN_AXES if self.scope == PER_RUN else ()),
+                *(["methods"] if runs.method_options else []), *self.params]
+        return tuple(dict.fromkeys(read))
+
     def produces(self, path: str) -> bool:
         """Whether ``path`` is one of this stage's outputs, inside one, or a folder holding
         one (``data/partitions`` holds ``data/partitions/<alpha>``)."""
         return any(path == out or path.startswith(out + "/") or out.startswith(path + "/")
-                   for out in (o.path.split("${")[0].rstrip("/")
-                               for o in (*self.outs, *self.metrics)))
+                   for out in (_folder(o.path) for o in (*self.outs, *self.metrics)))
 
 
-_TRAINED = ("train.model", "train.hidden", "train.epochs", "train.batch_size",
-            "train.optimizer", "train.lr", "train.momentum", "train.clip_norm",
-            "train.early_stopping", "train.threads", "train.public_init")
-_RUN_AXES = ("train.methods", "train.seeds", "partition.alphas")
-_RUN_INPUTS = ("data/prepared", "data/partitions", "tuned/tuned.json", "shadow/risk.json")
-_RISK_NOTE = {"shadow/risk.json": "read by lm_dp_sgd only"}
+def _folder(pattern: str) -> str:
+    """The part of a path pattern before its first field (``runs`` of ``runs/{run}``)."""
+    return pattern.split("{")[0].removesuffix("$").rstrip("/")
+
+
+_TRAINED = ("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
+            "privacy.secure_noise", "train.model", "train.hidden", "train.epochs",
+            "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
+            "train.clip_norm", "train.early_stopping", "train.threads", "train.public_init")
+_RUN_DATA = ("data/prepared", "data/partitions/{alpha}")
 _PER_RUN_CACHING = ("Per-run caching as in train.")
 
 # every stage, in any order: STAGES below puts them in the order their inputs give
@@ -127,12 +193,20 @@ DECLARED: tuple[Stage, ...] = (
         deps=("data/prepared",), params=("data.seed",),
         outs=(Output("data/partitions/${item.alpha}"),)),
     Stage(
+        # the shadow model is one run (dpclip.pipeline.provenance.shadow_key): kept while
+        # its inputs are unchanged
         name="shadow", scope=ONCE, progress=True,
         help="per-layer MIA risk from a shadow model on public data",
-        deps=("data/prepared",),
-        params=("shadow", "attack.classifier", "attack.folds", "attack.max_features",
-                "attack.max_records", "train.model", "train.hidden", "train.optimizer",
-                "train.lr", "train.momentum", "train.threads", "train.methods"),
+        per_run=PerRun(
+            params=("shadow", "attack.classifier", "attack.folds", "attack.max_features",
+                    "attack.max_records", "train.model", "train.hidden", "train.optimizer",
+                    "train.lr", "train.momentum", "train.threads"),
+            reads=("data/prepared",),
+            writes={"shadow_risk": SHADOW_RISK, "shadow_model": "shadow/model.pt",
+                    "shadow_figure": "shadow/risk.png"},
+            record="shadow/provenance.json", result="shadow_risk",
+            method_options=False, tuned_values=False, shadow_risk=False),
+        params=("train.methods",),
         notes={"train.methods": "whether a method reads the risk (lm_dp_sgd); else nothing "
                                 "is trained"},
         outs=(Output("shadow", persist=True, note="kept between runs: the stage keeps a "
@@ -145,7 +219,7 @@ DECLARED: tuple[Stage, ...] = (
         comment="tune.trials Optuna (TPE) trials per method and target epsilon on the public "
                 "splits only; the values chosen go to tuned/tuned.json, which train, audit and "
                 "reference read. With tune.trials 0 it writes that nothing was searched.",
-        deps=("data/prepared", "shadow/risk.json"), notes=_RISK_NOTE,
+        deps=("data/prepared", SHADOW_RISK), notes={SHADOW_RISK: "read by lm_dp_sgd only"},
         params=("tune", "privacy", "train", "methods"),
         outs=(Output("tuned"),), runs=("methods",)),
     Stage(
@@ -158,26 +232,29 @@ DECLARED: tuple[Stage, ...] = (
                 "touches; the lists below are the union of every run's inputs, so DVC starts "
                 "the stage when any run may be stale. Outputs persist: DVC must not delete the "
                 "runs that are up to date.",
-        deps=_RUN_INPUTS,
-        notes={"shadow/risk.json": "read by lm_dp_sgd only (its runs record it; the others "
-                                   "do not)",
+        per_run=PerRun(
+            params=_TRAINED, reads=_RUN_DATA,
+            writes={"model": "runs/{run}/model.pt", "record": "runs/{run}/record.json",
+                    "trace": "traces/{run}.csv"},
+            record="runs/{run}/provenance.json", result="record"),
+        params=("train.device",),
+        notes={SHADOW_RISK: "read by lm_dp_sgd only (its runs record it; the others do not)",
                "train.device": "not a run's input: here so that a device that is not there "
                                "is refused"},
-        params=("tune", "privacy", *_RUN_AXES[:2], *_TRAINED, "train.device", _RUN_AXES[2],
-                "methods"),
         outs=(Output("runs", persist=True), Output("traces", persist=True)),
-        runs=("methods",), tidy="set_aside_unconfigured_runs", provenance="TRAIN"),
+        runs=("methods",)),
     Stage(
         name="audit", scope=PER_RUN, quiet=False,
         help="one-run privacy audit (lower bound on epsilon) of one run, or of every run that "
              "is not up to date",
         comment="one extra model per run with a DP claim, trained with its configuration and "
                 "canaries; the lower bound on epsilon they give. " + _PER_RUN_CACHING,
-        deps=_RUN_INPUTS, notes=_RISK_NOTE,
-        params=("tune", "audit", "privacy", *_RUN_AXES[:2], *_TRAINED, _RUN_AXES[2],
-                "methods"),
-        outs=(Output("audits", persist=True),),
-        runs=("methods",), tidy="set_aside_unconfigured_audits", provenance="AUDIT"),
+        per_run=PerRun(  # it trains the run's configuration again, with canaries
+            params=(*_TRAINED, "audit"), reads=_RUN_DATA,
+            writes={"audit": "audits/{run}/audit.json"},
+            record="audits/{run}/provenance.json", result="audit"),
+        notes={SHADOW_RISK: "read by lm_dp_sgd only"},
+        outs=(Output("audits", persist=True),), runs=("methods",)),
     Stage(
         name="reference", scope=PER_RUN, quiet=False,
         help="the reference models of LiRA and RMIA for one run, or for every run that is not "
@@ -185,18 +262,30 @@ DECLARED: tuple[Stage, ...] = (
         comment="attack.references models per run, trained with its configuration on halves "
                 "of the public population (attack.mode offline) or of its members and holdout "
                 "(online); their logits are LiRA's and RMIA's calibration. " + _PER_RUN_CACHING,
-        deps=_RUN_INPUTS, notes=_RISK_NOTE,
-        params=("tune", "attack.references", "attack.mode", "attack.population", "data.seed",
-                "privacy", *_RUN_AXES[:2], *_TRAINED, _RUN_AXES[2], "methods"),
-        outs=(Output("references", persist=True),),
-        runs=("methods",), tidy="set_aside_unconfigured_references", skipped="skipped",
-        provenance="REFERENCE"),
+        per_run=PerRun(  # it trains the run's configuration on other data
+            params=(*_TRAINED, "attack.references", "attack.mode", "attack.population",
+                    "data.seed"),
+            reads=_RUN_DATA,
+            writes={"signals": "references/{run}/signals.npz",
+                    "reference": "references/{run}/reference.json"},
+            record="references/{run}/provenance.json", result="reference"),
+        notes={SHADOW_RISK: "read by lm_dp_sgd only"},
+        outs=(Output("references", persist=True),), runs=("methods",), skipped="skipped"),
     Stage(
         name="evaluate", scope=PER_RUN, quiet=False,
         help="evaluate one trained run, or every run that is not up to date",
-        deps=("data/prepared", "data/partitions", "runs", "traces", "audits", "references"),
-        params=("evaluate", "attack", "data.seed", "train.threads", "train.methods",
-                "privacy.target_epsilons", "partition.alphas", "train.seeds"),
+        per_run=PerRun(
+            params=("evaluate", "attack", "data.seed", "train.threads"),
+            reads=(*_RUN_DATA, "runs/{run}", "traces/{run}.csv",
+                   "audits/{run}/audit.json",  # merged into the metrics
+                   "references/{run}/signals.npz"),  # LiRA and RMIA
+            writes={"metrics": "metrics/{run}.json", "summary": "summary/{run}.json",
+                    "roc": "plots/roc/{run}.csv", "reliability": "plots/reliability/{run}.csv",
+                    "figures": "figures/{run}", "attack_scores": "scores/{run}.csv",
+                    "ir_attack": "plots/ir_mia/{run}.csv"},
+            optional=("ir_attack",),  # written when evaluate.ir_attack is on
+            record="figures/{run}/provenance.json", result="metrics",
+            method_options=False, tuned_values=False, shadow_risk=False, chosen_attacks=True),
         metrics=(Output("summary", cache=False, persist=True,
                         note="git tracks the summaries: `dvc exp show`, `dvc metrics diff "
                              "main`"),),
@@ -208,14 +297,13 @@ DECLARED: tuple[Stage, ...] = (
               Output("scores", persist=True,
                      note="every attack's score of every attacked record"),
               Output("figures", persist=True)),
-        runs=("methods", "attacks"), tidy="remove_unconfigured_evaluations",
-        provenance="EVALUATE"),
+        runs=("methods", "attacks"), tidy="remove"),
     Stage(
         name="report", scope=ONCE, quiet=False,
         help="comparison table, figures, MLflow record",
         deps=("metrics", "summary", "traces", "plots/roc", "plots/reliability",
-              "shadow/risk.json", "tuned/tuned.json"),
-        notes={"tuned/tuned.json": "the Tuning section and the MLflow tuning run"},
+              SHADOW_RISK, TUNED),
+        notes={TUNED: "the Tuning section and the MLflow tuning run"},
         params=("train.methods", "privacy.target_epsilons", "partition.alphas",
                 "train.seeds", "tracking"),
         outs=(Output("reports"),
@@ -230,7 +318,7 @@ DECLARED: tuple[Stage, ...] = (
 
 def reads_from(stage: Stage, other: Stage) -> bool:
     """Whether ``stage`` reads an output of ``other`` (an edge of the DAG)."""
-    return other is not stage and any(other.produces(dep) for dep in stage.deps)
+    return other is not stage and any(other.produces(dep) for dep in stage.all_deps)
 
 
 def in_pipeline_order(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
@@ -259,6 +347,26 @@ BY_NAME = {stage.name: stage for stage in STAGES}
 def upstream(stage: Stage) -> list[Stage]:
     """The stages whose outputs ``stage`` reads (its edges in the DAG), in pipeline order."""
     return [other for other in STAGES if reads_from(stage, other)]
+
+
+def _run_files() -> dict[str, str]:
+    files: dict[str, str] = {}
+    for stage in STAGES:
+        for name, pattern in (stage.per_run.writes.items() if stage.per_run else ()):
+            if name in files:
+                raise ValueError(f"two outputs are named {name!r}: {files[name]}, {pattern}")
+            files[name] = pattern
+    return files
+
+
+RUN_FILES = _run_files()  # the name of each output of a run -> its path pattern
+
+
+def untracked_outputs() -> list[str]:
+    """The outputs git does not track (DVC caches them) and what the stages write outside
+    DVC: what ``make clean`` removes."""
+    return [*(_folder(out.path) for stage in STAGES for out in (*stage.outs, *stage.metrics)
+              if out.cache), *UNTRACKED]
 
 
 
