@@ -449,6 +449,16 @@ def _validated_only(stage: str) -> set[str]:
     return {f"dpclip/{f}" for f in closure_files([*plugins, "dpclip.pipeline.params"])}
 
 
+def _files(project: Path, deps) -> set[str]:
+    """dvc.yaml's code dependencies as files under src/ (a folder: every module in it)."""
+    out = set()
+    for dep in deps:
+        path = project / "src" / dep
+        out |= {p.relative_to(project / "src").as_posix() for p in path.rglob("*.py")} \
+            if path.is_dir() else {dep}
+    return out
+
+
 def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project, executed):
     """A docstring edit in any module a stage's command runs must make that stage stale: each
     stage's command, every dpclip module it imported, the CLI included, is among the stage's
@@ -456,7 +466,8 @@ def test_every_module_a_stage_executes_is_a_dependency_of_that_stage(dvc_project
     _, project, _, _ = dvc_project
     stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        deps = {d.removeprefix("src/") for d in stage["deps"] if d.startswith("src/")}
+        deps = _files(project, [d.removeprefix("src/") for d in stage["deps"]
+                                if d.startswith("src/")])
         missing = sorted(executed[name] - _validated_only(name) - deps)
         assert "dpclip/cli.py" in executed[name] and not missing, (name, missing)
 
@@ -483,10 +494,11 @@ def test_a_docstring_edit_makes_exactly_the_stages_that_run_the_module_stale(dvc
     finally:
         for path, text in before.items():
             path.write_bytes(text)
-    stale = {name.split("@")[0]: {path.removeprefix("src/")
-                                  for change in changes if isinstance(change, dict)
-                                  for path in change.get("changed deps", {})
-                                  if path.startswith("src/")}
+    stale = {name.split("@")[0]: _files(project, [path.removeprefix("src/")
+                                                  for change in changes
+                                                  if isinstance(change, dict)
+                                                  for path in change.get("changed deps", {})
+                                                  if path.startswith("src/")])
              for name, changes in status.items()}
     every = {path.relative_to(project / "src").as_posix() for path in sources}
     table = {}

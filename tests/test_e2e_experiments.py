@@ -53,8 +53,8 @@ def test_a_new_method_trains_and_evaluates_only_its_own_runs(dvc_project):
     assert not (project / "runs" / "auto_s-eps8-iid-seed0").exists()
     assert not (project / "traces" / "auto_s-eps8-iid-seed0.csv").exists()
     retired = project / ".dpclip" / "retired" / "auto_s-eps8-iid-seed0"
-    assert (retired / "run" / "model.pt").exists() and (retired / "trace.csv").exists()
-    assert (retired / "audit" / "audit.json").exists()
+    assert (retired / "runs" / "model.pt").exists() and (retired / "traces").exists()
+    assert (retired / "audits" / "audit.json").exists()
     assert (retired / "references" / "signals.npz").exists()
     assert not (project / "audits" / "auto_s-eps8-iid-seed0").exists()
 

@@ -226,7 +226,7 @@ class TuneParams(Section):
 class TrackingParams(Section):
     private_diagnostics: StrictBool = False  # MLflow also gets train_loss and batch_size
     # how MLflow stores each model: pt2 (torch.export: loads without dpclip and without
-    # unpickling code) or pickle (about 0.5 s less a model; MLflow warns it can run code on load)
+    # unpickling code) or pickle (quicker to log; MLflow warns it can run code on load)
     model_format: Literal["pt2", "pickle"] = "pt2"
 
 

@@ -12,58 +12,8 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
-from torch.autograd import forward_ad
 
 from dpclip.errors import DpclipError
-
-
-def _functorch_active() -> bool:
-    """Inside ``torch.func.grad``, ``vmap`` or ``jacrev`` (torch's own query, private)."""
-    query = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(query and query())
-
-
-class _ChannelsLastMaxPool(torch.autograd.Function):
-    """max_pool2d whose forward runs on a channels-last copy of the input and whose backward is
-    the default layout's own kernel, fed the same indices."""
-
-    @staticmethod
-    def forward(ctx, x, kernel_size, stride, padding, dilation, ceil_mode):
-        out, indices = torch.ops.aten.max_pool2d_with_indices(
-            x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding,
-            dilation, ceil_mode)
-        indices = indices.contiguous()
-        ctx.save_for_backward(x, indices)
-        ctx.settings = (kernel_size, stride, padding, dilation, ceil_mode)
-        return out.contiguous()
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, indices = ctx.saved_tensors
-        return (torch.ops.aten.max_pool2d_with_indices_backward(
-            grad.contiguous(), x, *ctx.settings, indices), None, None, None, None, None)
-
-
-class MaxPool2d(nn.MaxPool2d):
-    """``nn.MaxPool2d`` whose forward pass pools a channels-last copy of a CPU input. The
-    numbers are those of ``nn.MaxPool2d``: the same maximum and the same index (the first
-    maximum) per window, and the backward pass is the default layout's kernel on those indices
-    (tested bit for bit, ties included). Why: torch's CPU forward kernel for the default
-    (NCHW) layout is several times slower on these models' shapes (the paper CNN's first pool,
-    256 x 16 x 14 x 14, 2 x 2 stride 1: about 5 ms against 1.6 ms with the layout conversions,
-    torch 2.13 on two cores), while its backward kernel is the faster of the two. Under
-    ``torch.func`` transforms and forward-mode AD, which the custom backward does not support,
-    and on other devices it is ``nn.MaxPool2d``."""
-
-    def forward(self, input: torch.Tensor):  # noqa: A002 (nn.MaxPool2d's name for it)
-        if input.device.type != "cpu" or input.dim() != 4 or self.return_indices or \
-                _functorch_active() or forward_ad.unpack_dual(input).tangent is not None:
-            return super().forward(input)
-        pair = torch.nn.modules.utils._pair
-        return _ChannelsLastMaxPool.apply(
-            input, pair(self.kernel_size), pair(self.stride if self.stride is not None
-                                            else self.kernel_size),
-            pair(self.padding), pair(self.dilation), self.ceil_mode)
 
 
 def _mlp_layers(in_features: int, hidden: list[int], n_classes: int) -> OrderedDict:
@@ -98,7 +48,7 @@ def build_model(name: str, feature_shape: tuple[int, ...], n_classes: int,
             layers[f"conv{i}"] = nn.Conv2d(channels, out_ch, kernel_size=3, padding=1)
             layers[f"cact{i}"] = nn.ReLU()
             if min(height, width) >= 4:
-                layers[f"pool{i}"] = MaxPool2d(2)
+                layers[f"pool{i}"] = nn.MaxPool2d(2)
                 height, width = height // 2, width // 2
             channels = out_ch
         body = _mlp_layers(channels * height * width, hidden, n_classes)
@@ -127,7 +77,7 @@ def _paper_cnn(feature_shape: tuple[int, ...], n_classes: int, hidden: list[int]
         layers[f"conv{i}"] = nn.Conv2d(channels, out_ch, kernel_size=kernel, stride=2,
                                        padding=padding)
         layers[f"cact{i}"] = nn.ReLU()
-        layers[f"pool{i}"] = MaxPool2d(2, stride=1)
+        layers[f"pool{i}"] = nn.MaxPool2d(2, stride=1)
         height = (height + 2 * padding - kernel) // 2 + 1 - 1
         width = (width + 2 * padding - kernel) // 2 + 1 - 1
         channels = out_ch
@@ -161,8 +111,7 @@ def per_record_std(z: torch.Tensor) -> float:
 @torch.no_grad()
 def logits_of(model: nn.Module, x, batch: int = 512):
     """The model's logits on the records ``x`` (a float array), as a numpy array, in batches
-    (of 512: the CNN on 28x28 predicts 2.2x faster per record than in batches of 2048, whose
-    activations do not stay in the CPU's caches)."""
+    whose activations stay in the CPU's caches."""
     model = model.eval()
     return torch.cat([model(torch.as_tensor(x[i:i + batch], dtype=torch.float32))
                       for i in range(0, len(x), batch)]).numpy()

@@ -3,8 +3,7 @@
 torch, MKL and oneDNN pick their CPU kernels by the instruction set the processor has: on an
 AVX-512 machine a reduction or a matrix product runs other code, summing in another order, than
 on an AVX2 machine, so the same configuration trains to other weights; an adaptive method
-then amplifies the rounding difference (measured: the default pipeline's ``sanitize`` accuracy
-0.917 on this project's AVX-512 CPU against 0.901 with torch's AVX2 kernels). Each library can
+then amplifies the rounding difference (docs/measurements.md). Each library can
 be told the instruction set to use:
 
 * ``ATEN_CPU_CAPABILITY=avx2``: torch's own vectorised kernels (reductions, elementwise);

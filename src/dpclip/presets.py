@@ -12,9 +12,9 @@ and the wall time of each variant; :mod:`dpclip.reporting.evidence` reads the re
 Variants run side by side, one process each (``jobs``, default one per CPU), and every preset
 run trains with :data:`PRESET_THREADS` torch thread unless the preset sets ``train.threads``
 (params.yaml's does not count): a run's numbers depend on its thread count (floating-point
-sums split differently), never on how many runs share the machine. On a 2-core CPU two
-single-threaded runs side by side train 1.2x (the paper CNN) to 1.6x (the MNIST MLP) as many
-runs per hour as one two-threaded run after another (docs/measurements.md). One variant alone
+sums split differently), never on how many runs share the machine; single-threaded runs side
+by side train more runs per hour than two-threaded ones one after another
+(docs/measurements.md). One variant alone
 runs its runs side by side instead, ``jobs`` at a time (:mod:`dpclip.pipeline.side_by_side`).
 
 ``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``

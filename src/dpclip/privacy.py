@@ -167,8 +167,8 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
     """Smallest-found sigma whose epsilon after ``steps`` is <= target (Opacus binary search).
 
     Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
-    narrowed until epsilon is within ``tolerance`` of the target. The search takes 1 to 4 s on
-    a 2-core machine and its result depends on the arguments and the versions of Opacus, numpy
+    narrowed until epsilon is within ``tolerance`` of the target. The search takes seconds,
+    and its result depends on the arguments and the versions of Opacus, numpy
     and scipy only, so it is remembered: in this process (the runs of one stage that share (epsilon, delta, q, steps)
     search once) and across processes, in a memo file in the user's cache folder
     (:func:`noise_memo_path`: the train, audit and reference stages and their workers each

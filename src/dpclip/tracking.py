@@ -612,11 +612,9 @@ def log_children(children: Children, runs: list[RunKey], jobs: int = 1):
     """Log each of ``runs`` as a new child, yielding (key, its run id) in order: ``jobs`` > 1
     logs them side by side in worker processes (:mod:`dpclip.pipeline.side_by_side`; a SQLite
     store takes one writer at a time, the others wait), else in this process. Each child's
-    records are the same either way; only their wall-clock order in the store differs.
-
-    Why: exporting a model (``torch.export``), validating its input example and logging its
-    metrics took 0.3 s of one core per child here, after a first child of 2.3 s (imports,
-    the first export)."""
+    records are the same either way; only their wall-clock order in the store differs. Why:
+    exporting a model (``torch.export``) and validating its input example take a core's time
+    per child (docs/measurements.md)."""
     if jobs <= 1 or len(runs) <= 1:
         for key in runs:
             yield key, log_child(children, key)

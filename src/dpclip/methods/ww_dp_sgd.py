@@ -90,7 +90,7 @@ def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) 
     # fitted survival S_ij = (x_j / x_i)^(1 - alpha_i). Just below and at x_j the empirical
     # survival is R_j / m_i and (R_j - 1) / m_i, R_j = n - j, so the KS gap at x_j is
     # max(|S_ij - R_j/m_i|, |S_ij - (R_j - 1)/m_i|) = |S_ij - (R_j - 1/2)/m_i| + 1/(2 m_i).
-    # the n x n part runs in torch: its exp is vectorised and threaded, 3-4x numpy's here
+    # the n x n part runs in torch: its exp is vectorised and threaded
     t_slope, t_logs = torch.from_numpy(slope), torch.from_numpy(logs)
     gap = torch.outer(t_slope, t_logs)
     gap -= (t_slope * t_logs[starts])[:, None]
@@ -142,8 +142,7 @@ def spectrum(module: nn.Module) -> np.ndarray:
     """Eigenvalues of W^T W (= squared singular values of W) above float32 round-off.
 
     They come from the smaller of the Gram matrices W^T W and W W^T, which share the non-zero
-    ones, in the weights' float32 (4x faster than an SVD and 2x faster than float64 for
-    256 x 784). Eigenvalues below n * eps32 * lambda_max are round-off, not spectrum, and are
+    ones, in the weights' float32 (cheaper than an SVD or float64). Eigenvalues below n * eps32 * lambda_max are round-off, not spectrum, and are
     dropped.
     """
     w = probe_matrix(module).float().cpu()

@@ -2,9 +2,8 @@
 first, before anything loads torch: OpenMP's passive wait for the workers it forks.
 
 GNU OpenMP reads its wait policy once, as torch loads it, and by default its threads spin while
-they wait: two spinning workers of two threads on two cores took the default pipeline's train
-stage from 11.7 s (one process) to 46 s; waiting passively, the workers only, 7.8 s
-(docs/measurements.md). A policy the environment chose (``OMP_WAIT_POLICY``,
+they wait: spinning workers side by side on a machine's cores slow each other down several
+times over (docs/measurements.md). A policy the environment chose (``OMP_WAIT_POLICY``,
 ``GOMP_SPINCOUNT``) is kept, and the command's own process keeps its own. The policy changes
 when a thread sleeps, not what it computes.
 """

@@ -11,9 +11,8 @@ The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` s
 a fresh interpreter that imports :mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait
 for the workers) and the stage's module, and then forks each worker. Forking the command's own
 process instead would be cheaper, but torch's OpenMP thread pool does not survive a fork: a
-child forked after its parent ran one parallel region hangs in its own first one. The command
-starts the server before it imports torch itself (:func:`start_server`), so that the two
-imports overlap on two cores. The server, and so each worker, has the command's environment,
+child forked after its parent ran one parallel region hangs in its own first one. The server,
+and so each worker, has the command's environment,
 standard streams and umask; a worker runs in the command's working directory.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
@@ -63,11 +62,8 @@ def default_jobs(threads: int | None = None, device: str = "cpu") -> int:
     """``$DPCLIP_JOBS`` when it is set; else one worker when the runs may train on a GPU
     (``train.device`` cuda, or auto on a machine with an NVIDIA device: processes sharing one
     GPU is the user's choice, its memory the limit), and otherwise twice as many threads as
-    CPUs, at most one worker per CPU: with ``train.threads`` 2 on 2 cores, 2 workers.
-
-    Measured on 2 cores (docs/measurements.md): two workers of two threads took the default
-    pipeline's train stage from 11.7 to 7.8 s, and four paper-CNN runs on MNIST (compute
-    bound) from 17.9-18.2 to 16.7-16.9 s, so twice the threads does not slow the compute."""
+    CPUs, at most one worker per CPU: with ``train.threads`` 2 on 2 cores, 2 workers (twice
+    the threads does not slow the compute: docs/measurements.md)."""
     given = os.environ.get(JOBS_VARIABLE, "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
@@ -92,23 +88,17 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
-def start_server(modules: tuple[str, ...]) -> None:
-    """Start the workers' fork server now, importing :data:`SERVER_IMPORTS` and ``modules``
-    (what the workers import first), while this process goes on with its own imports and work.
-    multiprocessing starts its server with a process's first worker and waits for the server's
-    imports before that worker runs: so the first worker, one that does nothing, is started by a
-    thread of its own."""
-    context = _context()
-    context.set_forkserver_preload([*SERVER_IMPORTS, *modules])
-    threading.Thread(target=context.Process(target=os.getpid).start, daemon=True).start()
+def preload(modules: tuple[str, ...]) -> None:
+    """What the workers' fork server imports first, besides :data:`SERVER_IMPORTS` (the
+    stage's module): read when the first worker starts the server."""
+    _context().set_forkserver_preload([*SERVER_IMPORTS, *modules])
 
 
 @functools.cache
 def _context():
     """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
-    (and what :func:`start_server` adds) when this process starts it, with its first worker;
-    it runs until this process ends. Set up once, so that a pool does not take back what
-    :func:`start_server` added before the server read it."""
+    (and what :func:`preload` adds) when this process starts it, with its first worker; it
+    runs until this process ends."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(SERVER_IMPORTS))
     return context

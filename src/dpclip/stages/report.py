@@ -416,6 +416,9 @@ def data_use_markdown(metrics: list[dict]) -> str:
     for use, runs in groups.values():
         title = "All runs" if len(groups) == 1 else ", ".join(f"`{r}`" for r in runs)
         lines += [f"## {title}", ""]
+        if not isinstance(use, dict):
+            lines += ["— (not recorded)", ""]
+            continue
         lines += ["| component | data it saw |", "|---|---|"]
         lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in use.items()]
         lines.append("")
@@ -473,8 +476,8 @@ def report(params: Params, layout: Layout = Layout(), track: bool = True,
     drawing = partial(draw_figures, layout, runs, table, attacks_in(metrics),
                       overlays["privacy_utility_seeds.csv"])
     if track and jobs > 1:
-        # drawn in a worker while this process creates the MLflow store (on a new store
-        # MLflow's schema migrations alone took 1.6 s here); logged once drawn
+        # drawn in a worker while this process creates the MLflow store (its schema
+        # migrations are slow on a new one); logged once drawn
         with in_a_worker(drawing, "drawing the report's figures") as drawn:
             logged = log_pipeline(params, layout, runs, jobs, figures=drawn)
     else:

@@ -26,8 +26,8 @@ channels / groups x kernel size):
   (2022) picks by the layer's dimensions. The ghost norm ``||g_i||^2 = <A_i^T A_i, D_i^T D_i>``
   (A_i: T x d inputs or unfolded patches, D_i: T x p output gradients) costs B T^2 (p + d) and
   is taken iff 2 T^2 < p d and the per-sample gradients would exceed
-  :data:`INSTANTIATION_BUDGET` numbers (measured: below it instantiating is the faster way on
-  the CPU); otherwise the per-sample gradients D_i^T A_i (B p d) are instantiated and kept for
+  :data:`INSTANTIATION_BUDGET` numbers (below it instantiating is the faster way on the CPU:
+  docs/measurements.md); otherwise the per-sample gradients D_i^T A_i (B p d) are instantiated and kept for
   the weighted sum sum_i w_i g_i. The ghost norm's sum over pairs of
   positions cancels when inputs are alike and output gradients alternate in sign (in float32 a
   true norm of 0.01 came out as 0.000), so it is computed in float64 with the error bound of
@@ -268,10 +268,9 @@ def _plain_conv(module: nn.Module) -> bool:
 
 
 # per-sample gradients of at most this many numbers (B p d) are instantiated even where the
-# ghost norm takes fewer operations: measured on the paper CNN's conv2 (B = 256, T = 25,
-# p d = 8,192: 2 M numbers), instantiating (a grouped convolution, 3.0-6.0 ms for norm and sum)
-# beat the float64 ghost norm and float64 weighted sum (12.5-13.9 ms) on two cores, and it
-# holds less memory than the float64 patches the ghost norm needs (B T d)
+# ghost norm takes fewer operations: a grouped convolution beats the float64 ghost norm and
+# weighted sum there (docs/measurements.md), and holds less memory than the float64 patches
+# the ghost norm needs (B T d)
 INSTANTIATION_BUDGET = 1 << 24
 
 

@@ -18,7 +18,7 @@ from dpclip.train.setup import RunSetup
 from dpclip.train.book_keeping import BookKeeping, wrap_for_dp
 from dpclip.train.step import dp_step
 
-# PRV epsilon costs ~0.5 s a call: the trace samples it at about this many steps per run.
+# the PRV accountant is slow to call: the trace samples epsilon at about this many steps a run
 PRV_TRACE_POINTS = 50
 
 
