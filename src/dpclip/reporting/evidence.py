@@ -663,9 +663,46 @@ def _adjacency_mismatch(table: pd.DataFrame, method: str, baselines: list[str],
 
 
 def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) -> Finding:
-    """The verdict of one claim on its preset's runs (``table``: None when not run); a claim
-    about the accounting itself is computed (:mod:`dpclip.reporting.accounting`), one about
-    cost read from a committed bench output in ``project`` (:mod:`dpclip.reporting.benchmarks`)."""
+    """The verdict of one claim on its preset's runs (``table``: None when not run), in four
+    steps: a claim judged without runs (:func:`_judged_without_runs`); the runs it compares
+    (:func:`_compared_runs`); one row per configuration with its test (:func:`_rows`); and the
+    verdict from those rows and the baseline's fidelity (:func:`_verdict`)."""
+    without_runs = _judged_without_runs(claim, table, project)
+    if without_runs is not None:
+        return without_runs
+    runs = _compared_runs(claim, table)
+    if isinstance(runs, Finding):
+        return runs
+    rows, sign, metric_text = _rows(claim, runs)
+    if not rows or min(r["seeds"] for r in rows) < 2:  # the baseline and the means still show
+        _, fidelity_lines, worst = fidelity(claim, runs.gate_table)
+        ours = [f"{_label(r)}: {runs.method} {r['method_mean'][0]:.4g} vs {r['baseline']} "
+                f"{r['baseline_mean'][0]:.4g} ({runs.metric}, {r['seeds']} seed)"
+                for r in rows if r["seeds"] == 1]
+        return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", ours=ours,
+                       fidelity=fidelity_lines, worst_baseline=worst,
+                       preconditions=[line for _, line, _ in runs.checked])
+    ours = [_describe(r, runs.method, metric_text) for r in rows]
+    reproduced, fidelity_lines, worst = fidelity(claim, runs.gate_table)
+    failed = [line for holds, line, _ in runs.checked if holds is False]
+    verdict, reason, needed, unfair = _verdict(claim, runs, rows, sign, reproduced,
+                                               fidelity_lines, failed)
+    excluded = [_label(dict(zip(runs.by, key))) for key in runs.excluded]
+    if excluded and not failed:
+        reason += (f"; not testable at this scale in {', '.join(excluded)} (a precondition "
+                   f"fails there)")
+    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
+                   [line for _, line, _ in runs.checked], metric_text=metric_text,
+                   excluded=excluded if not failed else [], method=runs.method,
+                   unjudged=sorted(unfair) if verdict == CONTRADICTED and not reproduced else [])
+
+
+def _judged_without_runs(claim: dict, table: pd.DataFrame | None,
+                         project: Path | None) -> Finding | None:
+    """The verdict of a claim that needs no runs, or that has none: untestable as stated, one
+    about the accounting itself (:mod:`dpclip.reporting.accounting`), one about cost read from
+    a committed bench output in ``project`` (:mod:`dpclip.reporting.benchmarks`), or a preset
+    not run; None for a claim its runs judge."""
     if "untestable" in claim:
         return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
     if claim.get("rule") == "accounting":
@@ -687,6 +724,27 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
     if table is None:
         return Finding(claim, UNTESTABLE, f"the preset {claim['preset']!r} has not been run "
                                           f"(`dpclip preset {claim['preset']}`)")
+    return None
+
+
+@dataclass
+class _Runs:
+    """What a claim compares: its method against its baselines on ``compared`` (the runs of
+    the configurations where its preconditions let the mechanism act), and ``gate_table``,
+    every run the baseline gate reads."""
+
+    compared: pd.DataFrame
+    gate_table: pd.DataFrame
+    method: str
+    baselines: list[str]
+    metric: str
+    by: list[str]  # the columns that make a configuration
+    checked: list[tuple]  # each precondition: (holds, its line, the configurations it fails)
+    excluded: list[tuple]  # the configurations a precondition leaves out
+
+
+def _compared_runs(claim: dict, table: pd.DataFrame) -> _Runs | Finding:
+    """The runs a claim compares, or why they cannot be compared (a Finding)."""
     method, metric, rule = claim["method"], claim["metric"], claim["rule"]
     lacking = (table.attrs.get("lacking") or {}).items()  # read before any filter drops attrs
     baselines = [] if rule == "at_most" else claim.get("baselines") or [claim["baseline"]]
@@ -732,23 +790,24 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
         # judged where the mechanism acts; the other configurations are not testable here
         keys = compared[by].apply(tuple, axis=1)
         compared = compared[~keys.isin(excluded)]
+    return _Runs(compared, gate_table, method, baselines, metric, by, checked, excluded)
+
+
+def _rows(claim: dict, runs: _Runs) -> tuple[list[dict], int, str]:
+    """One row per configuration, each with its test (:func:`_assess`); the sign that makes
+    the claim's direction positive; what the differences are of."""
+    rule, metric, method, baselines = claim["rule"], runs.metric, runs.method, runs.baselines
     if rule == "smaller_spread":
-        rows = _spread_rows(compared, method, baselines[0], metric)
+        rows = _spread_rows(runs.compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
     elif rule == "at_most":
-        rows = _bound_rows(compared, method, metric, claim["bound"])
+        rows = _bound_rows(runs.compared, method, metric, claim["bound"])
         sign, metric_text = -1, metric
     else:
-        rows = _comparisons(compared, method, baselines, metric)
+        rows = _comparisons(runs.compared, method, baselines, metric)
         sign, metric_text = (1 if HIGHER_IS_BETTER[metric] else -1), metric
-    if not rows or min(r["seeds"] for r in rows) < 2:  # the baseline and the means still show
-        reproduced, fidelity_lines, worst = fidelity(claim, gate_table)
-        ours = [f"{_label(r)}: {method} {r['method_mean'][0]:.4g} vs {r['baseline']} "
-                f"{r['baseline_mean'][0]:.4g} ({metric}, {r['seeds']} seed)"
-                for r in rows if r["seeds"] == 1]
-        return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", ours=ours,
-                       fidelity=fidelity_lines, worst_baseline=worst,
-                       preconditions=[line for _, line, _ in checked])
+    if not rows or min(r["seeds"] for r in rows) < 2:
+        return rows, sign, metric_text
     margin = float(claim["margin"]) if rule == "within" else None
     check = claim.get("reproduce") or {}
     for row in rows:
@@ -762,34 +821,38 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
             if row["paper_baseline"] is not None and row["paper_effect"] is not None:
                 row["paper_method"] = row["paper_baseline"] + row["paper_effect"]
         row["label"] = _label(row) + (f" vs {row['baseline']}" if len(baselines) > 1 else "")
-    ours = [_describe(r, method, metric_text) for r in rows]
-    reproduced, fidelity_lines, worst = fidelity(claim, gate_table)
-    failed = [line for holds, line, _ in checked if holds is False]
+    return rows, sign, metric_text
+
+
+def _verdict(claim: dict, runs: _Runs, rows: list[dict], sign: int, reproduced: bool,
+             fidelity_lines: list[str], failed: list[str]
+             ) -> tuple[str, str, int | None, set]:
+    """(verdict, reason, seeds needed, the configurations the gate leaves unjudged).
+
+    A contradiction where the baseline does reproduce the paper's number is a fair one: the
+    claims are about every configuration, so one contradicted configuration decides, and the
+    others are named (the family m stays every configuration's: nothing is chosen after the
+    fact). "Held" needs every configuration, so it needs the setting reproduced in all."""
+    rule, method, metric = claim["rule"], runs.method, runs.metric
+    margin = float(claim["margin"]) if rule == "within" else None
     outcomes = [r["outcome"] for r in rows]
-    needed = None
-    # a contradiction where the baseline does reproduce the paper's number is a fair one: the
-    # claims are about every configuration, so one contradicted configuration decides, and the
-    # others are named (the family m stays every configuration's: nothing is chosen after the
-    # fact). "Held" needs every configuration, so it needs the setting reproduced in all.
-    _mark_fair(rows, claim, gate_table, rule)
-    unfair = gate_failures(claim, gate_table) if rule != "smaller_spread" else set()
+    _mark_fair(rows, claim, runs.gate_table, rule)
+    unfair = gate_failures(claim, runs.gate_table) if rule != "smaller_spread" else set()
     fair_contradicted = [r for r in rows if r["outcome"] == CONTRADICTED and r["gate_ok"]]
     if not reproduced and not (fair_contradicted and not failed and unfair):
-        verdict = NOT_REPRODUCED
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
                   f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
         if failed:  # both: say so, the scale would not be enough either
             reason += "; nor could the mechanism act here: " + "; ".join(failed)
-    elif failed:
-        verdict = NOT_AT_SCALE
-        reason = "; ".join(failed)
-    elif all(o == HELD for o in outcomes):
-        verdict = HELD
+        return NOT_REPRODUCED, reason, None, unfair
+    if failed:
+        return NOT_AT_SCALE, "; ".join(failed), None, unfair
+    if all(o == HELD for o in outcomes):
         reason = ("non-inferior within the margin " if margin is not None else
                   f"significantly below the bound {claim.get('bound')} " if rule == "at_most"
                   else "significant in the paper's direction ") + "in every configuration"
-    elif CONTRADICTED in outcomes:
-        verdict = CONTRADICTED
+        return HELD, reason, None, unfair
+    if CONTRADICTED in outcomes:
         reason = "; ".join(
             f"{r['label']}: the difference {r['difference']:+.3g} over {r['seeds']} seeds, "
             f"[{_number(r['contradiction_interval'][0])}, "
@@ -803,41 +866,37 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
             for r in (fair_contradicted if not reproduced else rows)
             if r["outcome"] == CONTRADICTED)
         if not reproduced:
-            reason += "; not judged in " + _unjudged(claim, gate_table, unfair)
+            reason += "; not judged in " + _unjudged(claim, runs.gate_table, unfair)
+        return CONTRADICTED, reason, None, unfair
+    return (INCONCLUSIVE, *_undecided(claim, rows, margin), unfair)
+
+
+def _undecided(claim: dict, rows: list[dict], margin: float | None) -> tuple[str, int | None]:
+    """Why an inconclusive claim is open, and the paired seeds that would decide it."""
+    open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
+    # held needs every open configuration to hold, contradicted any one to contradict
+    to_hold = [r.get("seeds_to_hold") for r in open_rows]
+    to_contradict = [n for n in (r.get("seeds_to_contradict") for r in open_rows) if n]
+    counts = [n for n in (None if None in to_hold else max(to_hold),
+                          min(to_contradict, default=None)) if n]
+    needed = min(counts) if counts else None
+    reason = ("; ".join(r["label"] for r in open_rows) + (
+        f": the interval contains the bound {claim['bound']:g}" if claim["rule"] == "at_most"
+        else ": the interval contains no effect, and the paper states no size of effect to "
+        "test against" if claim.get("effect") is None and margin is None else
+        ": the interval contains both "
+        + ("a loss of the margin" if margin is not None else "no effect")
+        + " and the paper's effect"))
+    ran = min(r["seeds"] for r in open_rows)
+    reason += unreachable(ran, len(rows))
+    if needed and needed <= ran:  # powered, yet undecided: 1 in 5 such runs is
+        reason += (f"; the observed spread gives {POWER:.0%} power at {needed} paired "
+                   f"seeds and {ran} ran: these did not decide it, more seeds would")
     else:
-        verdict = INCONCLUSIVE
-        open_rows = [r for r in rows if r["outcome"] == INCONCLUSIVE]
-        # held needs every open configuration to hold, contradicted any one to contradict
-        to_hold = [r.get("seeds_to_hold") for r in open_rows]
-        to_contradict = [n for n in (r.get("seeds_to_contradict") for r in open_rows) if n]
-        counts = [n for n in (None if None in to_hold else max(to_hold),
-                              min(to_contradict, default=None)) if n]
-        needed = min(counts) if counts else None
-        reason = ("; ".join(r["label"] for r in open_rows) + (
-            f": the interval contains the bound {claim['bound']:g}" if rule == "at_most" else
-            ": the interval contains no effect, and the paper states no size of effect to "
-            "test against" if claim.get("effect") is None and margin is None else
-            ": the interval contains both "
-            + ("a loss of the margin" if margin is not None else "no effect")
-            + " and the paper's effect"))
-        ran = min(r["seeds"] for r in open_rows)
-        reason += unreachable(ran, len(rows))
-        if needed and needed <= ran:  # powered, yet undecided: 1 in 5 such runs is
-            reason += (f"; the observed spread gives {POWER:.0%} power at {needed} paired "
-                       f"seeds and {ran} ran: these did not decide it, more seeds would")
-        else:
-            reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
-                       if needed else "; the seeds needed cannot be estimated (no paper "
-                       "effect, no spread, or more than 1000)")
-    if excluded and not failed:
-        reason += ("; not testable at this scale in "
-                   + ", ".join(_label(dict(zip(by, key))) for key in excluded)
-                   + " (a precondition fails there)")
-    return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
-                   [line for _, line, _ in checked], metric_text=metric_text,
-                   excluded=[_label(dict(zip(by, key))) for key in excluded]
-                   if not failed else [], method=method,
-                   unjudged=sorted(unfair) if verdict == CONTRADICTED and not reproduced else [])
+        reason += (f"; about {needed} paired seeds would decide it at {POWER:.0%} power"
+                   if needed else "; the seeds needed cannot be estimated (no paper "
+                   "effect, no spread, or more than 1000)")
+    return reason, needed
 
 
 def ablation_lines(claim: dict, results: Path) -> list[str]:
