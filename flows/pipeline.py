@@ -39,7 +39,7 @@ from prefect.tasks import exponential_backoff
 from dpclip.attacks import baseline_attack
 from dpclip.errors import DpclipError
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, configured_runs
+from dpclip.run_keys import RunKey, configured_runs
 from dpclip.pipeline.params import load_params
 from dpclip.catalog import ONCE, PER_ALPHA, PER_RUN, STAGES, Stage, upstream
 from dpclip.runner import UP_TO_DATE, run_one, stage_module, stage_options, tidy

@@ -31,7 +31,7 @@ def test_the_audit_trains_on_streams_of_its_own(tmp_path, tiny_raw, write_params
     from conftest import prepared_project
 
     from dpclip.layout import Layout
-    from dpclip.naming import RunKey
+    from dpclip.run_keys import RunKey
     from dpclip.pipeline.inputs import run_inputs
     from dpclip.stages import audit as stage
 

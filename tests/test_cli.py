@@ -11,7 +11,7 @@ import pytest
 from conftest import prepared_project
 from dpclip.cli import main
 from dpclip.errors import DpclipError
-from dpclip.io import atomic_path, write_json
+from dpclip.files import atomic_path, write_json
 
 
 def _files(root):
@@ -127,7 +127,7 @@ def test_the_same_weights_give_the_same_model_file(tmp_path):
     is called (torch names the archive's folder after the file)."""
     import torch
 
-    from dpclip.io import write_torch
+    from dpclip.files import write_torch
 
     weights = {"w": torch.arange(6.0).reshape(2, 3)}
     a = write_torch(tmp_path / "a" / "model.pt", weights)
@@ -222,7 +222,7 @@ def test_a_prefect_run_forms_changes_are_validated_like_params_yaml(tmp_path, ti
     """The deployment's run form (methods, target epsilons, seeds, dataset) goes through the
     same schema; an integral epsilon keeps YAML's spelling, so run names match DVC's."""
     from dpclip.pipeline.params import load_params
-    from dpclip.naming import configured_runs
+    from dpclip.run_keys import configured_runs
     from flows.pipeline import overrides
 
     path = write_params(tiny_raw())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpclip.pipeline.params import parse_params
-from dpclip.naming import run_name
+from dpclip.run_keys import run_name
 from dpclip.errors import ConfigError
 
 

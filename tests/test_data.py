@@ -11,7 +11,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.pipeline.params import parse_params
 from dpclip.data import fit_encoder, read_source
 from dpclip.data.idx import IDX_FILES, read_idx

@@ -32,9 +32,9 @@ import yaml  # noqa: E402
 
 from dpclip.reporting import plots  # noqa: E402
 from dpclip.pipeline.params import parse_params  # noqa: E402
-from dpclip.io import write_csv_frame, write_json  # noqa: E402
+from dpclip.files import write_csv_frame, write_json  # noqa: E402
 from dpclip.layout import Layout  # noqa: E402
-from dpclip.naming import configured_runs  # noqa: E402
+from dpclip.run_keys import configured_runs  # noqa: E402
 from dpclip.stages.evaluate import run_summary  # noqa: E402
 from dpclip.stages.report import report  # noqa: E402
 
@@ -220,7 +220,7 @@ def test_report_files_get_the_umask_mode(reported):
 def test_atomic_writes_are_not_private_to_their_owner(tmp_path):
     """tempfile makes 0600 files and 0700 folders; renamed into place they must read like any
     other output: 0644 and 0755 under the usual umask 022."""
-    from dpclip.io import atomic_dir, write_text
+    from dpclip.files import atomic_dir, write_text
 
     umask = os.umask(0o022)
     try:

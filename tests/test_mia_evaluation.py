@@ -13,12 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpclip.artifacts import load_partition, load_split
+from dpclip.stage_outputs import load_partition, load_split
 from dpclip.attacks.common.membership import class_matched_indices, label_only_auc, label_only_scores
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError, DpclipError
-from dpclip.io import read_json, write_csv_frame, write_json
+from dpclip.files import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.models import build_model
 from dpclip.stages.evaluate import evaluate, ir_attack

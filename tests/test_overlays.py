@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from dpclip.pipeline.params import parse_params
-from dpclip.io import read_json, write_csv_frame, write_json
+from dpclip.files import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.naming import configured_runs
+from dpclip.run_keys import configured_runs
 from dpclip.catalog import BY_NAME
 from dpclip.runner import tidy
 from dpclip.stages.evaluate import run_summary
@@ -34,12 +34,13 @@ def test_the_summary_takes_the_attack_strongest_at_low_fpr():
     summary = run_summary(_metrics(7.5, mia, {"blackbox": {"epsilon_lower_bound": 0.4},
                                               "whitebox": {"epsilon_lower_bound": 1.2}}))
     assert summary == {"epsilon": 7.5, "dp_guarantee": True, "adjacency_add_remove": True,
-                       "accuracy": 0.9, "ece": 0.05, "mia_auc": 0.55,
-                       "mia_tpr_at_fpr_0.1pct": 0.010, "mia_tpr_at_fpr_1pct": 0.03,
+                       "accuracy": 0.9, "ece": 0.05, "strongest_auc": 0.55,
+                       "strongest_tpr_at_fpr_0.1pct": 0.010,
+                       "strongest_tpr_at_fpr_1pct": 0.03,
                        "audit_epsilon_lower_bound": 1.2}
     # equal TPR at 0.1% FPR: the higher AUC wins; no audit, no key
     tied = run_summary(_metrics(None, {"loss": loss, "rmia": {**loss, "auc": 0.7}}))
-    assert tied["mia_auc"] == 0.7 and tied["epsilon"] is None
+    assert tied["strongest_auc"] == 0.7 and tied["epsilon"] is None
     assert "audit_epsilon_lower_bound" not in tied
     assert all(isinstance(v, (int, float)) or v is None for v in tied.values())  # DVC: numbers
 

@@ -14,7 +14,7 @@ from conftest import merged, prepared_project, tiny_project_params
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.presets import available_presets, load_preset, variant_params
 from dpclip.reporting.seed_stats import minimum_exact_seeds, seeds_needed
 
@@ -165,7 +165,7 @@ def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
         tmp_path, tiny_raw, write_params):
     from dpclip.bench import cost_text, training_cost
     from dpclip.layout import Layout
-    from dpclip.naming import configured_runs
+    from dpclip.run_keys import configured_runs
     from dpclip.pipeline.params import load_params
 
     raw = tiny_raw(train={"methods": ["non_private", "dp_sgd"], "seeds": [0, 1]},

@@ -13,7 +13,7 @@ import yaml
 from conftest import PROJECT
 from dpclip.pipeline.params import parse_params
 from dpclip.layout import Layout
-from dpclip.naming import configured_runs
+from dpclip.run_keys import configured_runs
 from dpclip.pipeline import provenance
 from dpclip.catalog import BY_NAME
 
@@ -138,7 +138,7 @@ def test_touching_a_helper_makes_exactly_the_runs_that_import_it_stale(tiny_raw,
         return found
 
     assert touch("methods/common/dc_sgd.py") == ["dc_sgd_p", "dc_sgd_e"]
-    assert touch("artifacts.py") == methods
+    assert touch("stage_outputs.py") == methods
     assert touch("stages/partition.py") == []
     assert touch("stages/report.py") == []
     assert touch("attacks/common/signals.py") == []

@@ -14,11 +14,11 @@ import struct
 import numpy as np
 import pytest
 
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.pipeline.params import parse_params
 from dpclip.data.idx import IDX_FILES
 from dpclip.errors import DpclipError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.stages.prepare import prepare
 

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from conftest import prepared_project
-from dpclip.artifacts import load_signals, load_split
+from dpclip.stage_outputs import load_signals, load_split
 from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.stages.reference import complementary_halves, first_and_last, reference_seed
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from dpclip.pipeline.params import parse_params
-from dpclip.io import write_csv_frame, write_json
+from dpclip.files import write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.stages.evaluate import run_summary
 from dpclip.stages.report import COLUMNS, data_use_markdown, report

@@ -10,11 +10,11 @@ import yaml
 from sklearn.datasets import load_breast_cancer
 
 from conftest import PROJECT
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.pipeline.params import parse_params
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
-from dpclip.naming import configured_runs
+from dpclip.run_keys import configured_runs
 from dpclip.catalog import BY_NAME
 from dpclip.runner import run_every
 from dpclip.stages.partition import partition

@@ -63,7 +63,7 @@ def test_dirichlet_rejects_non_positive_alpha():
 def test_max_records_draws_a_stratified_subset_before_the_splits(tmp_path, tiny_raw):
     from dpclip.pipeline.params import parse_params
     from dpclip.layout import Layout
-    from dpclip.artifacts import load_split
+    from dpclip.stage_outputs import load_split
     from dpclip.stages.prepare import prepare
 
     layout = Layout(tmp_path)

@@ -163,13 +163,13 @@ def test_no_import_runs_back_up_to_the_stages():
 # the package's layers, bottom up: a module imports its own layer's modules and those below,
 # never above (the first part of the name after dpclip. decides; a new one must be placed)
 LAYERS = (
-    ("foundation", {"errors", "io", "hashing", "numerics", "threads", "randomness", "registry",
-                    "param_types", "naming", "layout", "trace_columns", "code_closure",
-                    "catalog"}),
+    ("foundation", {"errors", "files", "hashing", "numerics", "threads", "randomness",
+                    "registry", "param_types", "run_keys", "layout", "trace_columns",
+                    "code_closure", "catalog"}),
     ("schema", {"config"}),  # knows no plugin family
     ("domain", {"privacy", "models", "data", "methods", "attacks", "train", "audit", "metrics",
                 "pretraining"}),  # the training library reads no pipeline file
-    ("outputs", {"artifacts", "retire", "reporting"}),
+    ("outputs", {"stage_outputs", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
     ("stages", {"stages", "tracking", "runner"}),
     ("tools", {"cli", "commands", "presets", "bench", "advise"}),
@@ -248,7 +248,7 @@ def test_the_schema_imports_no_plugin_family():
 
 
 def test_no_stage_imports_another_stage():
-    """What a stage wrote is read through dpclip.artifacts (and a run's inputs through
+    """What a stage wrote is read through dpclip.stage_outputs (and a run's inputs through
     dpclip.pipeline.inputs), so a stage's code does not include another stage's."""
     from dpclip.code_closure import direct_imports
 

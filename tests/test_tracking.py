@@ -99,7 +99,7 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
     import numpy as np
 
     from dpclip.layout import Layout
-    from dpclip.artifacts import load_split
+    from dpclip.stage_outputs import load_split
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -158,7 +158,7 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
 
     from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout
-    from dpclip.naming import configured_runs
+    from dpclip.run_keys import configured_runs
     from dpclip.tracking import (HEADLINE_METRICS, VIEW_ID, VIEW_TAG, describe, log_pipeline,
                                  model_name)
 

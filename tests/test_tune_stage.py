@@ -14,7 +14,7 @@ from conftest import prepared_project
 from dpclip.cli import main
 from dpclip.errors import ConfigError
 from dpclip.pipeline.params import parse_params
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.stages.tune import tuning_data
 
@@ -137,7 +137,7 @@ def test_a_range_must_increase(tiny_raw):
 
 
 def test_the_report_shows_the_untuned_contrast(tmp_path):
-    from dpclip.io import write_json
+    from dpclip.files import write_json
     from dpclip.stages.report import tuning_section
 
     layout = Layout(tmp_path)
@@ -158,7 +158,7 @@ def test_the_report_shows_the_untuned_contrast(tmp_path):
 
 
 def test_mlflow_shows_the_values_a_tuned_run_trained_with(tmp_path, tiny_raw, write_params):
-    from dpclip.naming import RunKey
+    from dpclip.run_keys import RunKey
     from dpclip.tracking import run_params
 
     base, layout = _tuned_project(tmp_path, tiny_raw, write_params, ["dp_sgd"])
@@ -182,7 +182,7 @@ def test_values_searched_on_other_data_are_refused(tmp_path, tiny_raw, write_par
 
 
 def test_tuning_another_method_leaves_a_trained_run_current(tmp_path, tiny_raw, write_params):
-    from dpclip.naming import RunKey
+    from dpclip.run_keys import RunKey
     from dpclip.catalog import BY_NAME
     from dpclip.pipeline.provenance import is_current
 

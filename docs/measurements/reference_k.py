@@ -27,9 +27,9 @@ from dpclip.stages.shadow import shadow
 from dpclip.stages.train import train_all
 from dpclip.stages.tune import tune
 from dpclip.pipeline.params import load_params
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 
 
 def main() -> None:

@@ -31,10 +31,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.config import Params
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_json, write_text
+from dpclip.files import read_json, write_json, write_text
 from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
 from dpclip.models import build_model, layer_names

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from dpclip.errors import DpclipError
-from dpclip.io import write_json
+from dpclip.files import write_json
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, configured_runs, parse_scalar
+from dpclip.run_keys import RunKey, configured_runs, parse_scalar
 from dpclip.pipeline.side_by_side import (JOBS_VARIABLE, configure_process, default_jobs,
                                           preload)
 from dpclip.catalog import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dpclip.errors import DpclipError
-from dpclip.naming import configured_runs
+from dpclip.run_keys import configured_runs
 
 
 def preset(args) -> int:

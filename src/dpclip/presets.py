@@ -34,9 +34,9 @@ import yaml
 from dpclip.bench import cost_text, training_cost
 from dpclip.config import with_overrides
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_json, write_text
+from dpclip.files import read_json, write_json, write_text
 from dpclip.layout import Layout
-from dpclip.naming import configured_runs
+from dpclip.run_keys import configured_runs
 from dpclip.runner import run_stages
 from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence

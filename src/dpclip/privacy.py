@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dpclip.errors import DpclipError
-from dpclip.io import write_json
+from dpclip.files import write_json
 
 ACCOUNTANTS = ("rdp", "prv")
 

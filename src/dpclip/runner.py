@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from dpclip import retire
 from dpclip.catalog import ONCE, PER_ALPHA, STAGES, Stage
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, configured_runs
+from dpclip.run_keys import RunKey, configured_runs
 
 UP_TO_DATE = "up to date: its inputs and outputs match its provenance.json"
 

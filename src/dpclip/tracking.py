@@ -57,16 +57,16 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from dpclip.artifacts import load_model, load_split
+from dpclip.stage_outputs import load_model, load_split
 from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
 from dpclip.data.sources import get_source
 from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline.provenance import record_path
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS

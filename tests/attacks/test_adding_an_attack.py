@@ -15,7 +15,7 @@ from conftest import docs_example
 from dpclip.attacks import AttackEvidence, available_attacks, build, get_attack, headline_attack
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import ConfigError, DpclipError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition

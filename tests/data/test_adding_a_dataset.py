@@ -12,7 +12,7 @@ from conftest import docs_example
 from dpclip.pipeline.params import parse_params
 from dpclip.data.sources import available_sources
 from dpclip.errors import ConfigError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.stages.evaluate import evaluate
 from dpclip.stages.partition import partition

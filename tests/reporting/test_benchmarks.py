@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dpclip.errors import DpclipError
-from dpclip.io import write_json
+from dpclip.files import write_json
 from dpclip.reporting.benchmarks import probe_share, run_check, step_ratio
 from dpclip.reporting.evidence import (CONTRADICTED_BY_BENCHMARK, HELD_BY_BENCHMARK,
                                        UNTESTABLE, evidence, evidence_markdown, judge,

@@ -17,7 +17,7 @@ import numpy as np
 
 from dpclip.data.dataset import Dataset
 from dpclip.errors import DpclipError
-from dpclip.io import atomic_path
+from dpclip.files import atomic_path
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte.gz",

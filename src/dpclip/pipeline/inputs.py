@@ -11,13 +11,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dpclip.artifacts import load_partition, load_risk, load_split
+from dpclip.stage_outputs import load_partition, load_risk, load_split
 from dpclip.config import Params
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import layer_names
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 from dpclip.train import PublicData, TrainConfig
 from dpclip.pipeline.tuned import tuned_values, with_values
 

@@ -30,10 +30,10 @@ from dpclip.catalog import SHADOW_RISK, Stage
 from dpclip.code_closure import PACKAGE, closure_files, package_modules
 from dpclip.config import option_values
 from dpclip.hashing import file_hash
-from dpclip.io import read_json, write_json
+from dpclip.files import read_json, write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey, alpha_tag, configured_runs
+from dpclip.run_keys import RunKey, alpha_tag, configured_runs
 from dpclip.pipeline.side_by_side import run_side_by_side
 from dpclip.pipeline.tuned import tuned_values
 from dpclip.threads import thread_count
@@ -96,7 +96,7 @@ def _lookup(tree: dict, dotted: str):
 
 def inputs(stage: Stage, params, key, layout: Layout, tuned=READ) -> dict:
     """The run's inputs: parameter values and file hashes (``key``: a
-    :class:`~dpclip.naming.RunKey`). ``tuned``: the run's tuned values when the caller has
+    :class:`~dpclip.run_keys.RunKey`). ``tuned``: the run's tuned values when the caller has
     resolved the run already (:func:`dpclip.pipeline.inputs.run_inputs`); read otherwise."""
     runs = stage.per_run
     tree = params.to_dict()

@@ -17,9 +17,9 @@ import json
 from dpclip.config import Params, option_values, with_overrides
 from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
-from dpclip.naming import epsilon_tag
+from dpclip.run_keys import epsilon_tag
 from dpclip.pipeline.params import parse_params
 
 # train.* keys that do not change what a trial measures (the run matrix, where and how often)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpclip.errors import DpclipError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.reporting.checks import Check, positive_number
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpclip.errors import DpclipError
-from dpclip.reporting.marks import LEGEND, epsilon_mark, summary_adjacency
+from dpclip.reporting.epsilon_marks import LEGEND, epsilon_mark, summary_adjacency
 
 MAX_WIDTH = 120
 SUMMARY_DIR = "summary"

@@ -61,7 +61,7 @@ import pandas as pd
 import yaml
 
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_text
+from dpclip.files import read_json, write_text
 from dpclip.reporting import accounting, benchmarks
 from dpclip.reporting.lead import lead_lines, load_mechanisms
 from dpclip.reporting.plots import claim_figure

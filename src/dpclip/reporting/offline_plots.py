@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from dpclip.errors import DpclipError
-from dpclip.io import write_text
+from dpclip.files import write_text
 
 # package -> (version DVC's page loads, the file inside the npm archive, the registry's
 # dist.integrity for that version)

@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from dpclip.audit.status import audit_status
-from dpclip.io import read_json, write_csv_frame
+from dpclip.files import read_json, write_csv_frame
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, alpha_tag
-from dpclip.reporting.marks import series_label, summary_adjacency
+from dpclip.run_keys import RunKey, alpha_tag
+from dpclip.reporting.epsilon_marks import series_label, summary_adjacency
 from dpclip.reporting.seed_stats import mean_interval
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
@@ -106,7 +106,8 @@ def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
 
 
 PRIVACY_UTILITY = ["run", "method", "series", "target_epsilon", "alpha", "seed", "epsilon",
-                   "dp_guarantee", "adjacency", "accuracy", "ece", "mia_auc", "mia_tpr_at_fpr_0.1pct",
+                   "dp_guarantee", "adjacency", "accuracy", "ece", "strongest_auc",
+                   "strongest_tpr_at_fpr_0.1pct",
                    "audit_epsilon_lower_bound", "attack_auc", "attack_tpr_at_low_fpr",
                    "audit_status"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpclip.io import write_figure
-from dpclip.reporting.marks import NO_GUARANTEE, OTHER_ADJACENCY, epsilon_mark
+from dpclip.files import write_figure
+from dpclip.reporting.epsilon_marks import NO_GUARANTEE, OTHER_ADJACENCY, epsilon_mark
 
 
 def _subplots(*args, **kwargs):

@@ -18,7 +18,7 @@ import textwrap
 
 import pandas as pd
 
-from dpclip.reporting.marks import epsilon_mark
+from dpclip.reporting.epsilon_marks import epsilon_mark
 from dpclip.reporting.seed_stats import BASELINE, CONFIGURATION, minimum_exact_seeds
 
 MAX_WIDTH = 120

@@ -27,13 +27,13 @@ from dataclasses import replace
 
 import hashlib
 
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.audit.run import audit_blackbox, audit_whitebox, not_applicable
 from dpclip.config import Params
-from dpclip.io import write_json
+from dpclip.files import write_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance
 from dpclip.threads import use_threads

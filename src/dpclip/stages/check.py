@@ -19,7 +19,7 @@ from pathlib import Path
 from dpclip.config import Params
 from dpclip.errors import DpclipError, bad_value
 from dpclip.hashing import file_hash
-from dpclip.io import write_json
+from dpclip.files import write_json
 from dpclip.layout import Layout
 
 NAMED_FILES = ("data.path", "data.shadow_path")

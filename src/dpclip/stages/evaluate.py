@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dpclip.artifacts import (load_model, load_partition, load_signals, load_split,
+from dpclip.stage_outputs import (load_model, load_partition, load_signals, load_split,
                               population_source, public_population)
 from dpclip.attacks import (AttackEvidence, ReferenceEvidence, baseline_attack, get_attack,
                             headline_attack)
@@ -44,9 +44,9 @@ from dpclip.attacks.common.representations import layer_representations
 from dpclip.attacks.common.signals import unseen_fit
 from dpclip.config import Params
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_csv_frame, write_json
+from dpclip.files import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
-from dpclip.naming import RunKey, alpha_tag
+from dpclip.run_keys import RunKey, alpha_tag
 from dpclip.metrics import (RUN_CONFIDENCE, attack_metrics, calibration_metrics, classifier_auc,
                             dp_bound_check, dp_bound_unchecked, family_confidence,
                             reliability_bins, roc_points, strongest_attack)
@@ -320,7 +320,8 @@ def run_summary(metrics: dict) -> dict:
     is no bound; ``adjacency_add_remove``: false means another neighbouring notion, named in the
     metrics file; booleans, as DVC compares numbers), accuracy, ECE, the strongest attack's
     AUC and TPR at 0.1% and 1% FPR (each with ``..._meaningful``: whether the non-members
-    allow 10 false positives at that level), and the largest audited lower bound on epsilon
+    allow 10 false positives at that level; ``strongest_*``: ``mia_*`` is the loss attack's
+    everywhere, as in MLflow), and the largest audited lower bound on epsilon
     when an audit ran. Flat keys, so that ``dvc exp show`` columns read ``accuracy``."""
     privacy = metrics["privacy"]
     summary = {"epsilon": privacy["epsilon"], "dp_guarantee": bool(privacy["dp_guarantee"]),
@@ -328,12 +329,12 @@ def run_summary(metrics: dict) -> dict:
                "accuracy": metrics["utility"]["accuracy"], "ece": metrics["utility"]["ece"]}
     strongest = strongest_attack(metrics["mia"])
     if strongest is not None:
-        summary.update({"mia_auc": strongest[1]["auc"],
-                        "mia_tpr_at_fpr_0.1pct": strongest[1]["tpr_at_fpr_0.1pct"],
-                        "mia_tpr_at_fpr_1pct": strongest[1].get("tpr_at_fpr_1pct")})
+        summary.update({"strongest_auc": strongest[1]["auc"],
+                        "strongest_tpr_at_fpr_0.1pct": strongest[1]["tpr_at_fpr_0.1pct"],
+                        "strongest_tpr_at_fpr_1pct": strongest[1].get("tpr_at_fpr_1pct")})
         # a fixed-level TPR the non-members cannot support (fewer than 10 false positives
         # allowed) says so beside it
-        summary.update({f"mia_tpr_at_fpr_{level}_meaningful": strongest[1][key]
+        summary.update({f"strongest_tpr_at_fpr_{level}_meaningful": strongest[1][key]
                         for level in ("0.1pct", "1pct")
                         if (key := f"tpr_at_fpr_{level}_meaningful") in strongest[1]})
     headline = metrics["mia"].get("headline")

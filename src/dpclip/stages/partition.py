@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpclip.artifacts import load_split
+from dpclip.stage_outputs import load_split
 from dpclip.config import IID, Params
 from dpclip.data.splits import dirichlet_subsample
-from dpclip.io import atomic_dir, read_json, write_json
+from dpclip.files import atomic_dir, read_json, write_json
 from dpclip.layout import Layout
-from dpclip.naming import alpha_tag
+from dpclip.run_keys import alpha_tag
 from dpclip.reporting.plots import partition_histogram_figure
 
 

@@ -29,7 +29,7 @@ from dpclip.data.public import refuse_same_content, refuse_same_source
 from dpclip.data.sources import options_of
 from dpclip.data.splits import stratified_split
 from dpclip.errors import DpclipError
-from dpclip.io import atomic_dir, write_json, write_npz
+from dpclip.files import atomic_dir, write_json, write_npz
 from dpclip.layout import SPLITS, Layout
 
 log = logging.getLogger(__name__)

@@ -39,12 +39,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpclip.artifacts import load_split, population_source, public_population
+from dpclip.stage_outputs import load_split, population_source, public_population
 from dpclip.config import Params
-from dpclip.io import write_json, write_npz
+from dpclip.files import write_json, write_npz
 from dpclip.layout import Layout
 from dpclip.models import logits_of
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance
 from dpclip.threads import use_threads

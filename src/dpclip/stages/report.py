@@ -13,10 +13,10 @@ from dpclip.attacks import available_attacks, baseline_attack, get_attack
 from dpclip.audit.status import audit_status
 from dpclip.config import Params
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_csv_frame, write_text
+from dpclip.files import read_json, write_csv_frame, write_text
 from dpclip.layout import Layout
 from dpclip.metrics import dp_bound_unchecked, membership_game_bound, strongest_attack
-from dpclip.naming import RunKey, configured_runs
+from dpclip.run_keys import RunKey, configured_runs
 from dpclip.pipeline.side_by_side import in_a_worker
 from dpclip.reporting.plots import (CONTROLLER_PANELS, audit_figure, clip_figure,
                                     comparison_figure, controller_figure, dp_bound_curve,

@@ -29,18 +29,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpclip.artifacts import architecture, load_split
+from dpclip.stage_outputs import architecture, load_split
 from dpclip.attacks.common.layerwise import attack_every_layer
 from dpclip.attacks.common.representations import layer_representations
 from dpclip.config import IID, EarlyStopping, Params
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
-from dpclip.io import read_json, write_json, write_torch
+from dpclip.files import read_json, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.methods.base import REGISTRY
 from dpclip.models import parameterised_layers
-from dpclip.naming import alpha_tag
+from dpclip.run_keys import alpha_tag
 from dpclip.reporting.plots import layer_attack_figure
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance

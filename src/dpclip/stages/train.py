@@ -20,10 +20,10 @@ import hashlib
 import pandas as pd
 
 from dpclip.config import IID, Params
-from dpclip.io import write_csv_frame, write_json, write_torch
+from dpclip.files import write_csv_frame, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.naming import RunKey
+from dpclip.run_keys import RunKey
 from dpclip.numerics import kernels_in_use
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance

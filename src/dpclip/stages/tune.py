@@ -40,16 +40,16 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dpclip.artifacts import evaluation_model, load_split
+from dpclip.stage_outputs import evaluation_model, load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
 from dpclip.hashing import file_hash
-from dpclip.io import read_json, write_csv_frame, write_json
+from dpclip.files import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.methods import REGISTRY, get_method
 from dpclip.methods.base import Tunable
 from dpclip.models import logits_of
-from dpclip.naming import epsilon_tag
+from dpclip.run_keys import epsilon_tag
 from dpclip.code_closure import PACKAGE, closure_files
 from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads

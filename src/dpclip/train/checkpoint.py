@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dpclip.hashing import records_digest
-from dpclip.io import write_torch
+from dpclip.files import write_torch
 
 
 @dataclass

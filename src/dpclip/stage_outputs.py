@@ -11,11 +11,11 @@ import torch
 
 from dpclip.config import Params
 from dpclip.errors import DpclipError
-from dpclip.io import read_json
+from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model
-from dpclip.naming import alpha_tag
+from dpclip.run_keys import alpha_tag
 
 POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
                      "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
