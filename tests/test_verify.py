@@ -37,6 +37,22 @@ def test_each_metric_is_judged_by_its_own_tolerance():
                      {**SUMMARY, "ece": float("nan")}).status == "identical"
 
 
+def test_accuracy_may_move_by_one_holdout_record_and_the_report_counts_them(tmp_path):
+    """On 181 holdout records one record is 0.0055, above the flat 0.005: one record the other
+    way is within tolerance, three are not, and the report says how many records it is."""
+    one, three = 0.9171 - 1 / 181, 0.9171 - 3 / 181
+    assert check_run("r", SUMMARY, {**SUMMARY, "accuracy": one}).status == "differs"
+    assert check_run("r", SUMMARY, {**SUMMARY, "accuracy": one}, holdout=181).status == \
+        "within tolerance"
+    far = check_run("r", SUMMARY, {**SUMMARY, "accuracy": three}, holdout=181)
+    assert far.beyond == ["accuracy"]
+    layout = Layout(tmp_path)
+    layout.prepared_meta.parent.mkdir(parents=True)
+    layout.prepared_meta.write_text(json.dumps({"sizes": {"target_holdout": 181}}))
+    text = verify_text([far], "HEAD", layout)
+    assert "(beyond 0.00552; 3 of 181 holdout records)" in text
+
+
 def _git(root, *args):
     subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
                    env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
