@@ -319,28 +319,6 @@ def test_public_init_starts_from_the_public_pre_training_and_reads_no_member():
         build_run((6,), 3, len(x), cfg)
 
 
-def test_timing_parts_times_every_part_of_the_non_empty_steps_only():
-    """``dpclip bench --profile`` reads where a step's time goes: inside timing_parts() every
-    part of each non-empty step is timed (an empty batch is not counted), outside nothing."""
-    from conftest import gaussian_records, tiny_train_config
-
-    from dpclip.train import build_run
-    from dpclip.train.step import STEP_PARTS, timing_parts
-
-    x, y = gaussian_records(40)
-    run = build_run((6,), 3, len(x), tiny_train_config("dp_sgd"))
-    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
-    with timing_parts() as laps:
-        run.step(xt, yt, list(range(10)), epoch=1)
-        run.step(xt, yt, [], epoch=1)  # an empty batch: a full step, not profiled
-        run.step(xt, yt, list(range(10, 20)), epoch=1)
-    assert laps.steps == 2 and list(laps.seconds) == list(STEP_PARTS)
-    assert all(seconds >= 0 for seconds in laps.seconds.values())
-    assert laps.seconds["forward"] > 0 and laps.seconds["noise"] > 0
-    run.step(xt, yt, list(range(20, 30)), epoch=1)  # outside the block: not counted
-    assert laps.steps == 2
-
-
 def test_the_forward_keeps_no_layer_output_alive():
     """The step keeps where each output enters the graph, not the output: a Linear layer's
     output feeding an out-of-place ReLU (which saves only its result) is freed after the forward

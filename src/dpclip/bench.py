@@ -42,7 +42,7 @@ from dpclip.pipeline.params import load_params
 from dpclip.train import TrainConfig, build_run
 from dpclip.pipeline.inputs import load_public, needs_public, train_config
 from dpclip.train.runs import run_class
-from dpclip.train.step import plain_step, timing_parts
+from dpclip.train.step import plain_step
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -152,43 +152,6 @@ def time_steps(params: Params, layout: Layout, names: list[str], steps: int,
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - tic)
     return times
-
-
-def step_parts(params: Params, layout: Layout, method: str = "dp_sgd", steps: int = 10,
-               rounds: int = 5) -> list[dict]:
-    """Where ``method``'s DP step spends its time (:data:`~dpclip.train.step.STEP_PARTS`,
-    timed inside the step by :func:`~dpclip.train.step.timing_parts`): the mean ms per step
-    of each part, beside the non-private step timed in the same rounds, each as a share of the
-    non-private step."""
-    data = _data(layout)
-    steppers = {name: _stepper(params, layout, name, data) for name in (NON_PRIVATE, method)}
-    batches = _batches(len(data[0]), steppers[method][2], steps * rounds)
-    for step, _, _ in steppers.values():  # warm-up
-        for batch in batches[:2]:
-            step(batch)
-    plain = []
-    with timing_parts() as laps:
-        for r in range(rounds):
-            chunk = batches[r * steps:(r + 1) * steps]
-            for batch in chunk:
-                tic = time.perf_counter()
-                steppers[NON_PRIVATE][0](batch)
-                plain.append(time.perf_counter() - tic)
-            for batch in chunk:
-                steppers[method][0](batch)
-    if laps.steps == 0:
-        raise DpclipError(f"bench --profile: {method}'s step does not run the shared DP step, "
-                          f"so it has no parts to time")
-    floor = float(np.mean(plain))
-    rows = [{"part": part, "ms_per_step": 1000 * seconds / max(laps.steps, 1),
-             "share_of_non_private": seconds / max(laps.steps, 1) / floor}
-            for part, seconds in laps.seconds.items()]
-    total = sum(r["ms_per_step"] for r in rows)
-    rows.append({"part": f"{method} step (sum)", "ms_per_step": total,
-                 "share_of_non_private": total / 1000 / floor})
-    rows.append({"part": "non-private step", "ms_per_step": 1000 * floor,
-                 "share_of_non_private": 1.0})
-    return rows
 
 
 PAPER_SCALE = 60_000  # records in an epoch of full MNIST's training set
@@ -334,10 +297,9 @@ class _RssPeak:
 def bench(params: Params, layout: Layout, params_path: str, methods: list[str] | None = None,
           steps: int = 10, rounds: int = 5, models: list[str] | None = None,
           hidden: list[int] | None = None, batch_size: int | None = None,
-          memory: bool = True, profile: bool = False, epoch: bool = False) -> pd.DataFrame:
+          memory: bool = True, epoch: bool = False) -> pd.DataFrame:
     """The table of every method and both anchors, per model; written to reports/bench.*.
-    With ``profile``, also where ``dp_sgd``'s step spends its time, part by part
-    (:func:`step_parts`), per model; with ``epoch``, the records per second of whole epochs of
+    With ``epoch``, also the records per second of whole epochs of
     the non-private run, ``dp_sgd`` and Opacus's ghost clipping (:func:`epoch_throughput`)."""
     methods = [m for m in (methods or params.train.methods) if m != NON_PRIVATE]
     if "dp_sgd" not in methods:
@@ -349,12 +311,10 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     if not layout.split("target_train").exists():
         raise DpclipError("bench needs the prepared data: run `dpclip prepare` first")
     names = [NON_PRIVATE, OPACUS_GHOST, *methods]
-    rows, probes, parts, epochs = [], {}, {}, {}
+    rows, probes, epochs = [], {}, {}
     for model in models or [params.train.model]:
         p = with_model(params, model, hidden, batch_size)
         times = time_steps(p, layout, names, steps, rounds)
-        if profile:
-            parts[model] = step_parts(p, layout, "dp_sgd", steps, rounds)
         if epoch:
             epochs[model] = epoch_throughput(p, layout, "dp_sgd")
         # at least 100 steps, so that the WW probe (every K = 50 steps) falls among them
@@ -382,7 +342,7 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
                "hidden": hidden or list(params.train.hidden), "steps": steps, "rounds": rounds,
                "dataset": params.data.dataset}
     result = {"setting": setting, "table": rows, **({"probes": probes} if probes else {}),
-              **({"parts": parts} if parts else {}), **({"epochs": epochs} if epochs else {}),
+              **({"epochs": epochs} if epochs else {}),
               **({"not_timed": not_timed} if not_timed else {})}
     out = layout.reports
     write_json(out / "bench.json", result)
@@ -398,11 +358,6 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     for model, model_epochs in epochs.items():
         frame = pd.DataFrame(model_epochs)
         extra += (f"\n\n## Whole epochs ({model}, {len(_data(layout)[0])} records)\n\n" +
-                  (frame.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
-                   frame.to_string(index=False)) + "\n")
-    for model, model_parts in parts.items():
-        frame = pd.DataFrame(model_parts)
-        extra += (f"\n\n## Where dp_sgd's step goes ({model})\n\n" +
                   (frame.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
                    frame.to_string(index=False)) + "\n")
     write_text(out / "bench.md", f"# dpclip bench\n\n{header}\n\n" + text + extra)

@@ -85,9 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, help="default: train.batch_size")
     bench.add_argument("--steps", type=int, default=10, help="steps per method per round")
     bench.add_argument("--rounds", type=int, default=5)
-    bench.add_argument("--profile", action="store_true",
-                       help="also time each part of dp_sgd's step (forward, output gradients, "
-                            "per-sample norms, scaling, weighted sum, noise, optimizer)")
     bench.add_argument("--epoch", action="store_true",
                        help="also time whole epochs (records per second) of non_private, "
                             "dp_sgd and Opacus's ghost clipping")

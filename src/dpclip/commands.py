@@ -103,7 +103,7 @@ def bench(args, params, layout) -> int:
 
     table = measure(params, layout, args.params, args.methods, args.steps, args.rounds,
                     args.models, args.hidden, args.batch_size, memory=not args.no_memory,
-                    profile=args.profile, epoch=args.epoch)
+                    epoch=args.epoch)
     print(table.to_string(index=False))
     text = (layout.reports / "bench.md").read_text()
     if "\n## " in text:  # the epochs' and the parts' tables, as bench.md has them

@@ -21,10 +21,7 @@ The book-keeping's names (``BookKeeping``, ``LayerGroups``, ``wrap_for_dp``, ...
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -35,59 +32,6 @@ from dpclip.train.book_keeping import (BookKeeping, LayerGroups, LayerUse, State
                                        backward_keeping, per_layer_norms, scaled_sum,
                                        sequence_advice, wrap_for_dp)
 from dpclip.train.model_check import TRAIN_MODE_RECORDS as CHECKED_RECORDS, check_model
-
-
-STEP_PARTS = ("forward", "output gradients", "per-sample norms", "scaling rule",
-              "weighted sum", "extra queries", "noise", "optimizer", "controller")
-
-
-@dataclass
-class StepLaps:
-    """Wall time of each part of the DP step (:data:`STEP_PARTS`), summed over the non-empty
-    steps run while it is active (:func:`timing_parts`): where a step's time goes, for
-    ``dpclip bench --profile``. On a GPU each lap waits for the device."""
-
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
-    steps: int = 0
-    _last: float = 0.0
-    _cuda: bool = False
-
-    def start(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self.steps += 1
-        self._last = time.perf_counter()
-
-    def lap(self, part: str) -> None:
-        if self._cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.seconds[part] += now - self._last
-        self._last = now
-
-
-class _NoLaps:
-    """What the step times with outside :func:`timing_parts`: nothing (no clock read)."""
-
-    def start(self, device) -> None:
-        pass
-
-    def lap(self, part: str) -> None:
-        pass
-
-
-NO_LAPS = _NoLaps()
-_laps: StepLaps | _NoLaps = NO_LAPS  # a StepLaps only inside timing_parts()
-
-
-@contextlib.contextmanager
-def timing_parts():
-    """Time the parts of every DP step run inside the block; yields the :class:`StepLaps`."""
-    global _laps
-    _laps = laps = StepLaps()
-    try:
-        yield laps
-    finally:
-        _laps = NO_LAPS
 
 
 # numbers drawn per call: a multiple of 16, the block torch's CPU Gaussian sampler fills
@@ -157,8 +101,6 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         model.checked = True
     clip = method.clip_threshold
     optimizer.zero_grad(set_to_none=True)
-    laps = _laps if len(x) else NO_LAPS  # the parts of non-empty steps, when profiling
-    laps.start(x.device)
     n_layers = len(groups.names)
     chosen, canary_norms = canaries.sample(x.device) if canaries is not None else \
         ([], torch.zeros((0, n_layers), device=x.device))
@@ -171,25 +113,19 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         before = StateBeforeStep(model)
         out, uses = model.forward_keeping(x)
         losses = loss_fn(out, y)  # per-sample losses, reduction="none"
-        laps.lap("forward")
         kept = backward_keeping(model, losses, uses)  # no weight gradients computed
         del out, uses  # kept holds the activations now, and lets go of them layer by layer
         loss = float(losses.mean().detach())
-        laps.lap("output gradients")
         layer_norms = torch.cat([per_layer_norms(groups, kept), canary_norms])
-        laps.lap("per-sample norms")
         # a record whose factor is not finite contributes nothing (its gradient is zeroed too)
         factors = torch.nan_to_num(method.scale(layer_norms), nan=0.0, posinf=0.0, neginf=0.0)
-        laps.lap("scaling rule")
         sums = scaled_sum(groups, kept, factors[:len(x)])  # empties kept as it goes
         before.restore()  # nothing the batch wrote into the model outlives the step
-        laps.lap("weighted sum")
     if canaries is not None:
         canaries.observe(method, x.device)  # every step, whoever was sampled
     if len(chosen):
         canaries.add(sums, chosen, factors[len(x):])
     extras = method.release_extras(layer_norms, rng)
-    laps.lap("extra queries")
     noisy = []
     most = most_records + (len(canaries.included) if canaries is not None else 0)
     std = sigma_train * clip * (1 + rounding_slack(most))
@@ -197,12 +133,9 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
         total, sums[k] = sums[k], None
         p.grad = add_noise(total, std, rng.noise).div_(expected_batch).to(p.dtype)
         noisy.append(p.grad.detach())
-    laps.lap("noise")
     optimizer.step()
-    laps.lap("optimizer")
     release = StepRelease(step=step, noisy_grad=noisy, extras=extras)
     method.update(release)
-    laps.lap("controller")
     return loss, release
 
 
@@ -232,4 +165,4 @@ def layer_norms_of(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
 
 __all__ = ["BookKeeping", "LayerGroups", "LayerUse", "StateBeforeStep", "add_noise",
            "backward_keeping", "dp_step", "layer_norms_of", "per_layer_norms", "plain_step",
-           "rounding_slack", "scaled_sum", "sequence_advice", "timing_parts", "wrap_for_dp"]
+           "rounding_slack", "scaled_sum", "sequence_advice", "wrap_for_dp"]
