@@ -4,15 +4,15 @@ canaries' seeds (fixed by audit.seed, distinct per run and kind)."""
 from __future__ import annotations
 
 from dpclip.pipeline.params import parse_params
-from dpclip.stages.audit import canary_seed, why_not_audited
+from dpclip.audit.status import why_not_audited
+from dpclip.stages.audit import canary_seed
 
 
-def test_only_add_remove_claims_are_audited(tiny_raw):
-    params = parse_params(tiny_raw())
-    assert why_not_audited(params, "dp_sgd") is None
-    assert why_not_audited(params, "lm_dp_sgd") is None
-    assert why_not_audited(params, "non_private") == "no DP claim"
-    assert why_not_audited(params, "sanitize").startswith("replace_one_features adjacency")
+def test_only_add_remove_claims_are_audited():
+    assert why_not_audited("dp_sgd") is None
+    assert why_not_audited("lm_dp_sgd") is None
+    assert why_not_audited("non_private") == "no DP claim"
+    assert why_not_audited("sanitize").startswith("replace_one_features adjacency")
 
 
 def test_canary_seeds_are_fixed_and_distinct(tiny_raw):

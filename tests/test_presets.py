@@ -122,7 +122,7 @@ def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
     from dpclip import presets
 
     calls = []
-    monkeypatch.setattr(presets, "run_variant", lambda raw, root, track=False, progress=True,
+    monkeypatch.setattr(presets, "run_in_folder", lambda raw, root, track=False, progress=True,
                         jobs=1: calls.append((root.name, jobs)) or 1.0)
     project = _two_variant_project(tmp_path / "project")
     presets.run_preset("tiny", project=project, variants=["C2"], jobs=2, progress=False)
@@ -138,7 +138,7 @@ def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
     from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout
-    from dpclip.presets import expected_cost
+    from dpclip.folder_run import expected_cost
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
     (tmp_path / "presets").mkdir()
@@ -163,7 +163,7 @@ def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, c
 
 def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
         tmp_path, tiny_raw, write_params):
-    from dpclip.bench import cost_text, training_cost
+    from dpclip.cost import cost_text, training_cost
     from dpclip.layout import Layout
     from dpclip.run_keys import configured_runs
     from dpclip.pipeline.params import load_params
@@ -242,7 +242,7 @@ def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
 
     project = _power_project(tmp_path)
     calls: list[int] = []
-    monkeypatch.setattr(presets, "run_variant", _fake_run(10.0, calls))
+    monkeypatch.setattr(presets, "run_in_folder", _fake_run(10.0, calls))
     needed = seeds_needed(0.02, 0.01)  # d = 0.5: the G*Power value is 34
     assert needed == 34
     record = presets.seeds_by_power("toy", budget_s, project=project)

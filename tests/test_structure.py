@@ -172,7 +172,7 @@ LAYERS = (
     ("outputs", {"stage_outputs", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
     ("stages", {"stages", "tracking", "runner"}),
-    ("tools", {"cli", "commands", "presets", "bench", "advise"}),
+    ("tools", {"cli", "commands", "presets", "bench", "advise", "cost", "folder_run"}),
 )
 
 

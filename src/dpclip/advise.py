@@ -67,7 +67,7 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     """Train what the question needs into ``root`` and return the answer's text. In a folder
     without runs, seed 0 of every method runs first, through every stage, and its measured wall
     time states the other seeds' time before they start (seed 0's runs are then reused)."""
-    from dpclip.presets import run_variant
+    from dpclip.folder_run import run_in_folder
 
     if not params_path.is_file():
         raise DpclipError(f"--params: {str(params_path)!r} does not exist")
@@ -90,14 +90,14 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
         # measured wall time states the other seeds' time before they start (the training
         # estimate leaves out evaluation, the report and each run's set-up). Not when runs
         # are there: a first pass of other seeds would set them aside and evaluate them anew
-        seconds = run_variant(advice_params(raw, chosen, 1), root, progress=progress)
+        seconds = run_in_folder(advice_params(raw, chosen, 1), root, progress=progress)
         rest = n - 1
         print(f"advise: seed 0 of every method, every stage, took {seconds / 60:.1f} min; "
               f"the other {rest} seed{'s' if rest > 1 else ''}: at most about "
               f"{rest * seconds / 60:.1f} min more ({n * seconds / 60:.1f} min in all; an "
               f"upper estimate: seed 0's time includes the stages that run once per dataset)",
               flush=True)
-    seconds += run_variant(advice_params(raw, chosen, n), root, progress=progress)
+    seconds += run_in_folder(advice_params(raw, chosen, n), root, progress=progress)
     table = pd.read_csv(root / "reports" / "comparison.csv")
     data = raw.get("data") or {}
     dataset = str(data.get("dataset") or "digits") + (f" ({data['path']})" if data.get("path")

@@ -31,28 +31,21 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dpclip.stage_outputs import load_split
 from dpclip.config import Params
 from dpclip.errors import DpclipError
-from dpclip.files import read_json, write_json, write_text
+from dpclip.files import write_json, write_text
 from dpclip.layout import Layout
 from dpclip.methods import Method, get_method
-from dpclip.models import build_model, layer_names
+from dpclip.models import build_model
 from dpclip.pipeline.params import load_params
-from dpclip.train import TrainConfig, build_run
-from dpclip.pipeline.inputs import load_public, needs_public, train_config
+from dpclip.train import build_run
 from dpclip.train.runs import run_class
+from dpclip.cost import bench_config, poisson_batches, target_data
 from dpclip.train.step import plain_step
 
 
 # the anchors: timed with the methods, not methods themselves
 NON_PRIVATE, OPACUS_GHOST = "non_private", "opacus_ghost"
-
-
-def _data(layout: Layout):
-    x, y, _ = load_split(layout, "target_train")
-    meta = read_json(layout.prepared_meta)
-    return x, y, tuple(meta["feature_shape"]), int(meta["n_classes"])
 
 
 def with_model(params: Params, model: str | None = None, hidden: list[int] | None = None,
@@ -63,23 +56,8 @@ def with_model(params: Params, model: str | None = None, hidden: list[int] | Non
     return params.model_copy(update={"train": params.train.model_copy(update=update)})
 
 
-def _config(params: Params, layout: Layout, method: str) -> TrainConfig:
-    """The run's configuration; a method that reads the shadow stage's per-layer risks gets
-    neutral ones (every layer at error rate 0.5, equal norm shares) instead, so that one bench
-    covers several architectures without a shadow run each: the values change no step's cost."""
-    epsilon = params.privacy.target_epsilons[0]
-    if not get_method(method).needs_shadow_risk:
-        return train_config(params, method, epsilon, 0, layout, tuned=False)  # step cost only
-    t = params.train
-    layers = layer_names(t.model, t.hidden)
-    neutral = {"layers": {name: {"error_rate": 0.5, "norm_share": 1.0 / len(layers)}
-                          for name in layers}}
-    return TrainConfig(method, float(epsilon), 0, t, params.privacy,
-                       params.method_options(method), neutral)
-
-
 def _runner(params: Params, layout: Layout, method: str, x, y, shape, n_classes):
-    cfg = _config(params, layout, method)
+    cfg = bench_config(params, layout, method)
     cfg = cfg.with_train(epochs=1_000)  # a long plan, so the budget never stops the benchmark
     run = build_run(shape, n_classes, len(x), cfg)
     return run, torch.as_tensor(x, device=run.device), torch.as_tensor(y, device=run.device)
@@ -125,18 +103,13 @@ def _opacus_ghost(params: Params, layout: Layout, data):
     return step, reference.device, reference.q
 
 
-def _batches(n: int, q: float, steps: int, seed: int = 0) -> list[list[int]]:
-    gen = np.random.default_rng(seed)
-    return [b for b in (np.flatnonzero(gen.random(n) < q).tolist() for _ in range(steps)) if b]
-
-
 def time_steps(params: Params, layout: Layout, names: list[str], steps: int,
                rounds: int = 5) -> dict[str, list[float]]:
     """Seconds per step of each method or anchor, interleaved over ``rounds`` rounds."""
-    data = _data(layout)
+    data = target_data(layout)
     steppers = {name: _stepper(params, layout, name, data) for name in names}
     _, device, q = next(iter(steppers.values()))
-    batches = _batches(len(data[0]), q, steps * rounds)
+    batches = poisson_batches(len(data[0]), q, steps * rounds)
     times: dict[str, list[float]] = {name: [] for name in names}
     for name, (step, _, _) in steppers.items():  # warm-up: lazy loads, first allocations
         for batch in batches[:2]:
@@ -166,13 +139,13 @@ def epoch_throughput(params: Params, layout: Layout, method: str = "dp_sgd",
     time of an epoch of :data:`PAPER_SCALE` records follows from the rate."""
     from tqdm import tqdm
 
-    data = _data(layout)
+    data = target_data(layout)
     x, y, shape, n_classes = data
     runs = {name: _runner(params, layout, name, x, y, shape, n_classes)
             for name in (NON_PRIVATE, method)}
     ghost, device, q = _opacus_ghost(params, layout, data)
     steps = max(1, round(1 / q))
-    batches = _batches(len(x), q, steps * rounds + 2, seed=1)
+    batches = poisson_batches(len(x), q, steps * rounds + 2, seed=1)
     seconds = dict.fromkeys([NON_PRIVATE, OPACUS_GHOST, method], 0.0)
     for run, xt, yt in runs.values():  # warm-up: lazy loads, first allocations
         for batch in batches[:2]:
@@ -205,11 +178,11 @@ def epoch_throughput(params: Params, layout: Layout, method: str = "dp_sgd",
 def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict | None:
     """A method's probe time over its step time at the configured probe period (None: the
     method has no probe)."""
-    x, y, shape, n_classes = _data(layout)
+    x, y, shape, n_classes = target_data(layout)
     run, xt, yt = _runner(params, layout, method, x, y, shape, n_classes)
     if run.method.probe_cost() is None:
         return None
-    batches = _batches(len(x), run.q, steps + 2, seed=1)
+    batches = poisson_batches(len(x), run.q, steps + 2, seed=1)
     for batch in batches[:2]:  # warm-up (lazy loads, first allocations), not timed
         run.step(xt, yt, batch, epoch=1)
     before = run.method.probe_cost()["seconds"]
@@ -243,9 +216,9 @@ def peak_memory(params_path: str, root: str, name: str, steps: int, model: str,
 def _child_memory(params_path: str, root: str, name: str, steps: str, spec: str) -> float:
     params = with_model(load_params(params_path), **json.loads(spec))
     layout = Layout(Path(root))
-    data = _data(layout)
+    data = target_data(layout)
     step, device, q = _stepper(params, layout, name, data)
-    batches = _batches(len(data[0]), q, _WARM_UP + int(steps))
+    batches = poisson_batches(len(data[0]), q, _WARM_UP + int(steps))
     for batch in batches[:_WARM_UP]:
         step(batch)
     if device.type == "cuda":
@@ -357,86 +330,11 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
         extra += (f"\n\nNot timed (no per-batch DP step to compare): {', '.join(not_timed)}\n")
     for model, model_epochs in epochs.items():
         frame = pd.DataFrame(model_epochs)
-        extra += (f"\n\n## Whole epochs ({model}, {len(_data(layout)[0])} records)\n\n" +
+        extra += (f"\n\n## Whole epochs ({model}, {len(target_data(layout)[0])} records)\n\n" +
                   (frame.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
                    frame.to_string(index=False)) + "\n")
     write_text(out / "bench.md", f"# dpclip bench\n\n{header}\n\n" + text + extra)
     return table
-
-
-def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) -> dict:
-    """The expected training time of the runs ``keys`` on this machine, before they train:
-    per method, its run's set-up (a public pre-training, when there is one) plus its steps per
-    run (the run's own plan) times its median step time, measured now on the prepared data
-    (``steps`` steps after one warm-up). A private run times its DP step at its Poisson batch;
-    any other run kind a plain step at its own batch size (for ``sanitize``'s class-mean head
-    an upper bound). ``seconds_all`` adds the other models each run trains, each at the run's
-    cost: one per audit kind (runs with a DP claim; trained on the members plus canaries) and
-    ``attack.references`` (trained on half a population, or of members and holdout), so an
-    estimate, not a bound. Evaluation is not included.
-    Returns {"runs", "seconds", "seconds_all", "methods": {method: {"runs", "steps_per_run",
-    "step_s", "setup_s", "models_per_run"}}}."""
-    from dpclip.stages.audit import why_not_audited
-
-    x, y, shape, n_classes = _data(layout)
-    methods: dict[str, dict] = {}
-    for method in sorted({key.method for key in keys}):
-        cfg = _config(params, layout, method)
-        tic = time.perf_counter()
-        run = build_run(shape, n_classes, len(x), cfg,
-                        load_public(layout) if needs_public(cfg) else None)
-        setup_s = time.perf_counter() - tic
-        xt = torch.as_tensor(x, dtype=torch.float32, device=run.device)
-        yt = torch.as_tensor(y, dtype=torch.int64, device=run.device)
-        if hasattr(run, "guard"):  # a private run kind: its DP step on Poisson batches
-            batches = _batches(len(x), run.q, steps + 1)
-
-            def step(batch, run=run):
-                run.step(xt, yt, batch, epoch=1)
-        else:  # plain and sanitize runs: shuffled batches of their own size
-            size = min(run.cfg.train.batch_size, len(x))
-            order = np.random.default_rng(0).permutation(len(x))
-            batches = [order[i * size:(i + 1) * size] for i in range(steps + 1)]
-
-            def step(batch, run=run):
-                idx = torch.as_tensor(batch, device=run.device)
-                plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
-        step(batches[0])  # warm-up
-        times = []
-        for batch in batches[1:]:
-            tic = time.perf_counter()
-            step(batch)
-            times.append(time.perf_counter() - tic)
-        audits = len(params.audit.kinds) if why_not_audited(params, method) is None else 0
-        methods[method] = {"runs": sum(key.method == method for key in keys),
-                           "steps_per_run": int(run.total_steps),
-                           "step_s": float(np.median(times)), "setup_s": setup_s,
-                           "models_per_run": 1 + audits + params.attack.references}
-    per_run = {name: m["steps_per_run"] * m["step_s"] + m["setup_s"]
-               for name, m in methods.items()}
-    seconds = sum(m["runs"] * per_run[name] for name, m in methods.items())
-    seconds_all = sum(m["runs"] * m["models_per_run"] * per_run[name]
-                      for name, m in methods.items())
-    return {"runs": len(keys), "seconds": seconds, "seconds_all": seconds_all,
-            "methods": methods}
-
-
-def cost_text(cost: dict) -> str:
-    """One line: how many runs, about how long, and from what."""
-    if not cost["runs"]:
-        return "expected training: none, every run is up to date"
-    parts = ", ".join(f"{name} {m['runs']} x {m['steps_per_run']} steps x "
-                      f"{1000 * m['step_s']:.1f} ms"
-                      + (f" (+ {m['setup_s']:.0f} s set-up)" if m["setup_s"] >= 1 else "")
-                      for name, m in cost["methods"].items())
-    text = (f"expected training: {cost['runs']} runs, about {cost['seconds'] / 60:.1f} min on "
-            f"this machine ({parts}; step times measured now")
-    models = {m["models_per_run"] for m in cost["methods"].values()}
-    if cost.get("seconds_all", cost["seconds"]) > cost["seconds"]:
-        text += (f"); with the audit and reference models each run also trains "
-                 f"({'/'.join(map(str, sorted(models)))} models a run in all), about "
-                 f"{cost['seconds_all'] / 60:.1f} min")
-    return text + "; evaluation not included)"
 
 
 def _has_tabulate() -> bool:

@@ -25,24 +25,18 @@ Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
 from __future__ import annotations
 
 import multiprocessing
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
 
-from dpclip.bench import cost_text, training_cost
 from dpclip.config import with_overrides
 from dpclip.errors import DpclipError
 from dpclip.files import read_json, write_json, write_text
-from dpclip.layout import Layout
-from dpclip.run_keys import configured_runs
-from dpclip.runner import run_stages
+from dpclip.folder_run import run_in_folder
 from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
-from dpclip.catalog import BY_NAME
-from dpclip.pipeline.provenance import is_current
 from dpclip.pipeline.side_by_side import cpu_count, default_jobs as side_by_side_jobs
 
 PRESETS = Path("presets")
@@ -151,14 +145,6 @@ def variant_params(preset: dict, variant: str, base: Path, datasets: Path) -> di
     return raw
 
 
-def expected_cost(params, layout: Layout) -> dict:
-    """The expected training time of the runs that are not up to date (:mod:`dpclip.bench`)."""
-    stale = [key for key in configured_runs(params)
-             if not is_current(BY_NAME["train"], params, key, layout)]
-    return training_cost(params, layout, stale) if stale else {
-        "runs": 0, "seconds": 0.0, "seconds_all": 0.0, "methods": {}}
-
-
 def write_variants(name: str, *, project: Path = Path("."), datasets: Path | None = None,
                    variants: list[str] | None = None, seeds: int | None = None) -> list[Path]:
     """Write each variant's merged ``params.yaml`` into its folder without running anything:
@@ -178,26 +164,6 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
         load_params(root / "params.yaml")  # validated as a run would
         folders.append(root)
     return folders
-
-
-def run_variant(raw: dict, root: Path, track: bool = False, progress: bool = True,
-                jobs: int = 1) -> float:
-    """Write ``root/params.yaml`` and run every stage into ``root``, ``jobs`` runs side by side
-    in the per-run stages; the wall time in s. Before training, the expected training time of
-    the runs to train is printed."""
-    params_path = root / "params.yaml"
-    root.mkdir(parents=True, exist_ok=True)
-    write_text(params_path, yaml.safe_dump(raw, sort_keys=False))
-    params = load_params(params_path)  # validated before any work
-    layout = Layout(root)
-    started = time.perf_counter()
-
-    def before(stage) -> None:  # the expected training time, before the first per-run stage
-        if progress and stage.name == "train":
-            print(cost_text(expected_cost(params, layout)), flush=True)
-
-    run_stages(params, layout, progress=progress, before=before, track=track, jobs=jobs)
-    return time.perf_counter() - started
 
 
 def default_jobs() -> int:
@@ -255,7 +221,7 @@ def run_preset(name: str, *, variants: list[str] | None = None, project: Path = 
         for variant in chosen:
             if progress:
                 print(f"preset {name}, variant {variant}", flush=True)
-            finished(variant, run_variant(raws[variant], out / variant, track=track,
+            finished(variant, run_in_folder(raws[variant], out / variant, track=track,
                                           progress=progress,
                                           jobs=_runs_at_once(raws[variant], asked, chosen)))
     else:
@@ -281,14 +247,14 @@ PROGRESS_LOG = "preset.log"  # in a variant's folder: its progress when run side
 
 
 def _run_variant_logged(raw: dict, root: Path, track: bool, progress: bool) -> float:
-    """:func:`run_variant` with its output (stage lines, progress bars) written to
+    """:func:`~dpclip.folder_run.run_in_folder` with its output (stage lines, progress bars) written to
     ``root/preset.log`` instead of the terminal it would share with the other variants."""
     import contextlib
 
     root.mkdir(parents=True, exist_ok=True)
     with open(root / PROGRESS_LOG, "w", buffering=1) as log, \
             contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        return run_variant(raw, root, track=track, progress=progress)
+        return run_in_folder(raw, root, track=track, progress=progress)
 
 
 def _run_side_by_side(name: str, raws: dict, out: Path, jobs: int, track: bool,

@@ -4,6 +4,20 @@ it has no bound. Read by the report's table and the claimed-vs-audited plot's ta
 from __future__ import annotations
 
 
+def why_not_audited(method: str) -> str | None:
+    """Why a method's runs get no audit (None: they do): no DP claim, or another
+    neighbouring notion than the whole records the canaries add or remove."""
+    from dpclip.methods import get_method
+
+    method_cls = get_method(method)
+    if not method_cls.private:
+        return "no DP claim"
+    if method_cls.adjacency != "add_remove":
+        return (f"{method_cls.adjacency} adjacency (the canaries are added or removed whole "
+                "records)")
+    return None
+
+
 def audit_status(audit: dict) -> str | None:
     """"audited (<kinds>)", or why the run has no bound ("not applicable (<reason>)": no DP
     claim, another adjacency); None when the metrics hold no audit."""

@@ -32,7 +32,7 @@ from dpclip.audit.run import audit_blackbox, audit_whitebox, not_applicable
 from dpclip.config import Params
 from dpclip.files import write_json
 from dpclip.layout import Layout
-from dpclip.methods import get_method
+from dpclip.audit.status import why_not_audited
 from dpclip.run_keys import RunKey
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance
@@ -52,22 +52,12 @@ def canary_seed(params: Params, run: str, kind: str) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
 
 
-def why_not_audited(params: Params, method: str) -> str | None:
-    method_cls = get_method(method)
-    if not method_cls.private:
-        return "no DP claim"
-    if method_cls.adjacency != "add_remove":
-        return (f"{method_cls.adjacency} adjacency (the canaries are added or removed whole "
-                "records)")
-    return None
-
-
 def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout = Layout()
           ) -> dict:
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
     a = params.audit
-    reason = why_not_audited(params, method)
+    reason = why_not_audited(method)
     # what the run's training reads, resolved once for every kind and the provenance
     data = run_inputs(params, key, layout) if reason is None and a.kinds else None
     inputs = provenance.inputs(STAGE, params, key, layout,
