@@ -23,7 +23,7 @@ export DO_NOT_TRACK ?= 1
 install: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
-	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "dpclip needs Python 3.11"'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "dpclip needs Python 3.11, 3.12 or 3.13"'
 	$(PYTHON) -m venv $(VENV)
 	# CPU build of torch first, so nothing later can pull a CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
