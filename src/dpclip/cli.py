@@ -20,7 +20,7 @@ from dpclip.files import write_json
 from dpclip.layout import Layout
 from dpclip.run_keys import RunKey, configured_runs, parse_scalar
 from dpclip.pipeline.side_by_side import (JOBS_VARIABLE, configure_process, default_jobs,
-                                          preload)
+                                          start_server)
 from dpclip.catalog import BY_NAME, ONCE, PER_ALPHA, PER_RUN, STAGES, Stage
 
 
@@ -171,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare":  # reads DVC's experiments, not params.yaml
         return _tool("compare")(args)
     try:
+        if _side_by_side_jobs(args, *_threads_and_device_as_written(args.params)) > 1:
+            start_server(BY_NAME[args.command].workers)  # its imports beside this process's
         # by name: validating every family's sections (every method's options, ...) refuses
         # bad input and fills in defaults that only the stages running that family read, and
         # import; so that code is no dependency of the stages that run none of it
         params = _load("dpclip.pipeline.params", "load_params")(args.params)
-        if _side_by_side_jobs(args, params.train.threads, params.train.device) > 1:
-            preload(BY_NAME[args.command].workers)
         layout = Layout(Path(args.root))
         return _dispatch(args, params, layout)
     except DpclipError as exc:
@@ -257,6 +257,27 @@ def _side_by_side_jobs(args, threads: int | None, device: str) -> int:
         return jobs if os.environ.get(JOBS_VARIABLE, "").strip() else \
             min(jobs, MOST_LOGGING_WORKERS)
     return default_jobs(threads, device)
+
+
+def _threads_and_device_as_written(path: str) -> tuple[int | None, str]:
+    """params.yaml's ``train.threads`` and ``train.device`` as written, the schema's defaults
+    where it gives none: read before torch is imported, to start the workers' fork server
+    early (the validation that follows reports a bad file)."""
+    import yaml
+
+    from dpclip.config import TrainParams
+
+    fields = TrainParams.model_fields
+    threads, device = fields["threads"].default, fields["device"].default
+    try:
+        train = (yaml.safe_load(Path(path).read_text()) or {}).get("train") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return threads, device
+    written = train.get("threads", threads) if isinstance(train, dict) else threads
+    written_device = train.get("device", device) if isinstance(train, dict) else device
+    # a value the validation would convert or refuse ("2", "two") counts as not given here
+    return (written if written is None or type(written) is int else threads,
+            written_device if isinstance(written_device, str) else device)
 
 
 def _one_run(args, params, given: list[str]) -> RunKey:

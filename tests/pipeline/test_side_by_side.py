@@ -243,15 +243,31 @@ def test_the_workers_wait_passively_unless_the_environment_chose_a_policy(given,
     assert done.stdout.strip() == workers
 
 
-# in a fresh process: the workers' server preloading a module, then two runs, each saying
-# whose child its worker is and whether it found that module imported (inherited from the
-# server)
-PRELOADED = """
-import os
-from dpclip.pipeline.side_by_side import preload, run_side_by_side
+@pytest.mark.parametrize("written, read", [("threads: 4", 4), ("threads: null", None),
+                                           ("threads: '2'", None), ("threads: two", None),
+                                           ("[not, a, mapping]", None)])
+def test_the_thread_count_read_before_validation_is_a_whole_number_or_none(tmp_path, written,
+                                                                         read):
+    """The command reads train.threads before torch (to start the workers' server early):
+    what the validation would convert or refuse must not crash that arithmetic."""
+    from dpclip.cli import _threads_and_device_as_written
+
+    params = tmp_path / "params.yaml"
+    params.write_text(f"train:\n  {written}\n" if "threads" in written else written)
+    assert _threads_and_device_as_written(str(params)) == (read, "auto")
+
+
+# in a fresh process: the workers' server started early with a module that takes 2 s to
+# import, then two runs, each saying whose child its worker is and whether it found that
+# module imported (inherited from the server)
+EARLY_START = """
+import os, time
+from dpclip.pipeline.side_by_side import run_side_by_side, start_server
 from probe import facts
 os.environ["COMMAND_PID"] = str(os.getpid())  # the server's environment: the workers'
-preload(("slow_import",))
+started = time.monotonic()
+start_server(("slow_import",))
+print(time.monotonic() - started)
 print(sorted(set(result for _, result in run_side_by_side(facts, [0, 1], 2, "train"))))
 """
 PROBE = """
@@ -261,19 +277,23 @@ def facts(_key):
 """
 
 
-def test_the_workers_are_forked_from_a_server_that_imported_the_stage(tmp_path):
+def test_the_server_starts_early_without_waiting_for_its_imports(tmp_path):
+    """The command starts the workers' fork server before it imports torch itself, so that
+    the two imports overlap: starting it returns at once, and the workers are forked from it
+    with what it imported."""
     import os
     import subprocess
     import sys
 
-    (tmp_path / "slow_import.py").write_text("")
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(2)\n")
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-c", PRELOADED], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", EARLY_START], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[(True, True)]"
+    seconds, facts = done.stdout.splitlines()
+    assert float(seconds) < 1.0 and facts == "[(True, True)]"
 
 
 def mark_and_maybe_fail(key: tuple) -> dict:

@@ -11,8 +11,9 @@ The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` s
 a fresh interpreter that imports :mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait
 for the workers) and the stage's module, and then forks each worker. Forking the command's own
 process instead would be cheaper, but torch's OpenMP thread pool does not survive a fork: a
-child forked after its parent ran one parallel region hangs in its own first one. The server,
-and so each worker, has the command's environment,
+child forked after its parent ran one parallel region hangs in its own first one. The command
+starts the server before it imports torch itself (:func:`start_server`), so that the two
+imports overlap on two cores. The server, and so each worker, has the command's environment,
 standard streams and umask; a worker runs in the command's working directory.
 
 Each run writes its outputs and its provenance itself, as in one process. A run that fails
@@ -88,17 +89,23 @@ def configure_process() -> None:
                             category=UserWarning)
 
 
-def preload(modules: tuple[str, ...]) -> None:
-    """What the workers' fork server imports first, besides :data:`SERVER_IMPORTS` (the
-    stage's module): read when the first worker starts the server."""
-    _context().set_forkserver_preload([*SERVER_IMPORTS, *modules])
+def start_server(modules: tuple[str, ...]) -> None:
+    """Start the workers' fork server now, importing :data:`SERVER_IMPORTS` and ``modules``
+    (what the workers import first), while this process goes on with its own imports and work.
+    multiprocessing starts its server with a process's first worker and waits for the server's
+    imports before that worker runs: so the first worker, one that does nothing, is started by a
+    thread of its own."""
+    context = _context()
+    context.set_forkserver_preload([*SERVER_IMPORTS, *modules])
+    threading.Thread(target=context.Process(target=os.getpid).start, daemon=True).start()
 
 
 @functools.cache
 def _context():
     """multiprocessing's fork-server context, its server importing :data:`SERVER_IMPORTS`
-    (and what :func:`preload` adds) when this process starts it, with its first worker; it
-    runs until this process ends."""
+    (and what :func:`start_server` adds) when this process starts it, with its first worker;
+    it runs until this process ends. Set up once, so that a pool does not take back what
+    :func:`start_server` added before the server read it."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(SERVER_IMPORTS))
     return context
