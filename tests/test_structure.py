@@ -172,7 +172,7 @@ LAYERS = (
     ("outputs", {"stage_outputs", "retire", "reporting"}),
     ("pipeline", {"pipeline"}),  # declarations, params, a run's inputs, provenance
     ("stages", {"stages", "tracking", "runner"}),
-    ("tools", {"cli", "commands", "presets", "bench", "advise", "cost", "folder_run"}),
+    ("tools", {"cli", "commands", "presets", "bench", "advise", "cost", "folder_run", "api"}),
 )
 
 
@@ -204,6 +204,7 @@ BY_COMPUTED_NAME = {
                        "package's name)",
     "dpclip.train.runs": "its own modules (pkgutil.iter_modules)",
     "dpclip.cli": "in _load, the literal names its callers pass (counted as imports above)",
+    "dpclip.models": "the module of the user's own model that train.model names (not dpclip's)",
 }
 
 

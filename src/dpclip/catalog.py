@@ -171,6 +171,10 @@ _TRAINED = ("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
             "train.clip_norm", "train.early_stopping", "train.threads", "train.public_init")
 _RUN_DATA = ("data/prepared", "data/partitions/{alpha}")
+# what a stage that builds the model reads besides: the fingerprint of a model file of the
+# user's own (train.model), which the check stage writes with the data files'
+SOURCES = "data/sources.json"
+_BUILDS_MODEL = (*_RUN_DATA, SOURCES)
 _PER_RUN_CACHING = ("Per-run caching as in train.")
 
 # every stage, in any order: STAGES below puts them in the order their inputs give
@@ -186,7 +190,7 @@ DECLARED: tuple[Stage, ...] = (
                      note="kept when a check fails: rewritten whole when it passes"),)),
     Stage(
         name="prepare", scope=ONCE, help="build the target and shadow splits",
-        deps=("data/sources.json",), notes={"data/sources.json": "the files params.yaml names"},
+        deps=(SOURCES,), notes={SOURCES: "the files params.yaml names"},
         params=("data",), outs=(Output("data/prepared"),), runs=("data.sources",)),
     Stage(
         name="partition", scope=PER_ALPHA, help="Dirichlet label skew for one alpha",
@@ -201,7 +205,7 @@ DECLARED: tuple[Stage, ...] = (
             params=("shadow", "attack.classifier", "attack.folds", "attack.max_features",
                     "attack.max_records", "train.model", "train.hidden", "train.optimizer",
                     "train.lr", "train.momentum", "train.threads"),
-            reads=("data/prepared",),
+            reads=("data/prepared", SOURCES),
             writes={"shadow_risk": SHADOW_RISK, "shadow_model": "shadow/model.pt",
                     "shadow_figure": "shadow/risk.png"},
             record="shadow/provenance.json", result="shadow_risk",
@@ -219,7 +223,8 @@ DECLARED: tuple[Stage, ...] = (
         comment="tune.trials Optuna (TPE) trials per method and target epsilon on the public "
                 "splits only; the values chosen go to tuned/tuned.json, which train, audit and "
                 "reference read. With tune.trials 0 it writes that nothing was searched.",
-        deps=("data/prepared", SHADOW_RISK), notes={SHADOW_RISK: "read by lm_dp_sgd only"},
+        deps=("data/prepared", SHADOW_RISK, SOURCES),
+        notes={SHADOW_RISK: "read by lm_dp_sgd only", SOURCES: "a model file of your own"},
         params=("tune", "privacy", "train", "methods"),
         outs=(Output("tuned"),), runs=("methods",)),
     Stage(
@@ -233,7 +238,7 @@ DECLARED: tuple[Stage, ...] = (
                 "the stage when any run may be stale. Outputs persist: DVC must not delete the "
                 "runs that are up to date.",
         per_run=PerRun(
-            params=_TRAINED, reads=_RUN_DATA,
+            params=_TRAINED, reads=_BUILDS_MODEL,
             writes={"model": "runs/{run}/model.pt", "record": "runs/{run}/record.json",
                     "trace": "traces/{run}.csv"},
             record="runs/{run}/provenance.json", result="record"),
@@ -250,7 +255,7 @@ DECLARED: tuple[Stage, ...] = (
         comment="one extra model per run with a DP claim, trained with its configuration and "
                 "canaries; the lower bound on epsilon they give. " + _PER_RUN_CACHING,
         per_run=PerRun(  # it trains the run's configuration again, with canaries
-            params=(*_TRAINED, "audit"), reads=_RUN_DATA,
+            params=(*_TRAINED, "audit"), reads=_BUILDS_MODEL,
             writes={"audit": "audits/{run}/audit.json"},
             record="audits/{run}/provenance.json", result="audit"),
         notes={SHADOW_RISK: "read by lm_dp_sgd only"},
@@ -265,7 +270,7 @@ DECLARED: tuple[Stage, ...] = (
         per_run=PerRun(  # it trains the run's configuration on other data
             params=(*_TRAINED, "attack.references", "attack.mode", "attack.population",
                     "data.seed"),
-            reads=_RUN_DATA,
+            reads=_BUILDS_MODEL,
             writes={"signals": "references/{run}/signals.npz",
                     "reference": "references/{run}/reference.json"},
             record="references/{run}/provenance.json", result="reference"),

@@ -99,9 +99,14 @@ class EarlyStopping(Section):
     threshold: Real = 0.0  # T_s (slope) or tau (linear_trend)
 
 
+BUILT_IN_MODELS = ("mlp", "cnn", "paper_cnn")
+
+
 class TrainParams(Section):
     methods: unique_list(str) = ["non_private", "dp_sgd"]
-    model: Literal["mlp", "cnn", "paper_cnn"] = "mlp"
+    # mlp | cnn | paper_cnn, or a model of your own: path/to/file.py:factory (relative to the
+    # project root) or package.module:factory, factory(feature_shape, n_classes) -> nn.Module
+    model: str = "mlp"
     hidden: unique_list(Count, min_length=0) = [128, 64]
     seeds: unique_list(Seed) = [0]
     epochs: Count = 30
@@ -117,6 +122,17 @@ class TrainParams(Section):
     # public knowledge the sound sanitize encoder has, for a fair pairing
     public_init: StrictBool = False
     early_stopping: EarlyStopping = EarlyStopping()
+
+    @field_validator("model")
+    @classmethod
+    def _built_in_or_a_factory(cls, value: str) -> str:
+        if value in BUILT_IN_MODELS:
+            return value
+        where, colon, factory = value.rpartition(":")
+        if not colon or not where or not factory.isidentifier():
+            raise ValueError(f"{value!r} is not one of {list(BUILT_IN_MODELS)} nor a model "
+                             f"of your own, path/to/file.py:factory or package.module:factory")
+        return value
 
 
 class EvaluateParams(Section):

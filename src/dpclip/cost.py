@@ -36,7 +36,8 @@ def bench_config(params: Params, layout: Layout, method: str) -> TrainConfig:
     if not get_method(method).needs_shadow_risk:
         return train_config(params, method, epsilon, 0, layout, tuned=False)  # step cost only
     t = params.train
-    layers = layer_names(t.model, t.hidden)
+    _, _, shape, n_classes = target_data(layout)
+    layers = layer_names(t.model, t.hidden, shape, n_classes)
     neutral = {"layers": {name: {"error_rate": 0.5, "norm_share": 1.0 / len(layers)}
                           for name in layers}}
     return TrainConfig(method, float(epsilon), 0, t, params.privacy,

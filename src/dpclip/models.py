@@ -8,7 +8,10 @@ not depend on the other records of the batch.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -35,6 +38,8 @@ def build_model(name: str, feature_shape: tuple[int, ...], n_classes: int,
     -> ReLU -> 2x2 max-pool (skipped when the map is already smaller than 4x4) -> the MLP above
     on the flattened map.
     """
+    if name not in MODELS:
+        return _users_model(name, tuple(feature_shape), n_classes)
     in_features = int(torch.tensor(feature_shape).prod())
     if name == "mlp":
         return nn.Sequential(_mlp_layers(in_features, hidden, n_classes))
@@ -95,10 +100,59 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def layer_names(name: str, hidden: list[int]) -> list[str]:
-    """The parameterised layer names a model will have (they do not depend on the data)."""
+def layer_names(name: str, hidden: list[int], feature_shape: tuple | None = None,
+                n_classes: int = 2) -> list[str] | None:
+    """The parameterised layer names a model will have: a built-in model's do not depend on
+    the data; a model of the user's own is built for ``feature_shape`` (None without it)."""
+    if name not in MODELS:
+        if feature_shape is None:
+            return None
+        return parameterised_layers(build_model(name, tuple(feature_shape), n_classes, []))
     shape = {"cnn": (1, 8, 8), "paper_cnn": (1, 28, 28)}.get(name, (4,))
     return parameterised_layers(build_model(name, shape, 2, list(hidden)))
+
+
+def last_hidden_linear(model: nn.Module) -> str | None:
+    """The name of the model's last ``nn.Linear`` before its output layer (the last one)."""
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    return linears[-2] if len(linears) >= 2 else None
+
+
+def model_file(name: str) -> Path | None:
+    """The file of a ``train.model`` of the user's own (``path/to/file.py:factory``, relative
+    to the project root, or ``package.module:factory``); None for a built-in model."""
+    if name in MODELS:
+        return None
+    where = name.rpartition(":")[0]
+    if where.endswith(".py"):
+        return Path(where)
+    spec = importlib.util.find_spec(where)
+    if spec is None or spec.origin is None:
+        raise DpclipError(f"train.model: {name!r}: no module {where!r} can be imported")
+    return Path(spec.origin)
+
+
+def _users_model(name: str, feature_shape: tuple, n_classes: int) -> nn.Module:
+    """``factory(feature_shape, n_classes)`` of the file or module ``train.model`` names."""
+    where, _, factory = name.rpartition(":")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise DpclipError(f"train.model: {name!r}: {where} is not a file (paths are "
+                              f"relative to the project root)")
+        spec = importlib.util.spec_from_file_location(f"dpclip_user_model_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    build = getattr(module, factory, None)
+    if not callable(build):
+        raise DpclipError(f"train.model: {name!r}: {where} has no function {factory!r}")
+    model = build(feature_shape, n_classes)
+    if not isinstance(model, nn.Module):
+        raise DpclipError(f"train.model: {name!r}: {factory}(feature_shape, n_classes) "
+                          f"returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def per_record_std(z: torch.Tensor) -> float:

@@ -16,11 +16,12 @@ from dpclip.catalog import (BY_NAME, DECLARED, ONCE, PER_ALPHA, PER_RUN, STAGES,
 def test_the_edges_are_the_outputs_each_stage_reads():
     edges = {stage.name: [u.name for u in upstream(stage)] for stage in STAGES}
     assert edges == {
-        "check": [], "prepare": ["check"], "partition": ["prepare"], "shadow": ["prepare"],
-        "tune": ["prepare", "shadow"],
-        "train": ["prepare", "partition", "shadow", "tune"],
-        "audit": ["prepare", "partition", "shadow", "tune"],
-        "reference": ["prepare", "partition", "shadow", "tune"],
+        "check": [], "prepare": ["check"], "partition": ["prepare"],
+        "shadow": ["check", "prepare"],  # check: a model file of the user's own
+        "tune": ["check", "prepare", "shadow"],
+        "train": ["check", "prepare", "partition", "shadow", "tune"],
+        "audit": ["check", "prepare", "partition", "shadow", "tune"],
+        "reference": ["check", "prepare", "partition", "shadow", "tune"],
         "evaluate": ["prepare", "partition", "train", "audit", "reference"],
         "report": ["shadow", "tune", "train", "evaluate"]}
 

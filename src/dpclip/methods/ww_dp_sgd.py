@@ -56,6 +56,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpclip.errors import DpclipError
+from dpclip.models import last_hidden_linear
 from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors, register
 
 
@@ -196,7 +198,7 @@ class WWDPSGD(Method):
         if values.c_min >= values.c_max:
             problems.append(f"{prefix}.c_min: {values.c_min!r} must be below "
                             f"{prefix}.c_max ({values.c_max!r})")
-        for name in probe_layers(values.probe):
+        for name in probe_layers(values.probe) if layer_names is not None else []:
             if name not in layer_names:
                 problems.append(f"{prefix}.probe: {name!r} is not a layer of the model "
                                 f"(layers: {layer_names})")
@@ -206,7 +208,17 @@ class WWDPSGD(Method):
         super().__init__(context)
         opts = self.options
         modules = dict(context.model.named_modules()) if context.model is not None else {}
-        self.probes = [modules[name] for name in probe_layers(opts.probe) if name in modules]
+        names = probe_layers(opts.probe)
+        default = self.options_model().model_fields["probe"].default
+        if names == [default] and default not in modules and context.model is not None:
+            # a model of the user's own: its last hidden Linear, the default's counterpart
+            names = [n for n in [last_hidden_linear(context.model)] if n] or names
+        missing = [name for name in names if name not in modules]
+        if context.model is not None and missing:  # else the controller would never act
+            raise DpclipError(f"methods.ww_dp_sgd.probe: {missing} not layers of the model "
+                              f"(layers: {context.layer_names}); name the layer(s) whose "
+                              f"weights the controller reads")
+        self.probes = [modules[name] for name in names if name in modules]
         self.log_c = math.log(self.clip_threshold)
         self.zeta_hat = opts.zeta_star
         self.zeta = math.nan

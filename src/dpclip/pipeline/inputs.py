@@ -35,8 +35,10 @@ def train_config(params: Params, method: str, epsilon, seed: int,
     t = params.train
     risk = None
     if get_method(method).needs_shadow_risk:
-        risk = load_risk(layout, params, read_json(layout.prepared_meta),
-                         layer_names(t.model, t.hidden))
+        meta = read_json(layout.prepared_meta)
+        risk = load_risk(layout, params, meta, layer_names(t.model, t.hidden,
+                                                           meta["feature_shape"],
+                                                           int(meta["n_classes"])))
     target = float(epsilon) if get_method(method).private else None
     options = get_method(method).resolved_options(params.method_options(method), params)
     return TrainConfig(method, target, int(seed), t, params.privacy, options, risk)

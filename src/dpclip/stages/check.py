@@ -8,6 +8,11 @@ of each named file or folder (:func:`dpclip.hashing.file_hash`, as DVC hashes it
 dependencies). The prepare stage depends on that file, so an edited CSV re-runs prepare and
 everything after it, and an unchanged one leaves them up to date.
 
+A model of the user's own (``train.model: path/to/file.py:factory``) is fingerprinted the
+same way, under ``train.model``: the stages that build the model (shadow, tune, and each run
+of train, audit and reference) read ``data/sources.json`` too, so an edited model file re-runs
+them, while prepare's output, and so partition, stay as they were.
+
 It also goes first for bad parameters: the ``dpclip`` command refuses them before the stage
 function runs, so DVC stops here, before it deletes any other stage's outputs.
 """
@@ -21,6 +26,7 @@ from dpclip.errors import DpclipError, bad_value
 from dpclip.hashing import file_hash
 from dpclip.files import write_json
 from dpclip.layout import Layout
+from dpclip.models import model_file
 
 NAMED_FILES = ("data.path", "data.shadow_path")
 
@@ -37,6 +43,13 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
         if digest is None:
             raise DpclipError(bad_value(key, path, "names no file or folder"))
         record[key] = {"path": path, "sha256": digest}
+    path = model_file(params.train.model)
+    if path is not None:
+        if not path.is_file():
+            raise DpclipError(bad_value("train.model", params.train.model,
+                                        f"names no file ({path}; paths are relative to the "
+                                        f"project root)"))
+        record["train.model"] = {"path": str(path), "sha256": file_hash(path)}
     write_json(layout.sources, record)
     return record
 

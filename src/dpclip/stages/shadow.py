@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from dpclip.stage_outputs import architecture, load_split
-from dpclip.attacks.common.layerwise import attack_every_layer
-from dpclip.attacks.common.representations import layer_representations
+from dpclip.attacks.common.layer_risk import layer_risks
 from dpclip.config import IID, EarlyStopping, Params
 from dpclip.data.splits import dirichlet_subsample
 from dpclip.errors import DpclipError
@@ -39,7 +38,6 @@ from dpclip.files import read_json, write_json, write_torch
 from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.methods.base import REGISTRY
-from dpclip.models import parameterised_layers
 from dpclip.run_keys import alpha_tag
 from dpclip.reporting.plots import layer_attack_figure
 from dpclip.catalog import BY_NAME
@@ -47,7 +45,6 @@ from dpclip.pipeline import provenance
 from dpclip.pipeline.provenance import shadow_key
 from dpclip.threads import use_threads
 from dpclip.train import TrainConfig, train_model
-from dpclip.train.step import layer_norms_of
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +153,10 @@ def train_shadow(params: Params, layout: Layout, progress: bool) -> dict:
                          shadow_config(params, batch_size), progress=progress, desc="shadow")
     model = result.model.eval()
     a = params.attack
-    reps_in = layer_representations(model, x_in, a.max_features)
-    reps_out = layer_representations(model, x_out, a.max_features)
-    layers = attack_every_layer(reps_in, reps_out, classifier=a.classifier,
-                                evaluation=params.shadow.risk_eval, folds=a.folds,
-                                max_records=a.max_records, seed=params.shadow.seed)
-    for name, share in zip(parameterised_layers(model), _norm_shares(model, x_in, y_in)):
-        layers[name]["norm_share"] = float(share)
+    layers = layer_risks(model, x_in, y_in, x_out, classifier=a.classifier,
+                         evaluation=params.shadow.risk_eval, folds=a.folds,
+                         max_features=a.max_features, max_records=a.max_records,
+                         seed=params.shadow.seed)
     record = {
         "needed": True,
         "architecture": architecture(params, meta), "layer_names": list(layers),
@@ -179,16 +173,6 @@ def train_shadow(params: Params, layout: Layout, progress: bool) -> dict:
                               f"({record['risk_eval']}, alpha {alpha_tag(params.shadow.alpha)})")
     write_json(layout.shadow_risk, record)
     return record
-
-
-def _norm_shares(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """mean_i n_i^(l) / n_i: each record's gradient split over the layers, averaged."""
-    norms = layer_norms_of(model, nn.CrossEntropyLoss(reduction="none"),
-                           torch.as_tensor(x, dtype=torch.float32),
-                           torch.as_tensor(y, dtype=torch.int64)).double()
-    total = norms.pow(2).sum(dim=1, keepdim=True).sqrt()
-    unit = torch.where(total > 0, norms / total.clamp_min(1e-300), torch.zeros_like(norms))
-    return unit.mean(dim=0).numpy()
 
 
 @torch.no_grad()

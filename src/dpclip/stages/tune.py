@@ -44,6 +44,7 @@ from dpclip.stage_outputs import evaluation_model, load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
 from dpclip.hashing import file_hash
+from dpclip.models import model_file
 from dpclip.files import read_json, write_csv_frame, write_json
 from dpclip.layout import Layout
 from dpclip.methods import REGISTRY, get_method
@@ -266,11 +267,13 @@ def search_code() -> list[str]:
 
 def search_inputs(params: Params, layout: Layout) -> dict:
     """What the tuned record depends on: each configured method's fingerprint, the target
-    epsilons, the public data, the shadow risks and the code."""
+    epsilons, the public data, the shadow risks, a model file of the user's own and the code."""
+    model = model_file(params.train.model)
     return {"fingerprints": {m: fingerprint(params, m) for m in params.train.methods},
             "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
             "files": {"data/prepared": file_hash(layout.prepared),
                       "shadow/risk.json": file_hash(layout.shadow_risk),
+                      **({"train.model": file_hash(model)} if model else {}),
                       **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in search_code()}}}
 
 

@@ -36,16 +36,23 @@ from dpclip.train.book_keeping import LayerGroups
 
 
 def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
-              cfg: TrainConfig, public: PublicData | tuple | None = None) -> Run:
+              cfg: TrainConfig, public: PublicData | tuple | None = None,
+              model: nn.Module | None = None) -> Run:
     """Seed, build the model and method, plan the steps, and build the run of the method's
-    kind (a private kind finds the noise). ``public``: the public data (:class:`PublicData`, or an (x, y) pair) a method may need
-    (``Method.needs_public_data``) or early stopping watches."""
+    kind (a private kind finds the noise). ``public``: the public data (:class:`PublicData`,
+    or an (x, y) pair) a method may need (``Method.needs_public_data``) or early stopping
+    watches. ``model``: a model of the caller's own (:mod:`dpclip.api`) instead of
+    ``train.model``."""
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
     options = method_cls.typed_options(cfg.method_options)
-    hidden = method_cls.model_hidden(options, cfg.train.hidden)
-    model = build_model(cfg.train.model, feature_shape, n_classes, hidden).to(device)
+    if model is None:
+        hidden = method_cls.model_hidden(options, cfg.train.hidden)
+        model = build_model(cfg.train.model, feature_shape, n_classes, hidden)
+    else:
+        hidden = []
+    model = model.to(device)
     # a method that pre-trains on public data itself (sanitize's frozen encoder) is not
     # pre-trained twice: both then have the same public pre-training
     own = method_cls.needs_public_data(options)
@@ -121,12 +128,16 @@ def check_records(x: np.ndarray, y: np.ndarray, n_classes: int) -> None:
 def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_classes: int,
                 cfg: TrainConfig, *, progress: bool = True, desc: str = "",
                 checkpoint_path: Path | None = None, checkpoint_every: int = 5,
-                public: PublicData | tuple | None = None) -> TrainResult:
+                public: PublicData | tuple | None = None, model: nn.Module | None = None,
+                optimizer: torch.optim.Optimizer | None = None) -> TrainResult:
     """Train one configuration and return the model, its trace and its privacy record.
-    Records are checked first (:func:`check_records`)."""
+    Records are checked first (:func:`check_records`). ``model`` and ``optimizer``: the
+    caller's own (:mod:`dpclip.api`) instead of ``train.model`` and ``train.optimizer``."""
     check_records(x, y, n_classes)
     cfg = with_records_in_stream_key(cfg, x, y)
-    run = build_run(feature_shape, n_classes, len(x), cfg, public)
+    run = build_run(feature_shape, n_classes, len(x), cfg, public, model)
+    if optimizer is not None:
+        run.use_optimizer(optimizer)
     checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \
         if checkpoint_path else None
     x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)

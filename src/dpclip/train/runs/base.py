@@ -63,6 +63,17 @@ class Run:
         self.std_series: list[float] = []
         self.stopped_epoch: int | None = None
 
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step with the caller's optimizer instead of ``train.optimizer``'s: it must update
+        exactly the parameters the DP step releases (the model's trainable ones)."""
+        given = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        trained = {id(p) for p in self.groups.flat()}
+        if given != trained:
+            raise DpclipError(f"optimizer: it holds {len(given)} parameters, the model trains "
+                              f"{len(trained)}; build it from model.parameters() (those that "
+                              f"require gradients), as the DP step releases exactly those")
+        self.optimizer = optimizer
+
     def watch_public(self, public) -> None:
         """Watch the public split's representations for early stopping."""
         if public is None or len(public[0]) == 0:

@@ -1,0 +1,88 @@
+"""A model of the user's own in the pipeline (train.model: path/to/file.py:factory): every
+stage that builds a model builds it, the check stage fingerprints its file, and editing the
+file makes exactly the runs that train it stale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import merged, tiny_project_params
+from dpclip.catalog import BY_NAME
+from dpclip.cli import main
+from dpclip.errors import ConfigError
+from dpclip.files import read_json
+from dpclip.layout import Layout
+from dpclip.pipeline import provenance
+from dpclip.pipeline.params import parse_params
+from dpclip.run_keys import configured_runs
+
+MODEL = '''
+from torch import nn
+
+
+def build(feature_shape, n_classes):
+    """No layer named like dpclip's models' (fc1, head)."""
+    width = 1
+    for size in feature_shape:
+        width *= size
+    return nn.Sequential(nn.Flatten(), nn.Linear(width, 24), nn.Tanh(), nn.Linear(24, 12),
+                         nn.Tanh(), nn.Linear(12, n_classes))
+'''
+
+
+@pytest.fixture
+def project(tmp_path, write_params):
+    model = tmp_path / "my_model.py"
+    model.write_text(MODEL)
+    raw = merged(tiny_project_params(), {
+        "train": {"model": f"{model}:build", "methods": ["dp_sgd", "ww_dp_sgd", "lm_dp_sgd"],
+                  "epochs": 2},
+        "methods": {"ww_dp_sgd": {"probe_every": 5}},
+        "attack": {"references": 0}, "audit": {"kinds": []}})
+    base = ["--params", str(write_params(raw)), "--root", str(tmp_path), "--quiet"]
+    return tmp_path, model, raw, base
+
+
+def test_the_stages_build_the_users_model_and_an_edit_re_runs_its_runs(project):
+    root, model, raw, base = project
+    for stage in ("check", "prepare", "shadow", "tune", "train"):
+        args = [*base, stage] if stage != "partition" else [*base, stage, "--alpha", "iid"]
+        if stage == "shadow":
+            assert main([*base, "partition", "--alpha", "iid"]) == 0
+        assert main(args) == 0, stage
+    layout = Layout(root)
+    sources = read_json(layout.sources)
+    assert sources["train.model"]["path"] == str(model)
+    # the shadow model (lm_dp_sgd's risks) and every run are the user's architecture
+    assert set(read_json(layout.shadow_risk)["layers"]) == {"1", "3", "5"}
+    params = parse_params(raw)
+    for key in configured_runs(params):
+        weights = torch.load(layout.run_dir(key.name) / "model.pt", weights_only=False)
+        assert set(weights["state_dict"]) == {f"{i}.{w}" for i in (1, 3, 5)
+                                                for w in ("weight", "bias")}
+    ww = next(k for k in configured_runs(params) if k.method == "ww_dp_sgd")
+    import pandas as pd
+
+    thresholds = pd.read_csv(layout.trace(ww.name))["clip_threshold"]
+    assert thresholds.nunique() > 1  # the controller probed the last hidden Linear ("3")
+    train = BY_NAME["train"]
+    assert all(provenance.is_current(train, params, k, layout) for k in configured_runs(params))
+    model.write_text(MODEL.replace("24", "20"))  # an edit of the user's model
+    assert main([*base, "check"]) == 0
+    assert not any(provenance.is_current(train, params, k, layout)
+                   for k in configured_runs(params))
+    # prepare's output does not depend on the model: partition stays as it was
+    assert BY_NAME["partition"].all_deps == ("data/prepared",)
+
+
+def test_a_model_named_wrongly_is_refused_by_name(tiny_raw, tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"train.model: 'resnet' is not one of"):
+        parse_params(tiny_raw(train={"model": "resnet"}))
+    params = tmp_path / "params.yaml"
+    import yaml
+
+    params.write_text(yaml.safe_dump(merged(tiny_project_params(),
+                                            {"train": {"model": "missing.py:build"}})))
+    assert main(["--params", str(params), "--root", str(tmp_path), "check"]) == 2
+    assert "train.model: 'missing.py:build' names no file" in capsys.readouterr().err
