@@ -191,7 +191,11 @@ DECLARED: tuple[Stage, ...] = (
     Stage(
         name="prepare", scope=ONCE, help="build the target and shadow splits",
         deps=(SOURCES,), notes={SOURCES: "the files params.yaml names"},
-        params=("data",), outs=(Output("data/prepared"),), runs=("data.sources",)),
+        params=("data",), runs=("data.sources",),
+        # kept while prepare runs: a data error leaves the last good splits in place (prepare
+        # replaces the folder whole, and only when every split is written)
+        outs=(Output("data/prepared", persist=True, note="replaced whole when prepare "
+                     "succeeds; kept when it fails"),)),
     Stage(
         name="partition", scope=PER_ALPHA, help="Dirichlet label skew for one alpha",
         deps=("data/prepared",), params=("data.seed",),

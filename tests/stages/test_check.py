@@ -90,3 +90,11 @@ def test_an_edited_csv_re_runs_prepare_and_a_bad_parameter_deletes_nothing(tmp_p
     failed = _sh([dvc, "repro", "partition"], project, env, ok=False)
     assert "data.seed: -1" in failed and "Running stage 'prepare'" not in failed
     assert {p: p.read_bytes() for p in (project / "data").rglob("*") if p.is_file()} == before
+    # a data error found by prepare (every label the same): the last good splits stay
+    raw["data"]["seed"] = 0
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (project / "mine.csv").write_text("a,b,c,label\n" + "1,2,3,0\n" * 300)
+    failed = _sh([dvc, "repro", "partition"], project, env, ok=False)
+    assert "Running stage 'prepare'" in failed and "at least two classes" in failed
+    assert {p: p.read_bytes() for p in (project / "data" / "prepared").rglob("*")
+            if p.is_file()} == {p: b for p, b in before.items() if "prepared" in p.parts}

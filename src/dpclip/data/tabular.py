@@ -24,6 +24,8 @@ refuses such private records rather than learn a class from a member.
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,7 +160,8 @@ def _check_schema(table: CsvTable, categories: dict[str, list[str]]) -> None:
 def _column_kinds(table: CsvTable, public: pd.DataFrame, categories: dict
                   ) -> tuple[list[str], list[str]]:
     """(numeric, categorical) feature columns: declared ones as declared, the rest numeric
-    when most of their non-missing public cells are numbers."""
+    when most of their non-missing public cells are numbers. An inferred categorical column
+    that looks like an identifier, a date or free text is refused (:func:`not_a_category`)."""
     numeric, categorical = [], []
     for col in table.frame.columns:
         cells = public[col].dropna()
@@ -169,8 +172,39 @@ def _column_kinds(table: CsvTable, public: pd.DataFrame, categories: dict
                                               len(cells) - numbers < NUMERIC_MAJORITY * len(cells)):
             numeric.append(col)
         else:
+            looks = not_a_category(cells)
+            if looks:
+                raise DpclipError(
+                    f"{table.key}: column {col!r} of {str(table.path)!r} looks like {looks}, "
+                    f"not a category: one-hot encoded it would add a feature per value. Leave "
+                    f"it out (data.drop: [{col!r}]) or keep it as a category "
+                    f"(data.categorical_columns: [{col!r}])")
             categorical.append(col)
     return numeric, categorical
+
+
+def not_a_category(cells: pd.Series) -> str | None:
+    """What a text column with too many distinct values looks like ("an identifier", "dates",
+    "free text"), or None: a category repeats its levels. Counts only, on public rows."""
+    cells = cells.astype(str)
+    distinct = cells.nunique()
+    if len(cells) < 20 or distinct <= max(20, len(cells) // 2):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pandas warns when it guesses a date format
+        dates = pd.to_datetime(cells, errors="coerce").notna().mean()
+    if dates > 0.9:
+        return f"dates ({distinct} distinct values in {len(cells)} public rows)"
+    if cells.str.contains(r"\s").mean() > 0.5:
+        return f"free text ({distinct} distinct values in {len(cells)} public rows)"
+    return f"an identifier ({distinct} distinct values in {len(cells)} public rows)"
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """", did you mean 'x'?" for the closest choice (case aside first), or ""."""
+    same = [c for c in choices if c.lower() == name.lower()]
+    close = same or difflib.get_close_matches(name, choices, n=1)
+    return f", did you mean {close[0]!r}?" if close else ""
 
 
 def _fit_numeric(values: np.ndarray) -> dict[str, float]:
@@ -243,7 +277,7 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
                    categorical_columns: list[str] | None = None,
                    missing_values: list[str] = ("", "?", "NA"),
                    target_map: dict[str, str] | None = None,
-                   key: str = "data.path") -> CsvTable:
+                   key: str = "data.path", drop: list[str] | None = None) -> CsvTable:
     """Read ``path`` as text; raise naming ``key`` (the parameter that named the file) or the
     offending option on bad input. Rows without a label are dropped; ``target_map``
     (``data.target_map``) renames label values, e.g. {"2": "1", "3": "1", "4": "1"} turns
@@ -261,8 +295,14 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
     frame = frame.replace(list(missing_values), np.nan)
     frame = frame.dropna(how="all").reset_index(drop=True)
     if target not in frame.columns:
-        raise DpclipError(f"data.target: {target!r} is not a column of {path!r} "
+        raise DpclipError(f"data.target: {target!r} is not a column of {path!r}"
+                          f"{did_you_mean(target, list(frame.columns))} "
                           f"(columns: {list(frame.columns)})")
+    for name in drop or []:
+        if name not in frame.columns or name == target:
+            raise DpclipError(f"data.drop: {name!r} is not a feature column of {path!r}"
+                              f"{did_you_mean(name, list(frame.columns))}")
+    frame = frame.drop(columns=list(drop or []))
     frame = frame[frame[target].notna()].reset_index(drop=True)
     if len(frame) == 0:
         raise DpclipError(f"{key}: {path!r} has no row with a value in {target!r}")
@@ -273,11 +313,16 @@ def read_csv_table(path: str, target: str, *, columns: list[str] | None = None,
             raise DpclipError(f"data.target_map: none of {sorted(target_map)!r} is a value of "
                               f"{target!r} in {path!r}")  # the values may be private
         frame[target] = frame[target].replace(dict(target_map))
+    classes = frame[target].nunique()
+    if classes < 2 and key == "data.path":  # a public file may hold one class of several
+        raise DpclipError(f"data.target: {target!r} has {classes} distinct value in {path!r}; "
+                          f"a classifier needs at least two classes")
     features = frame.drop(columns=[target])
     for option, names in (("data.numeric_columns", numeric_columns),
                           ("data.categorical_columns", categorical_columns)):
         for name in names or []:
             if name not in features.columns:
-                raise DpclipError(f"{option}: {name!r} is not a feature column of {path!r}")
+                raise DpclipError(f"{option}: {name!r} is not a feature column of {path!r}"
+                                  f"{did_you_mean(name, list(features.columns))}")
     return CsvTable(file, features, frame[target], target, key, list(numeric_columns or []),
                     list(categorical_columns or []))

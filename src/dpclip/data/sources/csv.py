@@ -33,6 +33,7 @@ class Csv(DataSource):
         columns: list[str] | None = None  # the file has no header row: these are its columns
         numeric_columns: list[str] | None = None  # force numeric (else inferred)
         categorical_columns: list[str] | None = None  # force categorical (else inferred)
+        drop: list[str] | None = None  # columns left out (identifiers, dates, free text)
         missing_values: list[str] = ["", "?", "NA", "NaN", "nan"]
         # the public schema {column: [levels]}; the target's entry is the class list
         categories: dict[str, Annotated[list[Level], Field(min_length=1)]] | None = None
@@ -58,5 +59,5 @@ class Csv(DataSource):
         o = self.options
         return read_csv_table(path, o.target, columns=o.columns,
                               numeric_columns=o.numeric_columns,
-                              categorical_columns=o.categorical_columns,
+                              categorical_columns=o.categorical_columns, drop=o.drop,
                               missing_values=o.missing_values, target_map=o.target_map, key=key)
