@@ -133,3 +133,27 @@ def test_the_ranking_reads_the_public_holdout_where_every_run_has_it():
     assert "private holdout" in " ".join(answer(table, "digits").split())
     with pytest.raises(DpclipError, match="--rank-on: 'public' needs"):
         answer(table, "digits", rank_on="public")
+
+
+def test_a_method_whose_controller_did_not_act_is_said_so_and_not_recommended():
+    """Seen on a 344-row CSV: 60 steps, WW-DP-SGD's controller moved C once (1.0 to 0.9995),
+    so "ww_dp_sgd +0.000" was dp_sgd's rule under another name. A controller that moved C (dc_sgd_e
+    here, 1 -> 1.75) and a method without one (auto_s) are ranked as themselves."""
+    noise = [0.002, -0.001, 0.001, -0.002, 0.0, 0.001, -0.001]
+    table = pd.DataFrame(_rows("dp_sgd", BASE, c_initial=1.0, c_final=1.0)
+                         + _rows("ww_dp_sgd", [a + d for a, d in zip(BASE, noise)],
+                                 c_initial=1.0, c_final=0.9995)
+                         + _rows("dc_sgd_e", [a + d for a, d in zip(BASE, noise)],
+                                 c_initial=1.0, c_final=1.75)
+                         + _rows("auto_s", [a - d for a, d in zip(BASE, noise)],
+                                 c_initial=1.0, c_final=1.0))
+    text = answer(table, "penguins")
+    (ww,) = [line for line in text.splitlines() if "ww_dp_sgd" in line and "Δ" in line]
+    assert "its controller did not act: C moved by |log C_T/C_0| 0.0005" in " ".join(
+        text.split())
+    words = " ".join(text.split())
+    recommended = words.split("Use ")[1].split(":")[0]
+    assert "ww_dp_sgd" not in recommended and {"dc_sgd_e", "auto_s"} <= set(
+        recommended.replace(",", " ").split())
+    assert all("did not act" not in line for line in text.splitlines()
+               if ("dc_sgd_e" in line or "auto_s" in line) and "Δ" in line)

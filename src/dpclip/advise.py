@@ -128,6 +128,25 @@ def _eligible(runs: pd.DataFrame) -> bool:
                 and set(adjacency.dropna()) <= {"add_remove"})
 
 
+# a controller that moved C by less than this (mean |log(C_T / C_0)| over seeds) did not act:
+# the method then ran its baseline's rule, and its accuracy says nothing of its own (the
+# evidence page's precondition, presets/claims.yaml's "clip moves" default)
+LEAST_CLIP_MOVE = 0.05
+
+
+def idle_controller(method: str, runs: pd.DataFrame) -> float | None:
+    """How far a method's clip controller moved C when it did not act (below
+    :data:`LEAST_CLIP_MOVE`), or None: it acted, or the method has no controller."""
+    from dpclip.methods import get_method
+
+    if get_method(method).controller_data == "nothing: C is constant" or \
+            not {"c_initial", "c_final"} <= set(runs.columns):
+        return None
+    moved = (runs["c_final"].astype(float) / runs["c_initial"].astype(float)).map(
+        lambda r: abs(math.log(r)) if r > 0 else math.nan).mean()
+    return float(moved) if moved < LEAST_CLIP_MOVE else None
+
+
 RANK_ON = ("auto", "public", "holdout")
 
 
@@ -178,7 +197,7 @@ def answer(table: pd.DataFrame, dataset: str = "your data", rank_on: str = "auto
             ranked.append((mean, method, low, high, _eligible(runs)))
         ranked.sort(key=lambda r: (-r[0], r[1]))
         width = max(len(r[1]) for r in ranked)
-        same, worse, better, unsound, undecided = [], [], [], [], []
+        same, worse, better, unsound, undecided, idle = [], [], [], [], [], []
         for rank, (mean, method, low, high, eligible) in enumerate(ranked, 1):
             line = f"  {rank}. {method.ljust(width)}  {mean:.3f} {_interval(low, high)}"
             if method == BASELINE:
@@ -198,9 +217,15 @@ def answer(table: pd.DataFrame, dataset: str = "your data", rank_on: str = "auto
             if not eligible:
                 line += "  (no DP guarantee under add/remove: not recommended)"
                 unsound.append(method)
+            moved = idle_controller(method, group[group["method"] == method])
+            if moved is not None:
+                line += (f"  (its controller did not act: C moved by |log C_T/C_0| {moved:.2g} "
+                         f"on average, so it ran {BASELINE}'s rule here: not ranked as itself)")
+                idle.append(method)
             out.append(line)
-        out.append(textwrap.fill(_recommendation(better, same, worse, unsound, undecided),
-                                 WIDTH, initial_indent="  ", subsequent_indent="  "))
+        out.append(textwrap.fill(_recommendation(better, same, worse, [*unsound, *idle],
+                                                 undecided), WIDTH, initial_indent="  ",
+                                 subsequent_indent="  "))
         out += _secondary(group, mine, methods)
         out.append("")
     out.append(textwrap.fill(SELECTION_COST[source], WIDTH))
