@@ -45,14 +45,14 @@ run: install dvc.yaml
 	echo "Every column of every run: reports/comparison.md (.csv); over seeds: reports/seeds.csv" && \
 	echo "Figures: reports/*.png, per run: figures/<run>/; dvc plots show; dpclip compare" && \
 	echo "dvc repro took $$((end - start)) s." && \
-	echo "MLflow UI:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db" && \
+	echo "MLflow UI:  $(VENV)/bin/mlflow ui   (in this folder: the store is mlflow.db, MLflow's default)" && \
 	echo "Prefect:    $(VENV)/bin/prefect server start   then   PREFECT_API_URL=http://127.0.0.1:4200/api $(VENV)/bin/python -m flows.serve"
 
 test: install
 	$(BIN)/python -m pytest
 
 mlflow-ui: install
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow/mlflow.db
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
 
 prefect-ui: install
 	$(BIN)/prefect server start

@@ -313,10 +313,10 @@ def test_a_copied_project_writes_its_artifacts_into_the_copy(tmp_path, tiny_raw,
     shutil.copytree(original, copy)
     assert main(["--params", str(copy / "params.yaml"), "--root", str(copy), "--quiet",
                  "report"]) == 0
-    mlflow.set_tracking_uri(f"sqlite:///{copy / 'mlflow' / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{copy / 'mlflow.db'}")
     experiments = {e.name: e for e in mlflow.search_experiments()}
     current = experiments["dpclip-digits"]
-    assert current.artifact_location.startswith((copy / "mlflow" / "artifacts").as_uri())
+    assert current.artifact_location.startswith((copy / "mlartifacts").as_uri())
     runs = mlflow.search_runs([current.experiment_id], output_format="list")
     assert runs and all(r.info.artifact_uri.startswith(copy.as_uri()) for r in runs)
     moved = [e for name, e in experiments.items() if name.startswith("dpclip-digits (artifacts")]
@@ -363,3 +363,22 @@ def test_the_ui_address_is_the_tracking_servers_own_when_there_is_one():
     assert "MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/3/" in local
     served = describe({**summary, "tracking_uri": "http://10.0.0.5:5001/"})
     assert "MLflow UI: http://10.0.0.5:5001/#/experiments/3/runs?" in served
+
+
+def test_the_store_is_where_a_plain_mlflow_ui_looks(tmp_path, monkeypatch):
+    """Plain `mlflow ui` (and mlflow.search_runs()) in the project folder opens MLflow's
+    default store, sqlite:///<cwd>/mlflow.db: the project's store is that file, not one a user
+    must name with --backend-store-uri."""
+    import os
+    import subprocess
+    import sys
+
+    from dpclip.tracking import artifact_root, tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ours = tracking_uri(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    theirs = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.get_tracking_uri())"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert ours == theirs.stdout.strip() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert artifact_root(ours) == tmp_path.resolve() / "mlartifacts"

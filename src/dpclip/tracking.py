@@ -28,8 +28,9 @@ logged first; its parameters are the first three that differ, sorted. The parent
 ``reports/summary.csv`` and ``reports/comparison.csv`` as files and as MLflow tables
 (``summary.json``, ``comparison.json``).
 
-Default backend: ``sqlite:///<project>/mlflow/mlflow.db`` with artifacts in
-``<project>/mlflow/artifacts`` (with any SQLite URI, artifacts go beside the database). Inside a DVC temporary experiment folder
+Default backend: ``sqlite:///<project>/mlflow.db`` with artifacts in ``<project>/mlartifacts``
+(with any SQLite URI, artifacts go beside the database): where MLflow itself looks by default,
+so a plain ``mlflow ui`` (or ``mlflow.search_runs()``) in the project folder finds the runs. Inside a DVC temporary experiment folder
 (``<project>/.dvc/tmp/exps/...``) the project is the folder that holds ``.dvc``, so records
 survive the temporary copy. ``MLFLOW_TRACKING_URI`` overrides the backend.
 
@@ -166,21 +167,22 @@ _SET_HERE: set[str] = set()
 
 
 def tracking_uri(root: Path) -> str:
-    """The user's MLFLOW_TRACKING_URI, else the SQLite store in the project's ``mlflow/``."""
+    """The user's MLFLOW_TRACKING_URI, else ``mlflow.db`` in the project folder (MLflow's own
+    default location, relative to where ``mlflow ui`` starts)."""
     chosen = os.environ.get("MLFLOW_TRACKING_URI")
     if chosen and chosen not in _SET_HERE:
         return chosen
-    home = project_home(root) / "mlflow"
+    home = project_home(root)
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'mlflow.db'}"
 
 
 def artifact_root(uri: str) -> Path | None:
-    """Where new experiments keep artifacts: beside a SQLite database (``<db folder>/artifacts``)
-    rather than in ``./mlruns`` of whatever folder the stage ran in; a tracking server or a
-    file store decides for itself (None)."""
+    """Where new experiments keep artifacts: beside a SQLite database (``<db folder>/mlartifacts``,
+    MLflow's own name) rather than in ``./mlruns`` of whatever folder the stage ran in; a
+    tracking server or a file store decides for itself (None)."""
     if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / "artifacts"
+        return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
     return None
 
 

@@ -45,7 +45,7 @@ def _children(root: Path) -> dict[str, dict]:
 
     from dpclip.tracking import TIMING_METRICS
 
-    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow/mlflow.db'}")
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("dpclip-digits")
 
     def artifacts(run_id: str, folder: str | None = None) -> list[str]:
