@@ -360,7 +360,7 @@ def test_the_ui_address_is_the_tracking_servers_own_when_there_is_one():
     summary = {"experiment": "dpclip-digits", "parent_run_id": "p", "new": [], "reused": [],
                "experiment_id": "3", "view": None}
     local = describe({**summary, "tracking_uri": "sqlite:////x/mlflow/mlflow.db"})
-    assert "MLflow UI (after `make mlflow-ui`): http://127.0.0.1:5000/#/experiments/3/" in local
+    assert "MLflow UI (after `mlflow ui` in the project folder): http://127.0.0.1:5000/#/experiments/3/" in local
     served = describe({**summary, "tracking_uri": "http://10.0.0.5:5001/"})
     assert "MLflow UI: http://10.0.0.5:5001/#/experiments/3/runs?" in served
 

@@ -530,7 +530,8 @@ def describe(summary: dict) -> str:
     return (f"MLflow: experiment {summary['experiment']!r}, parent run "
             f"{summary['parent_run_id']}, {len(summary['new'])} new configuration(s), "
             f"{len(summary['reused'])} already logged ({uri})\n"
-            f"MLflow UI{'' if served else ' (after `make mlflow-ui`)'}: {where}/#/experiments/"
+            f"MLflow UI{'' if served else ' (after `mlflow ui` in the project folder)'}: "
+            f"{where}/#/experiments/"
             f"{summary['experiment_id']}/runs?workflowType=machine_learning{view}")
 
 
