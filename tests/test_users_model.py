@@ -86,3 +86,12 @@ def test_a_model_named_wrongly_is_refused_by_name(tiny_raw, tmp_path, capsys):
                                             {"train": {"model": "missing.py:build"}})))
     assert main(["--params", str(params), "--root", str(tmp_path), "check"]) == 2
     assert "train.model: 'missing.py:build' names no file" in capsys.readouterr().err
+
+
+def test_sanitize_with_a_model_of_the_users_own_is_refused_by_name(tiny_raw):
+    """Its sanitization layer goes after a layer of dpclip's own models (seen: a ValueError
+    from inside training, 'the model has no layer act4')."""
+    with pytest.raises(ConfigError, match=r"train.methods: 'sanitize' puts its sanitization "
+                                          r"layer into one of dpclip's models"):
+        parse_params(tiny_raw(train={"model": "nets.py:build",
+                                     "methods": ["dp_sgd", "sanitize"]}))

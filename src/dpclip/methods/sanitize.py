@@ -67,6 +67,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from dpclip.config import BUILT_IN_MODELS
 from dpclip.errors import bad_value
 from dpclip.methods.base import Method, Option, Tunable, register
 from dpclip.models import per_record_std
@@ -292,7 +293,14 @@ class Sanitize(Method):
     def params_problems(cls, options, params):
         """keep_public_head scores heads on the public holdout split, which only says anything
         of the private task when the public split is of the same dataset: set true with a
-        separate public dataset, it is refused (``auto`` turns it off there)."""
+        separate public dataset, it is refused (``auto`` turns it off there). The
+        sanitization layer goes after a layer of dpclip's own models: a ``train.model`` of the
+        user's own is refused by name."""
+        if params.train.model not in BUILT_IN_MODELS:
+            return [bad_value("train.methods", cls.name,
+                              f"puts its sanitization layer into one of dpclip's models "
+                              f"({', '.join(BUILT_IN_MODELS)}), not into train.model "
+                              f"{params.train.model!r}: leave it out of train.methods")]
         if (params.data.shadow_dataset and options.encoder == "frozen"
                 and options.keep_public_head is True):
             return [bad_value(f"methods.{cls.name}.keep_public_head", True,
