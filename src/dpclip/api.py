@@ -141,10 +141,11 @@ def records_of(data_loader) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _classes(model: nn.Module, x: np.ndarray) -> int:
-    """The number of classes the model predicts: its output's last dimension."""
+    """The number of classes the model predicts: its output's width on a record of zeros (no
+    private record passes through the model outside the DP step)."""
     was_training = model.training
     with torch.no_grad():
-        out = model.eval()(torch.as_tensor(x[:1]))
+        out = model.eval()(torch.zeros((1, *x.shape[1:]), dtype=torch.float32))
     model.train(was_training)
     if out.dim() != 2:
         raise DpclipError(f"model: its output has shape {tuple(out.shape)} for one record; "
