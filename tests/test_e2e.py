@@ -405,7 +405,7 @@ def test_prefect_serve_takes_the_schedule_from_params(tmp_path, write_params, ti
 
 def test_mlflow_artifacts_live_beside_the_database(dvc_project):
     tmp, project, _, _ = dvc_project
-    assert any((tmp / "artifacts").rglob("model.pt"))
+    assert any((tmp / "mlartifacts").rglob("model.pt"))  # MLflow's own name, beside mlflow.db
     assert not (project / "mlruns").exists() and not (PROJECT / "mlruns").exists()
 
 
