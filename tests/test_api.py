@@ -118,3 +118,49 @@ def test_what_would_break_the_accounting_or_the_step_is_refused():
     mixing = Mixing()
     with pytest.raises(DpclipError, match="records of one batch change each other"):
         train_private(mixing, torch.optim.SGD(mixing.parameters(), lr=0.1), _loader(x, y))
+
+
+def test_released_noise_is_fresh_and_a_seeded_run_replays():
+    """By default the noise and batches come from the OS's entropy (a model to release); with
+    secure_noise false the seed replays the run exactly (research only: whoever knows the seed
+    and the other records can replay it)."""
+    x, y = _data()
+
+    def trained(**kwargs):
+        torch.manual_seed(0)
+        model = Tiny()
+        result = train_private(model, torch.optim.SGD(model.parameters(), lr=0.2),
+                               _loader(x, y), epochs=1, **kwargs)
+        return result, [p.detach().clone() for p in model.parameters()]
+
+    fresh, a = trained()
+    again, b = trained()
+    assert fresh.privacy["reproducible"] is False and fresh.privacy["secure_noise"] is True
+    assert not all(torch.equal(p, q) for p, q in zip(a, b))
+    seeded, c = trained(secure_noise=False, seed=3)
+    replay, d = trained(secure_noise=False, seed=3)
+    assert seeded.privacy["reproducible"] is True
+    assert all(torch.equal(p, q) for p, q in zip(c, d))
+    # the trace's columns computed from private batches without noise stay out of the public one
+    assert "train_loss" in fresh.trace[0] and "batch_size" in fresh.trace[0]
+    assert not {"train_loss", "batch_size"} & set(fresh.public_trace[0])
+
+
+def test_a_rule_without_a_guarantee_reports_no_epsilon_and_loaders_it_cannot_honour_are_refused():
+    x, y = _data()
+    model = Tiny()
+    risk = {"layers": {n: {"error_rate": 0.5, "norm_share": 1 / 3}
+                       for n in ("body.0", "body.2", "out")}, "layer_names": ["body.0", "body.2", "out"]}
+    literal = train_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(x, y),
+                            method="lm_dp_sgd", options={"weights": "batch"}, shadow_risk=risk)
+    assert literal.privacy["dp_guarantee"] is False and literal.epsilon is None
+    subset = DataLoader(TensorDataset(x, y), batch_size=24,
+                        sampler=torch.utils.data.SubsetRandomSampler(range(60)))
+    with pytest.raises(DpclipError, match="its sampler draws from 60 of the dataset's 120"):
+        train_private(model, torch.optim.SGD(model.parameters(), lr=0.1), subset)
+    collated = DataLoader(TensorDataset(x, y), batch_size=24, collate_fn=lambda b: b)
+    with pytest.raises(DpclipError, match="collate_fn of its own"):
+        train_private(model, torch.optim.SGD(model.parameters(), lr=0.1), collated)
+    with pytest.raises(DpclipError, match="probe ',' names no layer"):
+        train_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(x, y),
+                      method="ww_dp_sgd", options={"probe": ","})

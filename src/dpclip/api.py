@@ -30,6 +30,7 @@ from dpclip.methods import get_method
 from dpclip.methods.base import Method
 from dpclip.models import last_hidden_linear
 from dpclip.train import TrainConfig, TrainResult, train_model
+from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 from dpclip.train.book_keeping import LayerGroups
 
 RUN_KINDS = ("private", "plain")  # the run kinds that train a model of the caller's own
@@ -44,7 +45,10 @@ class PrivateResult(TrainResult):
 
     @property
     def epsilon(self) -> float | None:
-        """The epsilon spent (None without a DP claim)."""
+        """The epsilon spent; None without a DP claim (no privacy, or a literal rule whose
+        epsilon is no bound: ``privacy["dp_guarantee"]`` false)."""
+        if not self.privacy.get("dp_guarantee", False):
+            return None
         return self.privacy.get("epsilon")
 
     @property
@@ -52,13 +56,21 @@ class PrivateResult(TrainResult):
         """C_t of every step."""
         return [row["clip_threshold"] for row in self.trace]
 
+    @property
+    def public_trace(self) -> list[dict]:
+        """The trace without the columns computed from private batches without noise
+        (``train_loss``, ``batch_size``): what may be shown beside the released model."""
+        return [{k: v for k, v in row.items() if k not in PRIVATE_DIAGNOSTICS}
+                for row in self.trace]
+
 
 def train_private(model: nn.Module, optimizer: torch.optim.Optimizer,
                   data_loader: torch.utils.data.DataLoader, *, method: str = "dp_sgd",
                   target_epsilon: float = 8.0, delta: float = 1e-5, epochs: int = 1,
                   clip_norm: float = 1.0, options: dict | None = None, seed: int = 0,
                   accountant: str = "rdp", shadow_risk: dict | None = None,
-                  device: str = "cpu", progress: bool = False) -> PrivateResult:
+                  device: str | None = None, secure_noise: bool = True,
+                  progress: bool = False) -> PrivateResult:
     """Train ``model`` in place with ``method`` at ``target_epsilon`` (and ``delta``) for
     ``epochs`` passes in expectation over ``data_loader``'s dataset, in Poisson batches of
     its ``batch_size`` in expectation, stepping ``optimizer``.
@@ -66,7 +78,10 @@ def train_private(model: nn.Module, optimizer: torch.optim.Optimizer,
     ``options``: the method's options (``methods.<method>`` in params.yaml), validated by its
     options model and against the model's layers; WW-DP-SGD probes the model's last hidden
     ``nn.Linear`` unless ``options["probe"]`` names the layer(s). ``shadow_risk``:
-    LM-DP-SGD's per-layer membership risks (the pipeline's ``shadow/risk.json``).
+    LM-DP-SGD's per-layer membership risks (:func:`layer_risks`). ``secure_noise``: noise and
+    batches from the operating system's entropy (the default: a model to release), or, false,
+    from ``seed`` (reproducible, for research: whoever knows the seed and the other records can
+    replay the run, and the epsilon protects nothing). ``device``: the model's own by default.
     """
     method_cls = get_method(method)
     if method_cls.run_kind not in RUN_KINDS:
@@ -85,10 +100,12 @@ def train_private(model: nn.Module, optimizer: torch.optim.Optimizer,
                           "give DataLoader(dataset, batch_size=B): B is the expected batch "
                           "of the Poisson sampling that replaces its sampler")
     chosen = resolved_options(method_cls, model, options)
+    if device is None:
+        device = next((p.device.type for p in model.parameters()), "cpu")
     cfg = TrainConfig.of(method, float(target_epsilon) if method_cls.private else None, seed,
                          method_options=chosen, shadow_risk=shadow_risk, delta=delta,
                          accountant=accountant, epochs=epochs, batch_size=batch_size,
-                         clip_norm=clip_norm, device=device,
+                         clip_norm=clip_norm, device=device, secure_noise=secure_noise,
                          threads=torch.get_num_threads())
     result = train_model(x, y, tuple(x.shape[1:]), n_classes, cfg, progress=progress,
                          desc=method, model=model, optimizer=optimizer)
@@ -123,6 +140,16 @@ def records_of(data_loader) -> tuple[np.ndarray, np.ndarray]:
     """Every record of the loader's dataset, as (features, labels) arrays: the Poisson
     sampling draws from all of them."""
     dataset = getattr(data_loader, "dataset", data_loader)
+    sampler = getattr(data_loader, "sampler", None)
+    if sampler is not None and hasattr(sampler, "__len__") and len(sampler) != len(dataset):
+        raise DpclipError(f"data_loader: its sampler draws from {len(sampler)} of the "
+                          f"dataset's {len(dataset)} records; Poisson sampling draws from all "
+                          f"of them: pass a dataset of the records to train on "
+                          f"(torch.utils.data.Subset)")
+    collate = getattr(data_loader, "collate_fn", torch.utils.data.default_collate)
+    if collate is not torch.utils.data.default_collate:
+        raise DpclipError("data_loader: it has a collate_fn of its own, which the Poisson "
+                          "batches would not run; apply it to the dataset's records instead")
     if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2:
         x, y = dataset.tensors
     else:
@@ -144,8 +171,10 @@ def _classes(model: nn.Module, x: np.ndarray) -> int:
     """The number of classes the model predicts: its output's width on a record of zeros (no
     private record passes through the model outside the DP step)."""
     was_training = model.training
+    where = next(model.parameters(), torch.zeros(()))
     with torch.no_grad():
-        out = model.eval()(torch.zeros((1, *x.shape[1:]), dtype=torch.float32))
+        out = model.eval()(torch.zeros((1, *x.shape[1:]), dtype=where.dtype,
+                                       device=where.device))
     model.train(was_training)
     if out.dim() != 2:
         raise DpclipError(f"model: its output has shape {tuple(out.shape)} for one record; "
@@ -158,6 +187,8 @@ def resolved_options(method_cls: type[Method], model: nn.Module, options: dict |
     WW-DP-SGD's probe defaults to the model's last hidden Linear when it names none."""
     given = dict(options or {})
     names = LayerGroups.of(model).names
+    if "probe" in given and not [n for n in str(given["probe"]).split(",") if n.strip()]:
+        raise DpclipError(f"options: probe {given['probe']!r} names no layer (layers: {names})")
     if "probe" in method_cls.options_model().model_fields and "probe" not in given:
         default = method_cls.options_model().model_fields["probe"].default
         if default not in names:

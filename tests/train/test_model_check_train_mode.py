@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -278,9 +279,51 @@ def test_mixing_the_re_audit_found_past_the_check_is_refused(middle):
         check_model(Net(middle), LOSS, x, y, batch_size=8)
 
 
+class CallCount:
+    n = 0
+
+
+class KeepsRecords(nn.Module):
+    """Appends each training batch to a list and keeps a numpy copy of it: raw records that
+    torch.save(model) would publish."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+        self.cache, self.last = [], np.zeros(0)
+
+    def forward(self, x):
+        if self.training:
+            self.cache.append(x.detach())
+            self.last = x.detach().numpy().copy()
+        return self.head(torch.tanh(self.fc(x)))
+
+
+def test_records_kept_in_a_list_or_an_array_are_refused_and_put_back():
+    from dpclip.methods import get_method
+    from dpclip.methods.base import MethodContext
+    from dpclip.randomness import NoiseSources
+    from dpclip.train.step import LayerGroups, dp_step, wrap_for_dp
+
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match=r"attribute '(cache|last)' is written"):
+        check_model(KeepsRecords(), LOSS, x, y, batch_size=8)
+    model = KeepsRecords()
+    groups = LayerGroups.of(model)
+    wrapped = wrap_for_dp(model)
+    wrapped.checked = True
+    optimizer = torch.optim.SGD(groups.flat(), lr=0.1)
+    for step in (1, 2):
+        dp_step(wrapped, groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
+            MethodContext(1.0, groups.names)), 1.0, 8.0, optimizer, NoiseSources.seeded(0),
+            step=step, most_records=len(x))
+    assert model.cache == [] and model.last.shape == (0,)
+
+
 class WritesEveryThirdCall(nn.Module):
-    """Past any check that runs a pass or two: every third training call (counted in a list,
-    which the step cannot put back) copies a record into a buffer, writes a record into a
+    """Past any check that runs a pass or two: every third training call (counted in an object
+    of its own, which the step does not put back) copies a record into a buffer, writes a record into a
     weight through ``.data`` (no version counter moves), creates a buffer from the batch and
     keeps a tensor attribute (re-audits: each was released, records exactly)."""
 
@@ -288,11 +331,11 @@ class WritesEveryThirdCall(nn.Module):
         super().__init__()
         self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
         self.register_buffer("seen", torch.zeros(6))
-        self.calls = [0]
+        self.calls = CallCount()
 
     def forward(self, x):
-        self.calls[0] += 1
-        if self.training and self.calls[0] % 3 == 0:
+        self.calls.n += 1
+        if self.training and self.calls.n % 3 == 0:
             with torch.no_grad():
                 self.seen.copy_(x[0])
                 self.fc.weight.data[0] = x[1]
@@ -319,7 +362,7 @@ def test_the_step_itself_puts_back_what_a_batch_wrote_into_the_model():
         dp_step(wrapped, groups, LOSS, x[:8], y[:8], get_method("dp_sgd")(
             MethodContext(1.0, groups.names)), 1.0, 8.0, optimizer, NoiseSources.seeded(0),
             step=step, most_records=len(x))
-    assert model.calls == [6]  # the writes happened, twice
+    assert model.calls.n == 6  # the writes happened, twice
     assert torch.equal(model.seen, torch.zeros(6))
     assert all(torch.equal(p, w) for p, w in zip(groups.flat(), weights))
     assert "centre" not in dict(model.named_buffers()) and not hasattr(model, "scale")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
@@ -140,7 +141,8 @@ class StateBeforeStep:
     compared, not version counters: a write through ``.data`` leaves the counter as it was.
     The model check refuses models that write them (:meth:`changed`); this is the step's own
     guarantee for what a test cannot see (a write every k-th call, or only on rare records).
-    State kept inside Python containers (a list a forward appends to) is not covered."""
+    Lists, tuples, dicts and numpy arrays a module holds count as attributes too (a list a
+    forward appends a record to); other objects a module holds are not covered."""
 
     def __init__(self, model: nn.Module):
         self.parameters = [(name, p, p.detach().clone()) for name, p in model.named_parameters()]
@@ -180,10 +182,12 @@ class StateBeforeStep:
                 delattr(module, name)
             for name, value in attributes.items():
                 if name not in now or not _same(now[name], value):
-                    setattr(module, name, value.clone() if torch.is_tensor(value) else value)
+                    setattr(module, name, _snapshot(value))
 
 
 PLAIN = (torch.Tensor, bool, int, float, complex, str, bytes)
+CONTAINERS = (list, tuple, dict, np.ndarray)
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # torch's own bookkeeping of every module
 
 
 def _own_buffers(module: nn.Module, kept: bool = True) -> dict:
@@ -193,15 +197,38 @@ def _own_buffers(module: nn.Module, kept: bool = True) -> dict:
 
 
 def _plain_attributes(module: nn.Module) -> dict:
-    """A module's own attributes that hold a tensor (not a parameter or buffer) or a plain
-    value; ``training`` (set by train() and eval(), not by a pass) left out."""
-    return {name: value.detach().clone() if torch.is_tensor(value) else value
-            for name, value in vars(module).items()
-            if isinstance(value, PLAIN) and name != "training"}
+    """A module's own attributes that hold a tensor (not a parameter or buffer), a plain value
+    or a container of them (:data:`CONTAINERS`), as copies; ``training`` (set by train() and
+    eval(), not by a pass) and torch's own bookkeeping left out."""
+    return {name: _snapshot(value) for name, value in vars(module).items()
+            if isinstance(value, PLAIN + CONTAINERS) and name != "training"
+            and name not in _MODULE_INTERNALS}
+
+
+def _snapshot(value):
+    """A copy that shares no tensor, array or container with ``value``."""
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_snapshot(v) for v in value) if type(value) in (list, tuple) \
+            else value
+    return value
 
 
 def _same(a, b) -> bool:
-    """The same value (NaN where the other has NaN), shape and dtype."""
+    """The same value (NaN where the other has NaN), shape and dtype; containers element by
+    element."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(
+            np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if torch.is_tensor(a) and torch.is_tensor(b):
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
             return False

@@ -12,7 +12,7 @@ from torch import nn
 
 from dpclip.attacks.common.layerwise import attack_every_layer
 from dpclip.attacks.common.representations import layer_representations
-from dpclip.models import parameterised_layers
+from dpclip.train.book_keeping import LayerGroups
 from dpclip.train.step import layer_norms_of
 
 
@@ -28,7 +28,8 @@ def layer_risks(model: nn.Module, x_in: np.ndarray, y_in: np.ndarray, x_out: np.
                                 layer_representations(model, x_out, max_features),
                                 classifier=classifier, evaluation=evaluation, folds=folds,
                                 max_records=max_records, seed=seed)
-    for name, share in zip(parameterised_layers(model), norm_shares(model, x_in, y_in)):
+    # the layers the DP step clips (trainable ones), in the order layer_norms_of gives them
+    for name, share in zip(LayerGroups.of(model).names, norm_shares(model, x_in, y_in)):
         layers[name]["norm_share"] = float(share)
     return layers
 
