@@ -95,3 +95,37 @@ def test_sanitize_with_a_model_of_the_users_own_is_refused_by_name(tiny_raw):
                                           r"layer into one of dpclip's models"):
         parse_params(tiny_raw(train={"model": "nets.py:build",
                                      "methods": ["dp_sgd", "sanitize"]}))
+
+
+def test_a_model_file_loads_once_pickles_and_imports_the_files_beside_it(tmp_path):
+    """Its module is registered (MLflow's pickle format and worker processes need its classes
+    by name), under a name two files of one stem cannot share, with its folder on sys.path."""
+    import pickle
+
+    from dpclip.models import build_model
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "layers.py").write_text(
+            f"from torch import nn\nWIDTH = {8 if folder == 'a' else 4}\n")
+        (tmp_path / folder / "net.py").write_text(
+            "from torch import nn\nimport layers\n\n"
+            "class Net(nn.Module):\n"
+            "    def __init__(self, d, k):\n"
+            "        super().__init__()\n"
+            "        self.fc = nn.Linear(d, layers.WIDTH)\n"
+            "        self.out = nn.Linear(layers.WIDTH, k)\n\n"
+            "    def forward(self, x):\n"
+            "        return self.out(self.fc(x))\n\n"
+            "def build(shape, k):\n"
+            "    return Net(shape[0], k)\n")
+    import sys
+
+    sys.modules.pop("layers", None)
+    a = build_model(f"{tmp_path / 'a' / 'net.py'}:build", (6,), 3, [])
+    sys.modules.pop("layers", None)
+    b = build_model(f"{tmp_path / 'b' / 'net.py'}:build", (6,), 3, [])
+    assert a.fc.out_features == 8 and b.fc.out_features == 4  # each file its own module
+    assert type(a).__module__ != type(b).__module__
+    again = pickle.loads(pickle.dumps(a))
+    assert torch.equal(again.fc.weight, a.fc.weight)

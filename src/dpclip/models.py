@@ -8,8 +8,10 @@ not depend on the other records of the batch.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -132,6 +134,29 @@ def model_file(name: str) -> Path | None:
     return Path(spec.origin)
 
 
+def _module_of_file(path: Path):
+    """The module a model file defines, imported once per process under a name of its own
+    (the file's stem and a hash of its resolved path: two ``net.py`` never share one), and
+    registered, so that its classes pickle; its folder is on ``sys.path`` while it runs, so
+    that it may import the files beside it."""
+    resolved = path.resolve()
+    name = f"dpclip_model_{resolved.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(resolved.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.path.remove(str(resolved.parent))
+    return module
+
+
 def _users_model(name: str, feature_shape: tuple, n_classes: int) -> nn.Module:
     """``factory(feature_shape, n_classes)`` of the file or module ``train.model`` names."""
     where, _, factory = name.rpartition(":")
@@ -140,9 +165,7 @@ def _users_model(name: str, feature_shape: tuple, n_classes: int) -> nn.Module:
         if not path.is_file():
             raise DpclipError(f"train.model: {name!r}: {where} is not a file (paths are "
                               f"relative to the project root)")
-        spec = importlib.util.spec_from_file_location(f"dpclip_user_model_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _module_of_file(path)
     else:
         module = importlib.import_module(where)
     build = getattr(module, factory, None)
