@@ -86,6 +86,59 @@ def test_a_model_of_the_user_s_own_trains_under_every_method_or_is_refused_by_na
         assert 0 < result.epsilon <= 8.0 * 1.0001 and result.privacy["sample_rate"] == 0.2
 
 
+class Reader(nn.Module):
+    """Token ids (int64) -> Embedding -> a sequence layer -> mean over positions -> head: an
+    LSTM (Opacus's DPLSTM, one cell called at every step) or a transformer encoder layer whose
+    attention Opacus's fixer swapped for its DPMultiheadAttention."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        from opacus.layers import DPLSTM
+        from opacus.validators import ModuleValidator
+
+        self.kind, self.embed = kind, nn.Embedding(20, 8)
+        self.sequence = DPLSTM(8, 8, batch_first=True) if kind == "lstm" else \
+            ModuleValidator.fix(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1,
+                                                           batch_first=True))
+        self.hidden, self.out = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, tokens):
+        h = self.sequence(self.embed(tokens))
+        h = h[0] if self.kind == "lstm" else h
+        return self.out(torch.relu(self.hidden(h.mean(1))))
+
+
+def _tokens(n: int, seed: int):
+    tokens = torch.randint(0, 20, (n, 6), generator=torch.Generator().manual_seed(seed))
+    return tokens, ((tokens < 10).sum(1) > 3).long()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "encoder"])
+@pytest.mark.parametrize("method", available_methods())
+def test_a_sequence_model_on_token_ids_trains_under_every_method_or_is_refused(kind, method):
+    x, y = _tokens(120, 0)
+    torch.manual_seed(0)
+    model = Reader(kind)
+    before = [p.detach().clone() for p in model.parameters()]
+    risk = None
+    if get_method(method).needs_shadow_risk:
+        risk = layer_risks(Reader(kind), _loader(*_tokens(60, 1)), _loader(*_tokens(60, 2)),
+                           epochs=2)
+        assert "sequence.l0.ih" in risk["layers"] or "sequence.self_attn.qlinear" in \
+            risk["layers"]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+    if method in REFUSED:
+        with pytest.raises(DpclipError, match=REFUSED[method]):
+            train_private(model, optimizer, _loader(x, y), method=method)
+        return
+    result = train_private(model, optimizer, _loader(x, y), method=method, epochs=2,
+                           shadow_risk=risk)
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert model.embed.weight.dtype == torch.float32 and len(result.trace) == 10
+    if get_method(method).private:
+        assert 0 < result.epsilon <= 8.0 * 1.0001
+
+
 def test_the_probe_is_the_last_hidden_linear_or_refused_by_name():
     assert last_hidden_linear(Tiny()) == "body.2"
     x, y = _data()

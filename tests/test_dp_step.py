@@ -225,10 +225,24 @@ def test_noiseless_cnn_step_equals_independent_per_example_clipping():
         torch.testing.assert_close(p.grad, r / 2.0, rtol=1e-4, atol=1e-6)
 
 
-def test_a_layer_used_twice_and_batch_norm_are_refused():
-    """Per-use norms would understate a shared layer's per-sample gradient (the sum over its
-    uses), and batch norm mixes records: both fail loudly instead of clipping wrongly."""
+def test_tied_weights_and_batch_norm_are_refused():
+    """Per-layer norms would understate a parameter shared by two layers (its per-sample
+    gradient is the sum over both), and batch norm mixes records: both fail loudly instead of
+    clipping wrongly."""
     from dpclip.errors import DpclipError
+
+    with pytest.raises(DpclipError, match="batch-normalisation"):
+        wrap_for_dp(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
+    shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    shared[2].weight = shared[0].weight
+    with pytest.raises(DpclipError, match="share a parameter"):
+        wrap_for_dp(shared)
+
+
+def test_a_layer_called_twice_is_clipped_with_the_sum_over_its_calls():
+    """A record's gradient of a layer applied twice is the sum of both calls' gradients: the
+    step's clipped update at a clip no record reaches equals the autograd gradient (per-call
+    norms, refused before, would have understated it)."""
 
     class Twice(nn.Module):
         def __init__(self):
@@ -238,20 +252,18 @@ def test_a_layer_used_twice_and_batch_norm_are_refused():
         def forward(self, x):
             return self.fc(torch.relu(self.fc(x)))
 
+    torch.manual_seed(3)
     model = Twice()
-    groups = LayerGroups.of(model)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
-    with pytest.raises(DpclipError, match="layer .fc. is called more than once"):
-        dp_step(wrap_for_dp(model), groups, nn.CrossEntropyLoss(reduction="none"), x, y,
-                get_method("dp_sgd")(MethodContext(1.0, groups.names)), 1.0, 4.0,
-                torch.optim.SGD(groups.flat(), lr=0.1), NoiseSources.seeded(0), step=1,
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    reference = torch.autograd.grad(loss_fn(model(x), y).sum(), list(model.parameters()))
+    groups = LayerGroups.of(model)
+    dp_step(wrap_for_dp(model), groups, loss_fn, x, y,
+            get_method("dp_sgd")(MethodContext(1e6, groups.names)), 0.0, 4.0,
+            torch.optim.SGD(groups.flat(), lr=0.0), NoiseSources.seeded(0), step=1,
             most_records=len(x))
-    with pytest.raises(DpclipError, match="batch-normalisation"):
-        wrap_for_dp(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
-    shared = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
-    shared[2].weight = shared[0].weight
-    with pytest.raises(DpclipError, match="share a parameter"):
-        wrap_for_dp(shared)
+    for p, r in zip(groups.flat(), reference):
+        torch.testing.assert_close(p.grad, r / 4.0, rtol=1e-5, atol=1e-7)
 
 
 def test_an_in_place_op_on_a_layer_output_changes_no_gradient():

@@ -28,7 +28,7 @@ from dpclip.attacks.common.layer_risk import layer_risks as risk_of_layers
 from dpclip.errors import DpclipError
 from dpclip.methods import get_method
 from dpclip.methods.base import Method
-from dpclip.models import last_hidden_linear
+from dpclip.models import as_model_input, last_hidden_linear
 from dpclip.train import TrainConfig, TrainResult, train_model
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 from dpclip.train.book_keeping import LayerGroups
@@ -163,8 +163,8 @@ def records_of(data_loader) -> tuple[np.ndarray, np.ndarray]:
             raise DpclipError("data_loader: its dataset is empty")
         x = torch.stack([torch.as_tensor(features) for features, _ in pairs])
         y = torch.as_tensor([int(label) for _, label in pairs])
-    return (np.asarray(torch.as_tensor(x).detach().cpu(), dtype=np.float32),
-            np.asarray(torch.as_tensor(y).detach().cpu()))
+    features = as_model_input(torch.as_tensor(x).detach().cpu())
+    return features.numpy(), np.asarray(torch.as_tensor(y).detach().cpu())
 
 
 def _classes(model: nn.Module, x: np.ndarray) -> int:
@@ -173,8 +173,8 @@ def _classes(model: nn.Module, x: np.ndarray) -> int:
     was_training = model.training
     where = next(model.parameters(), torch.zeros(()))
     with torch.no_grad():
-        out = model.eval()(torch.zeros((1, *x.shape[1:]), dtype=where.dtype,
-                                       device=where.device))
+        zeros = torch.zeros((1, *x.shape[1:]), dtype=where.dtype, device=where.device)
+        out = model.eval()(zeros if np.issubdtype(x.dtype, np.floating) else zeros.long())
     model.train(was_training)
     if out.dim() != 2:
         raise DpclipError(f"model: its output has shape {tuple(out.shape)} for one record; "

@@ -92,10 +92,24 @@ def _paper_cnn(feature_shape: tuple[int, ...], n_classes: int, hidden: list[int]
     return nn.Sequential(layers)
 
 
+def own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters a module holds itself, less any it registers again under a name of its
+    own while one of its submodules holds it (Opacus's DPLSTM names its cells' weights as
+    nn.LSTM does): those belong to the submodule, whose calls use them."""
+    below = {id(p) for child in module.children() for p in child.parameters()}
+    return [p for p in module.parameters(recurse=False) if id(p) not in below]
+
+
 def parameterised_layers(model: nn.Module) -> list[str]:
     """Names of modules that own parameters directly (weight and bias together), in order."""
-    return [name for name, module in model.named_modules()
-            if name and any(True for _ in module.parameters(recurse=False))]
+    return [name for name, module in model.named_modules() if name and own_parameters(module)]
+
+
+def as_model_input(x, device=None) -> torch.Tensor:
+    """Records as a model takes them: integer features (token ids for an Embedding) as int64,
+    every other kind as float32."""
+    integer = not torch.as_tensor(x[:0]).is_floating_point()
+    return torch.as_tensor(x, dtype=torch.int64 if integer else torch.float32, device=device)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -16,6 +16,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opacus.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
+from opacus.validators import ModuleValidator
 from torch import nn
 
 from dpclip.errors import DpclipError
@@ -104,6 +106,49 @@ class Tokens(nn.Module):
         return self.mix(self.embed(x.long()))
 
 
+class CalledTwice(nn.Module):
+    """One layer applied twice: a record's gradient is the sum over both calls."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.layer = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+class Recurrent(nn.Module):
+    """Opacus's DPLSTM, DPGRU or DPRNN (batch first): one cell called at every time step."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)[0]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.attention = DPMultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x)[0]
+
+
+def encoder_layer(width, heads):
+    """torch's TransformerEncoderLayer with its attention swapped for Opacus's by Opacus's own
+    fixer, as docs/privacy.md tells users to do."""
+    return ModuleValidator.fix(nn.TransformerEncoderLayer(width, heads, 2 * width, dropout=0.0,
+                                                          batch_first=True))
+
+
+def lstm(layers, directions):
+    layer = DPLSTM(4, 5, num_layers=layers, batch_first=True, bidirectional=directions == 2)
+    return Recurrent(layer), 5 * directions, (6, 4), True
+
+
 # name -> (body, its output features, input shape after the batch, sequence body?, tokens?)
 def bodies(draw_int):
     return {
@@ -132,6 +177,12 @@ def bodies(draw_int):
                                (2, 6, 6), False),
         "embedding": lambda: (Tokens(None, None), 8, (5,), True),
         "embedding padding_idx": lambda: (Tokens(0, None), 8, (5,), True),
+        "layer called twice": lambda: (CalledTwice(6), 6, (6,), False),
+        "lstm": lambda: lstm(layers=draw_int(1, 2), directions=draw_int(1, 2)),
+        "gru": lambda: (Recurrent(DPGRU(4, 5, batch_first=True)), 5, (6, 4), True),
+        "rnn": lambda: (Recurrent(DPRNN(4, 5, batch_first=True)), 5, (6, 4), True),
+        "attention": lambda: (SelfAttention(8, 2), 8, (5, 8), True),
+        "transformer encoder layer": lambda: (encoder_layer(8, 2), 8, (5, 8), True),
     }
 
 
@@ -166,7 +217,7 @@ def clipped_terms(model, x, y):
     groups = LayerGroups.of(model)
     wrapped = BookKeeping(model, groups)
     kept = fresh_terms(wrapped, x, y)
-    truth = float64_layer_norms(groups, kept)
+    truth = float64_layer_norms(groups, kept, model, x, y)
     norms = per_layer_norms(groups, kept)
     analytic = [next(t.per_sample is None for t in kept if t.module is m) for m in groups.modules]
     batch, n_layers = norms.shape
@@ -180,12 +231,17 @@ def clipped_terms(model, x, y):
     return norms.double(), alone, truth, analytic
 
 
-def float64_layer_norms(groups, kept):
+def float64_layer_norms(groups, kept, model, x, y):
     """||g_i^(l)|| by float64 autograd of each layer alone, on the very inputs and output
-    gradients the float32 forward and backward gave it: the gradient the step should clip."""
-    truth = torch.zeros(len(kept[0].backprops), len(groups.modules), dtype=torch.float64)
+    gradients the float32 forward and backward gave it: the gradient the step should clip. A
+    layer called several times (its calls' terms already summed) by float64 autograd of the
+    whole model on the record alone."""
+    truth = torch.zeros(len(x), len(groups.modules), dtype=torch.float64)
     for terms in kept:
         k = next(j for j, m in enumerate(groups.modules) if m is terms.module)
+        if terms.backprops is None:
+            truth[:, k] = whole_model_norms(model, groups.names[k], x, y)
+            continue
         layer = copy.deepcopy(terms.module).double()
         for i in range(len(terms.backprops)):
             inputs = [a[i:i + 1].double() if a.is_floating_point() else a[i:i + 1]
@@ -197,6 +253,20 @@ def float64_layer_norms(groups, kept):
             grads = torch.autograd.grad((out * terms.backprops[i:i + 1].double()).sum(), params)
             truth[i, k] = torch.sqrt(sum(g.square().sum() for g in grads))
     return truth
+
+
+def whole_model_norms(model, layer_name, x, y):
+    """||g_i|| of one layer's parameters by float64 autograd of the whole model, record by
+    record."""
+    twin = copy.deepcopy(model).double()
+    layer = twin.get_submodule(layer_name)
+    params = [p for p in layer.parameters(recurse=False) if p.requires_grad]
+    norms = []
+    for i in range(len(x)):
+        loss = LOSS(twin(x[i:i + 1].double()), y[i:i + 1]).sum()
+        grads = torch.autograd.grad(loss, params)
+        norms.append(torch.sqrt(sum(g.square().sum() for g in grads)))
+    return torch.stack(norms)
 
 
 def method_factors(name, norms, clip, names):

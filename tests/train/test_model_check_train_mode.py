@@ -227,30 +227,50 @@ def _recur(layer, t):
     return layer(t)[0]
 
 
+def _encode(layer, t):
+    return layer(t)
+
+
 @pytest.mark.parametrize("build, call, advice", [
-    (lambda: nn.MultiheadAttention(8, 2, batch_first=True), _attend, "DPMultiheadAttention"),
-    (lambda: nn.LSTM(8, 8, batch_first=True), _recur, "recurrent layers .* not supported"),
-    (lambda: nn.GRU(8, 8, batch_first=True), _recur, "recurrent layers .* not supported"),
+    (lambda: nn.MultiheadAttention(8, 2, batch_first=True), _attend,
+     "opacus.layers.DPMultiheadAttention, .*ModuleValidator.fix"),
+    (lambda: nn.LSTM(8, 8, batch_first=True), _recur, "DPLSTM, .*ModuleValidator.fix"),
+    (lambda: nn.GRU(8, 8, batch_first=True), _recur, "DPGRU, .*ModuleValidator.fix"),
+    (lambda: nn.RNN(8, 8, batch_first=True), _recur, "DPRNN, the same layer"),
     (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
      lambda layer, t: layer(t), "'layer.self_attn'.*DPMultiheadAttention"),
 ])
-def test_sequence_layers_the_step_cannot_clip_are_refused_with_what_to_use(build, call, advice):
+def test_fused_sequence_layers_are_refused_naming_opacus_replacements(build, call, advice):
     torch.manual_seed(0)
     x, y = torch.randn(20, 32), torch.randint(0, 3, (20,))
     with pytest.raises(DpclipError, match=advice):
         check_model(Sequence(build(), call), LOSS, x, y, batch_size=8)
 
 
-def test_opacus_dp_attention_is_accepted_and_its_lstm_refused_with_the_reason():
-    from opacus.layers import DPLSTM, DPMultiheadAttention
+@pytest.mark.parametrize("build, call", [
+    (lambda: nn.MultiheadAttention(8, 2, batch_first=True), _attend),
+    (lambda: nn.LSTM(8, 8, num_layers=2, dropout=0.3, batch_first=True), _recur),
+    (lambda: nn.GRU(8, 4, batch_first=True, bidirectional=True), _recur),
+    (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True), _encode),
+])
+def test_the_advised_opacus_fix_makes_each_sequence_layer_pass_the_check_in_training(build,
+                                                                                   call):
+    """What the refusal advises works: Opacus's fixer swaps in its DP layers (a recurrent
+    cell called at every time step, attention from Linear layers) and the model passes the
+    check as the step runs it, dropout included."""
+    from opacus.validators import ModuleValidator
 
     torch.manual_seed(0)
     x, y = torch.randn(20, 32), torch.randint(0, 3, (20,))
-    check_model(Sequence(DPMultiheadAttention(8, 2, batch_first=True), _attend), LOSS, x, y,
-                batch_size=8)
-    # before: "layers 'layer' and 'layer.l0.ih' share a parameter", which misled
-    with pytest.raises(DpclipError, match="Opacus's DPLSTM, which applies one cell at every"):
-        check_model(Sequence(DPLSTM(8, 8, batch_first=True), _recur), LOSS, x, y, batch_size=8)
+    check_model(ModuleValidator.fix(Sequence(build(), call)), LOSS, x, y, batch_size=8)
+
+
+def test_opacus_dp_rnn_which_its_fixer_does_not_swap_in_passes_the_check():
+    from opacus.layers import DPRNN
+
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 32), torch.randint(0, 3, (20,))
+    check_model(Sequence(DPRNN(8, 8, batch_first=True), _recur), LOSS, x, y, batch_size=8)
 
 
 class PairMixup(nn.Module):

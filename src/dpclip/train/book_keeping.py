@@ -17,6 +17,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from dpclip.errors import DpclipError
+from dpclip.models import own_parameters
 from dpclip.train.per_sample import LayerTerms, combined_norm, refusal
 
 
@@ -30,9 +31,11 @@ class LayerGroups:
 
     @classmethod
     def of(cls, model: nn.Module) -> "LayerGroups":
+        """Each trainable parameter with the module whose calls use it
+        (:func:`dpclip.models.own_parameters`)."""
         names, params, modules = [], [], []
         for name, module in model.named_modules():
-            own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            own = [p for p in own_parameters(module) if p.requires_grad]
             if own:
                 names.append(name.removeprefix("_module."))
                 params.append(own)
@@ -45,20 +48,23 @@ class LayerGroups:
 
 # layers whose output for one record depends on the other records of the batch
 BATCH_MIXING = (nn.modules.batchnorm._BatchNorm,)
-RECURRENT_DP_LAYERS = ("DPLSTM", "DPGRU", "DPRNN")
+# Opacus's versions of the fused sequence layers, built from Linear layers (which the step
+# clips exactly) with the same arguments and weights; its fixer swaps in all but DPRNN
+DP_VERSIONS = {nn.MultiheadAttention: "DPMultiheadAttention", nn.LSTM: "DPLSTM",
+               nn.GRU: "DPGRU", nn.RNN: "DPRNN"}
 
 
 def sequence_advice(module: nn.Module) -> str:
-    """What to use instead of a sequence layer the DP step cannot clip (empty for others)."""
-    if isinstance(module, nn.MultiheadAttention):
-        return ("; use Opacus's opacus.layers.DPMultiheadAttention, the same attention built "
-                "from Linear layers, which the step clips exactly (a TransformerEncoderLayer "
-                "holds an nn.MultiheadAttention: build the block from DPMultiheadAttention)")
-    if isinstance(module, nn.RNNBase) or type(module).__name__ in RECURRENT_DP_LAYERS:
-        return ("; recurrent layers (LSTM, GRU, RNN and Opacus's DP versions) are not "
-                "supported: model the sequence with opacus.layers.DPMultiheadAttention or a "
-                "Conv1d over the time axis")
-    return ""
+    """What to use instead of a fused sequence layer the DP step cannot clip (empty for
+    others)."""
+    replacement = DP_VERSIONS.get(type(module))
+    if replacement is None:
+        return ""
+    how = "" if isinstance(module, nn.RNN) else (
+        " (opacus.validators.ModuleValidator.fix(model) swaps it in, weights kept, inside a "
+        "TransformerEncoderLayer too)")
+    return f"; use Opacus's opacus.layers.{replacement}, the same layer built from Linear " \
+        f"layers{how}"
 
 
 class BookKeeping(nn.Module):
@@ -83,12 +89,6 @@ class BookKeeping(nn.Module):
             reason = refusal(module)
             if reason:
                 raise DpclipError(f"the DP step cannot clip layer {name!r} exactly: {reason}")
-        for name, module in model.named_modules():
-            if type(module).__name__ in RECURRENT_DP_LAYERS:
-                raise DpclipError(f"layer {name!r} is Opacus's {type(module).__name__}, which "
-                                  f"applies one cell at every time step: the DP step's "
-                                  f"per-layer norms need one call per layer"
-                                  f"{sequence_advice(module)}")
         owners: dict[int, str] = {}
         for name, module in zip(groups.names, groups.modules):
             for p in module.parameters(recurse=False):
@@ -260,11 +260,11 @@ class LayerUse:
 
 def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list[LayerUse]
                      ) -> list[LayerTerms]:
-    """(module, activations, dL/dz) per use, from one backward pass of sum(losses) that
-    computes no weight gradient. Refused: a layer used twice in one forward (its per-sample
-    gradient is the sum over uses, which the per-use norms below do not give), and a layer
-    input changed in place after the layer ran (the kept input is no longer the one the
-    gradient belongs to; autograd itself would refuse the weight gradient)."""
+    """(module, activations, dL/dz) per layer, from one backward pass of sum(losses) that
+    computes no weight gradient; a layer called several times (a recurrent cell at each time
+    step) gets the sum of its calls' per-sample gradients (:meth:`LayerTerms.over_calls`).
+    Refused: a layer input changed in place after the layer ran (the kept input is no longer
+    the one the gradient belongs to; autograd itself would refuse the weight gradient)."""
     for use in uses:
         sizes = {use.output[0][0] if len(use.output[0]) else None,
                  *(len(a) for a in use.activations if a.dim())}
@@ -274,24 +274,19 @@ def backward_keeping(model: BookKeeping, losses: torch.Tensor, uses: list[LayerU
                               f"layer's inputs and output to hold the batch on dimension 0 "
                               f"(a sequence-first layout, (T, B, d), would be clipped per "
                               f"position, not per record)")
-    seen: set[int] = set()
-    for use in uses:
-        if id(use.module) in seen:
-            raise DpclipError(f"layer {use.name!r} is called more than once in one forward "
-                              f"pass; the DP step's per-sample norms need one call per layer "
-                              f"(use a separate layer for each call, or one call on the "
-                              f"concatenated inputs)")
-        seen.add(id(use.module))
     for use in uses:
         if [t._version for t in use.activations] != use.versions:
             raise DpclipError(f"the input of layer {use.name!r} was changed in place after "
                               f"the layer ran: its weight gradient would be computed from the "
                               f"changed values (make the op that changes it out of place)")
     grads = torch.autograd.grad(losses.sum(), [use.edge for use in uses], allow_unused=True)
-    return [LayerTerms(use.module, use.activations,
-                       torch.zeros(use.output[0], dtype=use.output[1], device=use.output[2])
-                       if g is None else g.detach())
-            for use, g in zip(uses, grads)]
+    calls: dict[int, list[LayerTerms]] = {}
+    for use, g in zip(uses, grads):
+        calls.setdefault(id(use.module), []).append(LayerTerms(
+            use.module, use.activations,
+            torch.zeros(use.output[0], dtype=use.output[1], device=use.output[2])
+            if g is None else g.detach()))
+    return [LayerTerms.over_calls(terms) for terms in calls.values()]
 
 
 def per_layer_norms(groups: LayerGroups, kept: list[LayerTerms]) -> torch.Tensor:

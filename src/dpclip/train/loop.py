@@ -26,7 +26,7 @@ from dpclip.errors import DpclipError
 from dpclip.hashing import records_digest
 from dpclip.methods import get_method
 from dpclip.methods.base import MethodContext
-from dpclip.models import build_model, count_parameters
+from dpclip.models import as_model_input, build_model, count_parameters
 from dpclip.pretraining import PUBLIC_PRETRAINING, pretrain
 from dpclip.train.checkpoint import Checkpoint
 from dpclip.train.runs import Run, run_class
@@ -140,7 +140,7 @@ def train_model(x: np.ndarray, y: np.ndarray, feature_shape: tuple[int, ...], n_
         run.use_optimizer(optimizer)
     checkpoint = Checkpoint.for_run(checkpoint_path, checkpoint_every, cfg, x, y) \
         if checkpoint_path else None
-    x_t = torch.as_tensor(x, dtype=torch.float32, device=run.device)
+    x_t = as_model_input(x, run.device)
     y_t = torch.as_tensor(y, dtype=torch.int64, device=run.device)
     started_at, started = time.time(), time.perf_counter()
     run.fit(x_t, y_t, progress=progress, desc=desc or cfg.method, checkpoint=checkpoint)

@@ -96,20 +96,35 @@ class LayerTerms:
 
     def _norms(self) -> dict:
         module, backprops = self.module, self.backprops
-        if type(module) is nn.Linear and backprops.dim() == 2:
+        if self.per_sample is None and type(module) is nn.Linear and backprops.dim() == 2:
             return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
-        if type(module) is nn.Linear:  # on (B, ..., d): applied at every position
+        if self.per_sample is None and type(module) is nn.Linear:  # applied at positions
             patches, outputs = positions(module, self.activations[0].to(backprops.dtype),
                                          backprops)
             if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2],
                                len(patches)):
                 return _ghost_norms(module, patches, outputs, backprops.dtype)
-            grads = _linear_per_sample(module, patches, outputs)
-        elif _plain_conv(module):
+        elif self.per_sample is None and _plain_conv(module) and \
+                conv_uses_ghost_norm(module, backprops):
             a = self.activations[0].to(backprops.dtype)
-            if conv_uses_ghost_norm(module, backprops):
-                return _ghost_norms(module, *positions(module, a, backprops), backprops.dtype)
-            grads = _conv_per_sample(module, a, backprops)
+            return _ghost_norms(module, *positions(module, a, backprops), backprops.dtype)
+        if self.per_sample is None:
+            self.per_sample = self.per_sample_gradients()
+        # the weighted sum needs only the per-sample gradients now: free the layer's inputs
+        # and output gradients before the next layer's are expanded (the step's peak memory)
+        self.activations, self.backprops = [], None
+        return {p: exact_norm_upward(g) for p, g in self.per_sample.items()}
+
+    def per_sample_gradients(self) -> dict:
+        """{parameter: (B, *parameter.shape)} for the layer's own trainable parameters,
+        instantiated whatever path :meth:`norms` would take."""
+        module, backprops = self.module, self.backprops
+        if type(module) is nn.Linear:
+            grads = _linear_per_sample(module, *positions(
+                module, self.activations[0].to(backprops.dtype), backprops))
+        elif _plain_conv(module):
+            grads = _conv_per_sample(module, self.activations[0].to(backprops.dtype),
+                                     backprops)
         else:
             if len(self.activations) != 1:
                 raise DpclipError(f"{type(module).__name__} layer called with "
@@ -126,11 +141,22 @@ class LayerTerms:
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
                 grads[module.weight][:, module.padding_idx] = 0  # as autograd: no gradient
         own = {id(p) for p in module.parameters(recurse=False)}
-        self.per_sample = {p: g for p, g in grads.items() if p.requires_grad and id(p) in own}
-        # the weighted sum needs only the per-sample gradients now: free the layer's inputs
-        # and output gradients before the next layer's are expanded (the step's peak memory)
-        self.activations, self.backprops = [], None
-        return {p: exact_norm_upward(g) for p, g in self.per_sample.items()}
+        return {p: g for p, g in grads.items() if p.requires_grad and id(p) in own}
+
+    @classmethod
+    def over_calls(cls, calls: list["LayerTerms"]) -> "LayerTerms":
+        """One layer called several times in a forward pass (a recurrent cell at every time
+        step, a block applied twice): a record's gradient is the sum over the calls, so each
+        call's per-sample gradients are instantiated and summed, and the norm and weighted sum
+        are both taken of that sum (the exact-norm path)."""
+        if len(calls) == 1:
+            return calls[0]
+        total: dict = {}
+        for call in calls:
+            for p, g in call.per_sample_gradients().items():
+                total[p] = g if p not in total else total[p] + g
+            call.activations, call.backprops = [], None
+        return cls(calls[0].module, [], None, total)
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
         """{parameter: sum_i w_i g_i} for the layer's trainable parameters, accumulated and

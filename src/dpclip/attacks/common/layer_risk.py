@@ -12,6 +12,7 @@ from torch import nn
 
 from dpclip.attacks.common.layerwise import attack_every_layer
 from dpclip.attacks.common.representations import layer_representations
+from dpclip.models import as_model_input
 from dpclip.train.book_keeping import LayerGroups
 from dpclip.train.step import layer_norms_of
 
@@ -37,7 +38,7 @@ def layer_risks(model: nn.Module, x_in: np.ndarray, y_in: np.ndarray, x_out: np.
 def norm_shares(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """mean_i n_i^(l) / n_i: each record's gradient split over the layers, averaged."""
     norms = layer_norms_of(model, nn.CrossEntropyLoss(reduction="none"),
-                           torch.as_tensor(x, dtype=torch.float32),
+                           as_model_input(x),
                            torch.as_tensor(y, dtype=torch.int64)).double()
     total = norms.pow(2).sum(dim=1, keepdim=True).sqrt()
     unit = torch.where(total > 0, norms / total.clamp_min(1e-300), torch.zeros_like(norms))

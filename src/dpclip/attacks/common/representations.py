@@ -35,19 +35,26 @@ def reduce_map(output: torch.Tensor, max_features: int) -> torch.Tensor:
 @torch.no_grad()
 def layer_representations(model: nn.Module, x: np.ndarray, max_features: int = 512,
                           batch: int = 512) -> dict[str, np.ndarray]:
-    """{layer name: float32 array (records x features)} for every parameterised layer."""
+    """{layer name: float32 array (records x features)} for every parameterised layer; a layer
+    called several times in a forward pass (a recurrent cell at each time step) gives its
+    calls' outputs side by side."""
     names = parameterised_layers(model)
     modules = dict(model.named_modules())
+    calls: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     hooks = [modules[name].register_forward_hook(
-        lambda _m, _inp, out, name=name: parts[name].append(
-            reduce_map(out.detach().float(), max_features).cpu().numpy()))
+        lambda _m, _inp, out, name=name: calls[name].append(
+            reduce_map(out.detach().float(), max_features)))
         for name in names]
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(x), batch):
             model(torch.as_tensor(x[start:start + batch]))
+            for name in names:
+                if calls[name]:
+                    parts[name].append(torch.cat(calls[name], dim=1).cpu().numpy())
+                    calls[name].clear()
     finally:
         for hook in hooks:
             hook.remove()

@@ -13,6 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dpclip.errors import DpclipError
+from dpclip.models import as_model_input
 from dpclip.randomness import NoiseSources
 from dpclip.registry import Registry
 from dpclip.train.early_stopping import decide, public_representation_std
@@ -80,7 +81,7 @@ class Run:
             raise DpclipError("train.early_stopping.rule: "
                               f"{self.cfg.train.early_stopping.rule!r} watches the model on the "
                               "public shadow split, which is empty (data.split.shadow_train)")
-        self.monitor = torch.as_tensor(public[0], dtype=torch.float32, device=self.device)
+        self.monitor = as_model_input(public[0], self.device)
 
     def plain_model(self) -> nn.Module:
         """The trained network without Opacus's per-sample-gradient wrapper."""
