@@ -77,8 +77,8 @@ def test_the_stages_build_the_users_model_and_an_edit_re_runs_its_runs(project):
 
 
 def test_a_model_named_wrongly_is_refused_by_name(tiny_raw, tmp_path, capsys):
-    with pytest.raises(ConfigError, match=r"train.model: 'resnet' is not one of"):
-        parse_params(tiny_raw(train={"model": "resnet"}))
+    with pytest.raises(ConfigError, match=r"train.model: 'resnet50' is not one of"):
+        parse_params(tiny_raw(train={"model": "resnet50"}))
     params = tmp_path / "params.yaml"
     import yaml
 

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from dpclip.config import BUILT_IN_MODELS
 from dpclip.errors import DpclipError
 from dpclip.files import write_json
 from dpclip.layout import Layout
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "as ratios to the non-private step, Opacus's ghost "
                                          "clipping and dp_sgd (needs `dpclip prepare`)")
     bench.add_argument("--methods", nargs="*", help="default: train.methods")
-    bench.add_argument("--models", nargs="*", choices=["mlp", "cnn", "paper_cnn"],
+    bench.add_argument("--models", nargs="*", choices=list(BUILT_IN_MODELS),
                        help="one table per model (default: train.model)")
     bench.add_argument("--hidden", nargs="*", type=int, help="default: train.hidden")
     bench.add_argument("--batch-size", type=int, help="default: train.batch_size")

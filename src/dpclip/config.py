@@ -99,12 +99,12 @@ class EarlyStopping(Section):
     threshold: Real = 0.0  # T_s (slope) or tau (linear_trend)
 
 
-BUILT_IN_MODELS = ("mlp", "cnn", "paper_cnn")
+BUILT_IN_MODELS = ("mlp", "cnn", "paper_cnn", "resnet")
 
 
 class TrainParams(Section):
     methods: unique_list(str) = ["non_private", "dp_sgd"]
-    # mlp | cnn | paper_cnn, or a model of your own: path/to/file.py:factory (relative to the
+    # mlp | cnn | paper_cnn | resnet, or a model of your own: path/to/file.py:factory (relative to the
     # project root) or package.module:factory, factory(feature_shape, n_classes) -> nn.Module
     model: str = "mlp"
     hidden: unique_list(Count, min_length=0) = [128, 64]

@@ -23,6 +23,7 @@ from torch import nn
 from dpclip.errors import DpclipError
 from dpclip.methods import available_methods, get_method
 from dpclip.methods.base import MethodContext
+from dpclip.models import ResidualBlock
 from dpclip.train import per_sample
 from dpclip.train.step import (BookKeeping, LayerGroups, backward_keeping, per_layer_norms,
                                scaled_sum)
@@ -178,6 +179,7 @@ def bodies(draw_int):
         "embedding": lambda: (Tokens(None, None), 8, (5,), True),
         "embedding padding_idx": lambda: (Tokens(0, None), 8, (5,), True),
         "layer called twice": lambda: (CalledTwice(6), 6, (6,), False),
+        "resnet block": lambda: (ResidualBlock(4, 8, draw_int(1, 2)), 8, (4, 6, 6), False),
         "lstm": lambda: lstm(layers=draw_int(1, 2), directions=draw_int(1, 2)),
         "gru": lambda: (Recurrent(DPGRU(4, 5, batch_first=True)), 5, (6, 4), True),
         "rnn": lambda: (Recurrent(DPRNN(4, 5, batch_first=True)), 5, (6, 4), True),

@@ -198,8 +198,11 @@ class WWDPSGD(Method):
         if values.c_min >= values.c_max:
             problems.append(f"{prefix}.c_min: {values.c_min!r} must be below "
                             f"{prefix}.c_max ({values.c_max!r})")
+        default = cls.options_model().model_fields["probe"].default
         for name in probe_layers(values.probe) if layer_names is not None else []:
-            if name not in layer_names:
+            # the default names no layer of a model without it: the run probes the model's
+            # last hidden Linear instead, or refuses to start
+            if name not in layer_names and values.probe != default:
                 problems.append(f"{prefix}.probe: {name!r} is not a layer of the model "
                                 f"(layers: {layer_names})")
         return problems
