@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from dpclip.advise import answer, candidates, seeds_for
 from dpclip.cli import main
@@ -55,8 +56,13 @@ def test_the_candidates_are_the_private_methods_with_dp_sgd_first():
 
 @pytest.mark.e2e
 def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, write_params,
-                                                           capsys):
-    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd", "auto_s"], "epochs": 1},
+                                                           capsys, monkeypatch):
+    from test_users_model import MODEL
+
+    (tmp_path / "net.py").write_text(MODEL)  # advise builds a model of the user's own
+    monkeypatch.chdir(tmp_path)  # the project root, which the model's path is relative to
+    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd", "auto_s"], "epochs": 1,
+                          "model": "net.py:build"},
                    audit={"kinds": []}, attack={"references": 0},
                    evaluate={"ir_attack": False})
     params = write_params(raw)
@@ -75,6 +81,8 @@ def test_advise_trains_what_the_question_needs_and_answers(tmp_path, tiny_raw, w
     assert "(the baseline)" in out and "auto_s" in out and "advise took" in out
     assert (tmp_path / "advice" / "reports" / "comparison.csv").exists()
     assert (tmp_path / "advice" / ".gitignore").read_text() == "*\n"  # members' data inside
+    weights = torch.load(next((tmp_path / "advice").rglob("model.pt")), weights_only=False)
+    assert weights["state_dict"]["1.weight"].shape == (24, 64)  # the file's layer
     # asked again with a seed more: one pass, the new seed's runs only (a first pass of seed 0
     # would set the runs of seed 1 aside and evaluate them anew)
     assert main(["--params", str(params), "--root", str(tmp_path), "advise",

@@ -79,6 +79,19 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
     these modules slower (tests/pipeline/test_side_by_side.py compares the outputs of every
     per-run stage with and without workers)."""
     tmp = tmp_path_factory.mktemp("e2e")
+    project, env = project_copy(tmp, tiny_project_params(), jobs)
+    # the first repro runs every stage and every run: each stage's command records the dpclip
+    # modules it imported (the `executed` fixture), so no stage has to run again for that
+    traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
+        [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
+    first = _sh(repro(), project, traced)
+    _leave_fresh_build(project, fresh_builds(tmp_path_factory) / fresh_build_name(tmp))
+    return tmp, project, env, first
+
+
+def project_copy(tmp: Path, raw: dict, jobs: int = 1) -> tuple[Path, dict]:
+    """``tmp``/project: the pipeline's code and dvc.yaml with ``raw`` as params.yaml, under git
+    and DVC, not yet run; and the environment to run it in."""
     project = tmp / "project"
     project.mkdir()
     shutil.copy(PROJECT / "dvc.yaml", project)
@@ -86,7 +99,7 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
     shutil.copy(PROJECT / "requirements.lock", project)  # every stage depends on it
     shutil.copytree(PROJECT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    (project / "params.yaml").write_text(yaml.safe_dump(tiny_project_params(), sort_keys=False))
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(_env(tmp), DPCLIP_JOBS=str(jobs))
     _sh(["git", "init", "-q"], project, env)
     _sh([str(BIN / "dvc"), "init", "-q"], project, env)
@@ -95,13 +108,7 @@ def make_dvc_project(tmp_path_factory, jobs: int = 1):
     if (project / OFFLINE_PAGE).exists():
         _sh([str(BIN / "dvc"), "config", "--local", "plots.html_template",
              "plots/offline.html"], project, env)
-    # the first repro runs every stage and every run: each stage's command records the dpclip
-    # modules it imported (the `executed` fixture), so no stage has to run again for that
-    traced = dict(env, DPCLIP_TEST_IMPORTS=str(tmp), PYTHONPATH=os.pathsep.join(
-        [str(_import_recorder(tmp)), *filter(None, [env.get("PYTHONPATH")])]))
-    first = _sh(repro(), project, traced)
-    _leave_fresh_build(project, fresh_builds(tmp_path_factory) / fresh_build_name(tmp))
-    return tmp, project, env, first
+    return project, env
 
 
 def repro() -> list[str]:

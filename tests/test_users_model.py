@@ -52,8 +52,8 @@ def test_the_stages_build_the_users_model_and_an_edit_re_runs_its_runs(project):
             assert main([*base, "partition", "--alpha", "iid"]) == 0
         assert main(args) == 0, stage
     layout = Layout(root)
-    sources = read_json(layout.sources)
-    assert sources["train.model"]["path"] == str(model)
+    assert read_json(layout.model_source)["train.model"]["path"] == str(model)
+    assert "train.model" not in read_json(layout.sources)  # prepare's input: no model
     # the shadow model (lm_dp_sgd's risks) and every run are the user's architecture
     assert set(read_json(layout.shadow_risk)["layers"]) == {"1", "3", "5"}
     params = parse_params(raw)
@@ -129,3 +129,31 @@ def test_a_model_file_loads_once_pickles_and_imports_the_files_beside_it(tmp_pat
     assert type(a).__module__ != type(b).__module__
     again = pickle.loads(pickle.dumps(a))
     assert torch.equal(again.fc.weight, a.fc.weight)
+
+
+@pytest.mark.e2e
+def test_dvc_repro_trains_the_users_model_and_an_edit_re_runs_only_what_builds_it(tmp_path):
+    """As a user would: the model file named in params.yaml, `dvc repro train`, an edit of the
+    file, `dvc repro train` again: prepare and partition stay, the stages that build the model
+    run again."""
+    from test_e2e import BIN, _sh, project_copy
+
+    raw = merged(tiny_project_params(), {
+        "train": {"model": "models/net.py:build", "methods": ["dp_sgd"], "epochs": 1}})
+    project, env = project_copy(tmp_path, raw)
+    (project / "models").mkdir()
+    (project / "models" / "net.py").write_text(MODEL)
+    first = _sh([str(BIN / "dvc"), "repro", "train"], project, env)
+    assert "Running stage 'prepare'" in first and "Running stage 'train'" in first
+    weights = torch.load(project / "runs" / "dp_sgd-eps8-iid-seed0" / "model.pt",
+                         weights_only=False)
+    assert weights["state_dict"]["1.weight"].shape == (24, 64)  # the file's layer, digits' 64
+    (project / "models" / "net.py").write_text(MODEL.replace("24", "20"))
+    again = _sh([str(BIN / "dvc"), "repro", "train"], project, env)
+    for stage in ("prepare", "partition@iid"):  # their inputs hold no model
+        assert f"Stage '{stage}' didn't change, skipping" in again
+    for stage in ("shadow", "tune", "train"):
+        assert f"Running stage '{stage}'" in again
+    weights = torch.load(project / "runs" / "dp_sgd-eps8-iid-seed0" / "model.pt",
+                         weights_only=False)
+    assert weights["state_dict"]["1.weight"].shape == (20, 64)

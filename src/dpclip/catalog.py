@@ -171,10 +171,11 @@ _TRAINED = ("privacy.delta", "privacy.accountant", "privacy.epsilon_tolerance",
             "train.batch_size", "train.optimizer", "train.lr", "train.momentum",
             "train.clip_norm", "train.early_stopping", "train.threads", "train.public_init")
 _RUN_DATA = ("data/prepared", "data/partitions/{alpha}")
-# what a stage that builds the model reads besides: the fingerprint of a model file of the
-# user's own (train.model), which the check stage writes with the data files'
 SOURCES = "data/sources.json"
-_BUILDS_MODEL = (*_RUN_DATA, SOURCES)
+# what a stage that builds the model reads besides: the fingerprint of a model file of the
+# user's own (train.model), which the check stage writes beside the data files'
+MODEL_SOURCE = "data/model_file.json"
+_BUILDS_MODEL = (*_RUN_DATA, MODEL_SOURCE)
 _PER_RUN_CACHING = ("Per-run caching as in train.")
 
 # every stage, in any order: STAGES below puts them in the order their inputs give
@@ -185,9 +186,12 @@ DECLARED: tuple[Stage, ...] = (
         comment="runs on every dvc repro and goes first: a bad parameter stops the pipeline "
                 "here, before DVC deletes any other stage's outputs, and the SHA-256 of the "
                 "files data.path and data.shadow_path name (your CSV) go to data/sources.json, "
-                "which prepare reads, so an edited file re-runs prepare and what follows",
-        outs=(Output("data/sources.json", persist=True,
-                     note="kept when a check fails: rewritten whole when it passes"),)),
+                "which prepare reads, so an edited file re-runs prepare and what follows; a "
+                "model file of your own (train.model) goes to data/model_file.json, which the "
+                "stages that build the model read",
+        outs=(Output(SOURCES, persist=True,
+                     note="kept when a check fails: rewritten whole when it passes"),
+              Output(MODEL_SOURCE, persist=True, note="likewise"))),
     Stage(
         name="prepare", scope=ONCE, help="build the target and shadow splits",
         deps=(SOURCES,), notes={SOURCES: "the files params.yaml names"},
@@ -209,7 +213,7 @@ DECLARED: tuple[Stage, ...] = (
             params=("shadow", "attack.classifier", "attack.folds", "attack.max_features",
                     "attack.max_records", "train.model", "train.hidden", "train.optimizer",
                     "train.lr", "train.momentum", "train.threads"),
-            reads=("data/prepared", SOURCES),
+            reads=("data/prepared", MODEL_SOURCE),
             writes={"shadow_risk": SHADOW_RISK, "shadow_model": "shadow/model.pt",
                     "shadow_figure": "shadow/risk.png"},
             record="shadow/provenance.json", result="shadow_risk",
@@ -227,8 +231,8 @@ DECLARED: tuple[Stage, ...] = (
         comment="tune.trials Optuna (TPE) trials per method and target epsilon on the public "
                 "splits only; the values chosen go to tuned/tuned.json, which train, audit and "
                 "reference read. With tune.trials 0 it writes that nothing was searched.",
-        deps=("data/prepared", SHADOW_RISK, SOURCES),
-        notes={SHADOW_RISK: "read by lm_dp_sgd only", SOURCES: "a model file of your own"},
+        deps=("data/prepared", SHADOW_RISK, MODEL_SOURCE),
+        notes={SHADOW_RISK: "read by lm_dp_sgd only", MODEL_SOURCE: "a model file of your own"},
         params=("tune", "privacy", "train", "methods"),
         outs=(Output("tuned"),), runs=("methods",)),
     Stage(

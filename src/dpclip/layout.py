@@ -69,6 +69,11 @@ class Layout:
         return self.root / "data" / "sources.json"
 
     @property
+    def model_source(self) -> Path:
+        """The check stage's fingerprint of a model file of the user's own (train.model)."""
+        return self.root / "data" / "model_file.json"
+
+    @property
     def prepared_meta(self) -> Path:
         return self.prepared / "meta.json"
 

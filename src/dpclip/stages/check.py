@@ -9,9 +9,9 @@ dependencies). The prepare stage depends on that file, so an edited CSV re-runs 
 everything after it, and an unchanged one leaves them up to date.
 
 A model of the user's own (``train.model: path/to/file.py:factory``) is fingerprinted the
-same way, under ``train.model``: the stages that build the model (shadow, tune, and each run
-of train, audit and reference) read ``data/sources.json`` too, so an edited model file re-runs
-them, while prepare's output, and so partition, stay as they were.
+same way, in ``data/model_file.json`` (empty for a built-in model): the stages that build the
+model (shadow, tune, and each run of train, audit and reference) read it, so an edited model
+file re-runs them, while prepare and partition stay up to date.
 
 It also goes first for bad parameters: the ``dpclip`` command refuses them before the stage
 function runs, so DVC stops here, before it deletes any other stage's outputs.
@@ -33,7 +33,9 @@ NAMED_FILES = ("data.path", "data.shadow_path")
 
 def check(params: Params, layout: Layout = Layout()) -> dict:
     """{key: {"path": as written, "sha256": of the file or folder}} for each key of
-    :data:`NAMED_FILES` that params.yaml sets; a path that names nothing is refused."""
+    :data:`NAMED_FILES` that params.yaml sets, and for ``train.model`` when it names a file; a
+    path that names nothing is refused. The data files go to ``data/sources.json``, the model
+    file to ``data/model_file.json``."""
     record = {}
     for key in NAMED_FILES:
         path = getattr(params.data, key.split(".")[1])
@@ -49,9 +51,12 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
             raise DpclipError(bad_value("train.model", params.train.model,
                                         f"names no file ({path}; paths are relative to the "
                                         f"project root)"))
-        record["train.model"] = {"path": str(path), "sha256": file_hash(path)}
+        model = {"train.model": {"path": str(path), "sha256": file_hash(path)}}
+    else:
+        model = {}
     write_json(layout.sources, record)
-    return record
+    write_json(layout.model_source, model)
+    return {**record, **model}
 
 
 def describe(record: dict, layout: Layout) -> str:
