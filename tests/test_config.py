@@ -20,7 +20,7 @@ from dpclip.errors import ConfigError
     ("partition", {"alphas": [0]}, "partition.alphas", "0"),
     ("partition", {"alphas": ["skewed"]}, "partition.alphas", "'skewed'"),
     ("data", {"dataset": "imagenet"}, "data.dataset", "'imagenet'"),
-    ("train", {"model": "resnet"}, "train.model", "'resnet'"),
+    ("train", {"model": "resnet50"}, "train.model", "'resnet50'"),
     ("train", {"methods": ["dp_sgd", "magic"]}, "train.methods", "'magic'"),
     ("train", {"batch_size": "sixty"}, "train.batch_size", "'sixty'"),
     ("train", {"epochs": 0}, "train.epochs", "0"),

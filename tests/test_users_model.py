@@ -157,3 +157,49 @@ def test_dvc_repro_trains_the_users_model_and_an_edit_re_runs_only_what_builds_i
     weights = torch.load(project / "runs" / "dp_sgd-eps8-iid-seed0" / "model.pt",
                          weights_only=False)
     assert weights["state_dict"]["1.weight"].shape == (20, 64)
+
+
+def test_an_edit_of_a_file_beside_the_model_file_re_runs_what_builds_the_model(tmp_path,
+                                                                              write_params):
+    """A model file may import the Python files beside it: they are fingerprinted with it."""
+    from dpclip.stages.check import check
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text(MODEL)
+    (tmp_path / "models" / "blocks.py").write_text("WIDTH = 8\n")
+    raw = merged(tiny_project_params(), {"train": {"model": f"{tmp_path}/models/net.py:build"}})
+    params, layout = parse_params(raw), Layout(tmp_path)
+    check(params, layout)
+    first = read_json(layout.model_source)
+    assert set(first["train.model"]["beside"]) == {"blocks.py"}
+    (tmp_path / "models" / "blocks.py").write_text("WIDTH = 4\n")
+    check(params, layout)
+    assert read_json(layout.model_source) != first
+
+
+def test_the_model_file_and_the_files_beside_it_are_logged_to_mlflow(tmp_path, monkeypatch):
+    import mlflow
+
+    from dpclip.stages.check import check
+    from dpclip.tracking import log_model_file
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text(MODEL)
+    (tmp_path / "models" / "blocks.py").write_text("WIDTH = 8\n")
+    layout = Layout(tmp_path)
+    check(parse_params(merged(tiny_project_params(), {
+        "train": {"model": f"{tmp_path}/models/net.py:build"}})), layout)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        experiment = mlflow.create_experiment(
+            "model-file", artifact_location=(tmp_path / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment) as run:
+            log_model_file(mlflow, layout)
+        client = mlflow.tracking.MlflowClient()
+        logged = {a.path for a in client.list_artifacts(run.info.run_id, "model_file")}
+        tags = client.get_run(run.info.run_id).data.tags
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert logged == {"model_file/net.py", "model_file/blocks.py"}
+    assert tags["dpclip.model_file_sha256"] == read_json(
+        layout.model_source)["train.model"]["sha256"]

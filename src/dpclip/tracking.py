@@ -392,6 +392,7 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
                 mlflow.log_artifact(str(layout.reports / name), artifact_path="report")
         tables = _log_tables(mlflow, layout)
         _log_shadow(mlflow, layout)
+        log_model_file(mlflow, layout)
         _log_tuning(mlflow, experiment_id, layout)
         parent_id = parent.info.run_id
         reused, new = [], []
@@ -502,6 +503,21 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
             client.set_terminated(child.info.run_id)
     mlflow.set_tag("dpclip.tuning_run", run.info.run_id)  # on the pipeline run
     return run.info.run_id
+
+
+def log_model_file(mlflow, layout: Layout) -> None:
+    """A model of the user's own (train.model names a file): the file and the Python files
+    beside it (the check stage's fingerprints) under ``model_file/``, and its SHA-256 as a
+    tag, so that a run in the UI says which code built its model."""
+    record = (read_json(layout.model_source) if layout.model_source.exists() else {}).get(
+        "train.model")
+    if not record:
+        return
+    path = Path(record["path"])
+    for file in [path, *(path.parent / name for name in record.get("beside", {}))]:
+        if file.is_file():
+            mlflow.log_artifact(str(file), artifact_path="model_file")
+    mlflow.set_tag("dpclip.model_file_sha256", record["sha256"])
 
 
 def _log_shadow(mlflow, layout: Layout) -> None:

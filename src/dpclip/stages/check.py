@@ -9,7 +9,7 @@ dependencies). The prepare stage depends on that file, so an edited CSV re-runs 
 everything after it, and an unchanged one leaves them up to date.
 
 A model of the user's own (``train.model: path/to/file.py:factory``) is fingerprinted the
-same way, in ``data/model_file.json`` (empty for a built-in model): the stages that build the
+same way, with the Python files beside it (which it may import), in ``data/model_file.json`` (empty for a built-in model): the stages that build the
 model (shadow, tune, and each run of train, audit and reference) read it, so an edited model
 file re-runs them, while prepare and partition stay up to date.
 
@@ -51,12 +51,20 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
             raise DpclipError(bad_value("train.model", params.train.model,
                                         f"names no file ({path}; paths are relative to the "
                                         f"project root)"))
-        model = {"train.model": {"path": str(path), "sha256": file_hash(path)}}
+        model = {"train.model": {"path": str(path), "sha256": file_hash(path),
+                                 "beside": beside(path)}}
     else:
         model = {}
     write_json(layout.sources, record)
     write_json(layout.model_source, model)
     return {**record, **model}
+
+
+def beside(path: Path) -> dict:
+    """{name: SHA-256} of the other Python files in a model file's folder, which it may
+    import (an edit of one re-runs the stages that build the model)."""
+    return {other.name: file_hash(other) for other in sorted(path.parent.glob("*.py"))
+            if other.resolve() != path.resolve()}
 
 
 def describe(record: dict, layout: Layout) -> str:
