@@ -101,3 +101,24 @@ def test_experiments_on_different_data_are_never_differenced():
     assert "+0.03" not in text  # no difference across the two
     same = compare_text(experiments_from_json(_shown()))
     assert "Not comparable" not in same and "+0.0300" in same
+
+
+def test_results_filed_under_other_data_are_kept_apart_whatever_params_yaml_says():
+    """What a user saw: after a failed experiment and the documented restore of params.yaml,
+    the workspace's results of one dataset were filed under another. The data identity the
+    summaries are filed under (dpclip.summaries) decides, not the parameters; and every TPR
+    names its FPR."""
+    shown = _shown()
+    for row, data in ((shown[0], "csv-penguins-0badcafe"), (shown[1], "digits-1a2b3c4d")):
+        row["data"]["metrics"] = {path: {"data": {data: {**entry["data"],
+                                                         "attack_low_fpr": 0.028}}}
+                                  for path, entry in row["data"]["metrics"].items()}
+    shown[0]["data"]["metrics"]["summary/dp_sgd-eps8-iid-seed0.json"]["data"][
+        "csv-penguins-0badcafe"]["accuracy"] = 0.985
+    experiments = experiments_from_json(shown)
+    assert [e.data for e in experiments] == ["csv-penguins-0badcafe", "digits-1a2b3c4d",
+                                             None]
+    text = compare_text(experiments[:2])  # the same params.yaml, other data
+    assert "Not comparable" in text and "their results are filed under different data" in text
+    assert "== data csv-penguins-0badcafe ==" in text and "+0.08" not in text
+    assert "0.020 @2.8%" in text and "TPR @FPR" in text

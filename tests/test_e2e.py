@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dpclip.summaries import unfiled
 from conftest import PROJECT, tiny_project_params
 
 # one worker runs this module, so that its project is built once (tests/conftest.py)
@@ -205,7 +206,9 @@ def test_dvc_repro_writes_contract_metrics_and_report(dvc_project):
         assert {"epsilon_lower_bound", "canaries", "confidence"} <= set(audit)
         assert audit["applicable"] and not audit["violated"]
         assert 0 <= audit["epsilon_lower_bound"] <= dp["privacy"]["epsilon"]
-    summary = json.loads((project / "summary" / "dp_sgd-eps8-iid-seed0.json").read_text())
+    data, summary = unfiled(json.loads(
+        (project / "summary" / "dp_sgd-eps8-iid-seed0.json").read_text()))
+    assert data == dp["dataset_id"] and data.startswith("digits-")  # filed under its data
     assert summary["audit_epsilon_lower_bound"] == max(
         dp["audit"][k]["epsilon_lower_bound"] for k in ("whitebox", "blackbox"))
     base = json.loads((project / "metrics" / "non_private-eps8-iid-seed0.json").read_text())
@@ -246,7 +249,7 @@ def test_dvc_metrics_and_plots(dvc_project):
     data = json.loads(shown[shown.index("{"):])
     files = next(iter(data.values()))["data"]
     assert set(files) == {f"summary/{run}.json" for run in RUNS}  # the summaries only
-    dp = files["summary/dp_sgd-eps8-iid-seed0.json"]["data"]
+    _, dp = unfiled(files["summary/dp_sgd-eps8-iid-seed0.json"]["data"])
     full = json.loads((project / "metrics" / "dp_sgd-eps8-iid-seed0.json").read_text())
     assert dp["accuracy"] == full["utility"]["accuracy"]
     assert dp["epsilon"] == full["privacy"]["epsilon"]

@@ -10,6 +10,7 @@ import shutil
 import pytest
 import yaml
 
+from dpclip.summaries import unfiled
 from test_e2e import (BIN, COMMITTED, OVERLAYS, RUNS, UNTRACKED_OUTPUTS, _sh, committed_files,
                       fresh_build_name, fresh_builds, make_dvc_project, repro)
 
@@ -105,7 +106,7 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     rows = [commit] + [e for x in commit.get("experiments") or [] for e in x["revs"]]
     assert len(rows) == 2 and commit["experiments"][0]["name"] == "epochs3"
     for row in rows:  # real numbers for the commit and the experiment
-        summary = row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"]
+        _, summary = unfiled(row["data"]["metrics"][f"summary/{RUNS[1]}.json"]["data"])
         assert 0 <= summary["accuracy"] <= 1 and 0 <= summary["ece"] <= 1
     # the same comparison as a long, narrow table: every run under both names
     compared = _sh([str(BIN / "dpclip"), "compare"], project, env)
@@ -120,7 +121,8 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     diff = _sh([str(BIN / "dvc"), "metrics", "diff", "HEAD", "--json"], project, env)
     changed = json.loads(diff[diff.index("{"):])
     for run in RUNS:
-        assert {"accuracy", "ece"} & set(changed[f"summary/{run}.json"]), run
+        keys = {key.rsplit(".", 1)[-1] for key in changed[f"summary/{run}.json"]}
+        assert {"accuracy", "ece"} & keys, run
     _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "-o", "diff_plots"], project, env)
     plots = _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "--json"], project, env)
     reliability = json.loads(plots[plots.index("{"):])["data"]["overlays/reliability.csv"]
@@ -133,3 +135,45 @@ def test_a_committed_pipeline_reproduces_bit_for_bit_and_dvc_compares_experiment
     assert {path: (project / path).read_bytes() for path in kept} == kept
     status = _sh([str(BIN / "dvc"), "status"], project, env)
     assert status.split() == ["check:", "always", "changed"]  # every other stage up to date
+
+
+def test_a_second_datasets_experiment_is_kept_apart_from_the_default(dvc_project):
+    """What a user saw: `dvc metrics diff main` printed digits against their CSV as a gain,
+    `dvc plots diff` drew the two as one run, the report named the wrong MLflow experiment.
+    Each result is now filed under its data's identity. Last in this module: it leaves the
+    CSV's results in the workspace."""
+    import mlflow
+    from sklearn.datasets import load_breast_cancer
+
+    _, project, env, _ = dvc_project
+    load_breast_cancer(as_frame=True).frame.head(300).to_csv(project / "cancer.csv",
+                                                             index=False)
+    out = _sh([str(BIN / "dvc"), "exp", "run", "-n", "cancer", "-S", "data.dataset=csv",
+               "-S", "data.path=cancer.csv", "-S", "data.target=target"], project, env)
+    assert "MLflow: experiment 'dpclip-csv-cancer'" in out
+    diff = _sh([str(BIN / "dvc"), "metrics", "diff", "HEAD", "--json"], project, env)
+    changed = json.loads(diff[diff.index("{"):])
+    for path, keys in changed.items():  # no row holds a number of each dataset
+        for key, entry in keys.items():
+            assert entry["old"] is None or entry["new"] is None, (path, key, entry)
+    digits = {key.split(".")[0] for keys in changed.values() for key, entry in keys.items()
+              if entry["new"] is None}
+    cancer = {key.split(".")[0] for keys in changed.values() for key, entry in keys.items()
+              if entry["old"] is None}
+    (digits_id,), (cancer_id,) = digits, cancer
+    assert digits_id.startswith("digits-") and cancer_id.startswith("csv-cancer-")
+    plots = _sh([str(BIN / "dvc"), "plots", "diff", "HEAD", "--json"], project, env)
+    values = json.loads(plots[plots.index("{"):])["data"]["overlays/clip_threshold.csv"][0][
+        "content"]["layer"][-1]["data"]["values"]
+    series = {(row["rev"], row["run"]) for row in values}
+    assert {run for _, run in series} == {f"{RUNS[1]} ({digits_id})", f"{RUNS[1]} ({cancer_id})"}
+    assert len({run for _, run in series}) == len(series)  # one dataset per series
+    compared = _sh([str(BIN / "dpclip"), "compare"], project, env)
+    assert "Not comparable" in compared and f"== data {cancer_id}" in compared
+    client = mlflow.tracking.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    for name, data in (("dpclip-digits", digits_id), ("dpclip-csv-cancer", cancer_id)):
+        experiment = client.get_experiment_by_name(name)
+        tags = {r.data.tags.get("dpclip.dataset_id")
+                for r in client.search_runs([experiment.experiment_id])
+                if r.data.tags.get("dpclip.kind") in ("pipeline", "configuration")}
+        assert tags == {data}, name

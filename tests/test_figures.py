@@ -412,7 +412,8 @@ def test_the_audit_plot_holds_every_point_inside_its_axes(overlays_of):
     for x, y in centres:  # a point of radius ~5 px whole inside the plot area, with room
         assert 8 <= x <= spec["width"] - 8 and 8 <= y <= spec["height"] - 8, (x, y)
     # the runs without a bound are named under the plot, with the reason
-    assert "sanitize-eps8-iid-seed0 (workspace): not applicable (replace_one_features" in svg
+    assert "sanitize-eps8-iid-seed0 (digits) (workspace): not applicable (" \
+        "replace_one_features" in svg
 
 
 def test_at_one_epsilon_the_methods_stand_side_by_side(overlays_of):

@@ -17,8 +17,12 @@ from dpclip.stages.evaluate import run_summary
 from dpclip.reporting.overlays import FILES, thin, thin_log, write_overlays
 
 
+DATA = "digits-1a2b3c4d"  # the prepared data's identity
+
+
 def _metrics(epsilon, mia: dict, audit: dict | None = None) -> dict:
-    m = {"privacy": {"epsilon": epsilon, "dp_guarantee": epsilon is not None},
+    m = {"dataset": "digits", "dataset_id": DATA,
+         "privacy": {"epsilon": epsilon, "dp_guarantee": epsilon is not None},
          "utility": {"accuracy": 0.9, "ece": 0.05},
          "mia": mia}
     if audit is not None:
@@ -31,15 +35,17 @@ def test_the_summary_takes_the_attack_strongest_at_low_fpr():
     lira = {"auc": 0.55, "tpr_at_fpr_0.1pct": 0.010, "tpr_at_fpr_1pct": 0.03}
     mia = {"loss": loss, "lira": lira, "label_only": {"auc": 0.7},  # no TPR: not an attack
            "ir": {"peak_accuracy": 0.6}, "matching": {"n_members": 10}}
-    summary = run_summary(_metrics(7.5, mia, {"blackbox": {"epsilon_lower_bound": 0.4},
-                                              "whitebox": {"epsilon_lower_bound": 1.2}}))
+    filed = run_summary(_metrics(7.5, mia, {"blackbox": {"epsilon_lower_bound": 0.4},
+                                            "whitebox": {"epsilon_lower_bound": 1.2}}))
+    assert list(filed) == [DATA]  # filed under the data's identity: DVC keeps data apart
+    summary = filed[DATA]
     assert summary == {"epsilon": 7.5, "dp_guarantee": True, "adjacency_add_remove": True,
                        "accuracy": 0.9, "ece": 0.05, "strongest_auc": 0.55,
                        "strongest_tpr_at_fpr_0.1pct": 0.010,
                        "strongest_tpr_at_fpr_1pct": 0.03,
                        "audit_epsilon_lower_bound": 1.2}
     # equal TPR at 0.1% FPR: the higher AUC wins; no audit, no key
-    tied = run_summary(_metrics(None, {"loss": loss, "rmia": {**loss, "auc": 0.7}}))
+    tied = run_summary(_metrics(None, {"loss": loss, "rmia": {**loss, "auc": 0.7}}))[DATA]
     assert tied["strongest_auc"] == 0.7 and tied["epsilon"] is None
     assert "audit_epsilon_lower_bound" not in tied
     assert all(isinstance(v, (int, float)) or v is None for v in tied.values())  # DVC: numbers
@@ -97,7 +103,7 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     assert sorted(tables) == sorted([*FILES, "roc/loss.csv", "roc/lira.csv"])
     assert sorted(p.relative_to(layout.overlays).as_posix() for p in
                   layout.overlays.rglob("*.csv")) == sorted(tables)
-    names = [k.name for k in runs]
+    names = [f"{k.name} ({DATA})" for k in runs]  # each series names its data
     clip = pd.read_csv(layout.overlays / "clip_threshold.csv")
     assert set(clip["run"]) == {names[1]}  # the non-private run has no C_t
     assert len(clip) <= 400 and clip["step"].iloc[-1] == 1000
@@ -111,7 +117,7 @@ def test_overlays_hold_every_configured_run_in_one_table(evaluated):
     assert (reliability["count"] > 0).all() and len(reliability) == 4
     utility = pd.read_csv(layout.overlays / "privacy_utility.csv")
     assert list(utility["run"]) == [names[1]]  # a point needs an epsilon
-    assert utility.loc[0, "epsilon"] == 7.9 and utility.loc[0, "series"] == "dp_sgd iid seed0"
+    assert utility.loc[0, "epsilon"] == 7.9 and utility.loc[0, "series"] == f"dp_sgd iid seed0 ({DATA})"
     # why a run has no audited bound, for the claimed-vs-audited plot (no audit ran here)
     assert utility.loc[0, "audit_status"] == "not audited"
 
@@ -120,7 +126,7 @@ def test_a_run_no_longer_configured_loses_its_summary(evaluated):
     params, layout, _ = evaluated
     assert tidy(BY_NAME["evaluate"], params, layout) == ["auto_s-eps8-iid-seed0"]
     assert not layout.summary("auto_s-eps8-iid-seed0").exists()
-    assert read_json(layout.summary("dp_sgd-eps8-iid-seed0"))["epsilon"] == 7.9
+    assert read_json(layout.summary("dp_sgd-eps8-iid-seed0"))[DATA]["epsilon"] == 7.9
 
 
 def test_the_seed_bands_hold_the_mean_and_interval_per_method_and_epsilon(tmp_path, tiny_raw):

@@ -33,7 +33,7 @@ def test_a_batch_larger_than_the_shadow_set_becomes_a_quarter_of_it_with_a_notic
     assert shadow_batch_size(64, 3) == 1
 
 
-def test_every_method_runs_every_stage_on_300_rows_with_the_defaults(tmp_path):
+def test_every_method_runs_every_stage_on_300_rows_with_the_defaults(tmp_path, monkeypatch):
     data = load_breast_cancer(as_frame=True).frame.sample(n=ROWS, random_state=0)
     path = tmp_path / "breast_cancer.csv"
     data.to_csv(path, index=False)
@@ -58,7 +58,11 @@ def test_every_method_runs_every_stage_on_300_rows_with_the_defaults(tmp_path):
         metrics = read_json(layout.metrics(key.name))
         assert 0 <= metrics["utility"]["accuracy"] <= 1, key.name
         assert metrics["mia"]["lira"]["auc"] is not None, key.name  # references trained
-    table = report(params, layout, track=False).table
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = report(params, layout, track=True)
+    table = result.table
+    # the experiment the report names is the one it logged to (it said 'dpclip-csv')
+    assert result.mlflow["experiment"] == "dpclip-csv-breast_cancer"
     assert len(table) == len(runs) and not table["accuracy"].isna().any()
     assert pd.read_csv(layout.reports / "summary.csv")["method"].tolist() == \
         list(params.train.methods)

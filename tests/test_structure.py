@@ -164,7 +164,7 @@ def test_no_import_runs_back_up_to_the_stages():
 # never above (the first part of the name after dpclip. decides; a new one must be placed)
 LAYERS = (
     ("foundation", {"errors", "files", "hashing", "numerics", "threads", "randomness",
-                    "registry", "param_types", "run_keys", "layout", "trace_columns",
+                    "registry", "param_types", "run_keys", "layout", "trace_columns", "summaries",
                     "code_closure", "catalog"}),
     ("schema", {"config"}),  # knows no plugin family
     ("domain", {"privacy", "models", "data", "methods", "attacks", "train", "audit", "metrics",

@@ -280,7 +280,10 @@ def test_an_epsilon_without_a_guarantee_stays_out_of_the_epsilon_columns(tmp_pat
     assert "epsilon" not in child.data.metrics and "epsilon_without_guarantee" in child.data.metrics
     assert not client.get_metric_history(child.info.run_id, "epsilon_spent")
     assert client.get_metric_history(child.info.run_id, "epsilon_spent_without_guarantee")
-    summary = json.loads((tmp_path / "summary" / "adaclip_opacus-eps8-iid-seed0.json").read_text())
+    from dpclip.summaries import unfiled
+
+    _, summary = unfiled(json.loads(
+        (tmp_path / "summary" / "adaclip_opacus-eps8-iid-seed0.json").read_text()))
     assert summary["dp_guarantee"] is False and summary["adjacency_add_remove"] is True
     assert "tags.`dp_guarantee`" in json.loads(json.loads(headline_view())["state"])[
         "selectedColumns"]

@@ -76,3 +76,12 @@ def test_the_workspace_against_a_commit(tmp_path):
     assert text.splitlines()[-1] == "1 identical, 1 differs, 1 missing."
     with pytest.raises(DpclipError, match="--against 'nope' is not a revision"):
         verify(["a"], layout, "nope")
+
+
+def test_a_summary_of_other_data_differs_as_a_whole():
+    """A summary filed under another data identity (dpclip.summaries) is not compared number
+    by number: equal numbers of two datasets are no reproduction."""
+    check = check_run("r", {"digits-1a2b3c4d": SUMMARY}, {"csv-heart-0badcafe": SUMMARY})
+    assert check.status == "differs" and check.beyond == ["data"]
+    assert check_run("r", {"digits-1a2b3c4d": SUMMARY},
+                     {"digits-1a2b3c4d": dict(SUMMARY)}).status == "identical"

@@ -61,7 +61,7 @@ import pandas as pd
 from dpclip.stage_outputs import load_model, load_split
 from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
-from dpclip.data.sources import get_source
+from dpclip.data.sources import dataset_label
 from dpclip.errors import DpclipError
 from dpclip.hashing import file_hash
 from dpclip.files import read_json
@@ -214,10 +214,7 @@ def experiment_name(params: Params) -> str:
     """``dpclip-<dataset>``; a table of your own (a ``table`` source: the csv one) also names
     its file (``dpclip-csv-heart``), so that CSVs of different names never share an
     experiment."""
-    name = f"dpclip-{params.data.dataset}"
-    if params.data.path is not None and get_source(params.data.dataset).kind == "table":
-        name += f"-{Path(params.data.path).stem}"
-    return name
+    return f"dpclip-{dataset_label(params.data)}"
 
 
 def _stored_elsewhere(experiment, artifact_root: Path | None) -> bool:
@@ -380,6 +377,8 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
     with mlflow.start_run(experiment_id=experiment_id,
                           run_name=f"pipeline-{stamp}" + (f"@{exp_name}" if exp_name else ""),
                          tags={"dpclip.kind": "pipeline", "dataset": params.data.dataset,
+                               "dpclip.dataset_id": read_json(layout.prepared_meta).get(
+                                   "dataset_id", ""),
                                **source_tags(commit)}) as parent:
         mlflow.log_params(_flatten("", {**params.to_dict(), "data": params.data.as_written()}, {}))
         roc_figures = sorted(path.name for path in layout.reports.glob("roc*.png"))
@@ -421,8 +420,8 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
                 pass
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
                          "dpclip.children_filter": _children_filter(parent_id)})
-        summary = {"parent_run_id": parent_id, "experiment": f"dpclip-"
-                   f"{params.data.dataset}", "experiment_id": experiment_id,
+        summary = {"parent_run_id": parent_id, "experiment": experiment_name(params),
+                   "experiment_id": experiment_id,
                    "tracking_uri": mlflow.get_tracking_uri(),
                    "new": [k.name for k in runs if k.name not in reused], "reused": reused,
                    "tables": tables, "view": VIEW_ID}
@@ -736,6 +735,7 @@ def _log_configuration(children: Children, key: RunKey) -> str:
     privacy = metrics["privacy"]
     tags = {"dpclip.kind": "configuration", "dpclip.run": run, "dpclip.fingerprint": fingerprint,
             "dataset": metrics["dataset"], "method": metrics["method"],
+            **({"dpclip.dataset_id": metrics["dataset_id"]} if "dataset_id" in metrics else {}),
             "alpha": "iid" if metrics["alpha"] is None else str(metrics["alpha"]),
             "seed": str(metrics["seed"]), **children.source_tags,
             "dp_guarantee": str(privacy["dp_guarantee"]).lower(),

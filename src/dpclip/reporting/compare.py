@@ -11,9 +11,12 @@ The experiments are read with DVC's own API (``Repo.experiments.show``, what ``d
 --json`` prints): the committed baseline (its branch name or short SHA), its experiments (their
 names) and the workspace, which is left out when it holds what the baseline holds.
 
-Experiments on different data (any ``data.*`` parameter differs: another dataset, file, split
-or seed of the split) measure different things: they are never differenced against each other.
-Each group of experiments on the same data gets its own table, under a line that says so.
+Experiments on different data (their summaries are filed under different data identities,
+:mod:`dpclip.summaries`; for summaries without one, any ``data.*`` parameter differs: another
+dataset, file, split or seed of the split) measure different things: they are never
+differenced against each other. Each group of experiments on the same data gets its own table,
+under a line that says so. The identity is the results', not params.yaml's: a workspace whose
+parameters were put back after a failed experiment still holds the results it holds.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from pathlib import Path
 
 from dpclip.errors import DpclipError
 from dpclip.reporting.epsilon_marks import LEGEND, epsilon_mark, summary_adjacency
+from dpclip.summaries import unfiled
 
 MAX_WIDTH = 120
 SUMMARY_DIR = "summary"
 # summary key -> (header, decimals)
 METRICS = {"epsilon": ("eps", 2), "accuracy": ("accuracy", 4), "ece": ("ECE", 4),
-           "attack_auc": ("attack AUC", 4), "attack_tpr_at_low_fpr": ("TPR", 3),
+           "attack_auc": ("attack AUC", 4), "attack_tpr_at_low_fpr": ("TPR @FPR", 3),
            "audit_epsilon_lower_bound": ("audit>=", 2)}
 RUN_WIDTH, EXPERIMENT_WIDTH = 34, 18  # longer names are cut with "…"
 
@@ -43,6 +47,7 @@ class Experiment:
     rev: str
     summaries: dict[str, dict] = field(default_factory=dict)  # run name -> summary metrics
     params: dict[str, object] = field(default_factory=dict)  # flattened params.yaml
+    data: str | None = None  # the data identities its summaries are filed under
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -59,14 +64,16 @@ def experiment_from_row(row: dict, name: str | None = None) -> Experiment:
     """An :class:`Experiment` from one revision of ``dvc exp show --json``."""
     rev = str(row.get("rev") or "")
     data = row.get("data") or {}
-    summaries = {}
+    summaries, identities = {}, set()
     for path, entry in (data.get("metrics") or {}).items():
         parts = Path(path).parts
         if len(parts) == 2 and parts[0] == SUMMARY_DIR and path.endswith(".json"):
-            summaries[Path(path).stem] = (entry or {}).get("data") or {}
+            identity, summaries[Path(path).stem] = unfiled((entry or {}).get("data") or {})
+            identities.add(identity)
     params = _flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
     label = name or row.get("name") or (rev if rev == "workspace" else rev[:7])
-    return Experiment(str(label), rev, summaries, params)
+    return Experiment(str(label), rev, summaries, params,
+                      ", ".join(sorted(i for i in identities if i)) or None)
 
 
 def experiments_from_json(rows: list[dict]) -> list[Experiment]:
@@ -127,11 +134,13 @@ def changed_params(experiments: list[Experiment]) -> dict[str, list]:
 
 
 def data_groups(experiments: list[Experiment]) -> list[list[Experiment]]:
-    """The experiments grouped by their data (every ``data.*`` parameter), in order of first
-    appearance: only experiments of one group are comparable."""
+    """The experiments grouped by their data (the identity their summaries are filed under,
+    else every ``data.*`` parameter), in order of first appearance: only experiments of one
+    group are comparable."""
     groups: dict[str, list[Experiment]] = {}
     for e in experiments:
-        key = repr(sorted((k, repr(v)) for k, v in e.params.items() if k.startswith("data.")))
+        key = e.data or repr(sorted((k, repr(v)) for k, v in e.params.items()
+                                    if k.startswith("data.")))
         groups.setdefault(key, []).append(e)
     return list(groups.values())
 
@@ -162,6 +171,7 @@ def comparison_rows(experiments: list[Experiment], only_changed: bool = False) -
             accuracy = summary.get("accuracy")
             rows.append({"run": run, "experiment": experiment.name,
                          **{k: summary.get(k) for k in METRICS},
+                         "attack_low_fpr": summary.get("attack_low_fpr"),
                          "dp_guarantee": summary.get("dp_guarantee"),
                          "adjacency": summary_adjacency(summary),
                          "d_accuracy": None if i == 0 or None in (accuracy, first)
@@ -181,6 +191,8 @@ def text_table(rows: list[dict], width: int = MAX_WIDTH) -> str:
                  "experiment": _cut(r["experiment"], EXPERIMENT_WIDTH),
                  "d_accuracy": "" if r["d_accuracy"] is None else f"{r['d_accuracy']:+.4f}",
                  **{k: _number(r[k], d) for k, (_, d) in METRICS.items()}}
+        if r.get("attack_low_fpr") is not None and cells["attack_tpr_at_low_fpr"] != "—":
+            cells["attack_tpr_at_low_fpr"] += f" @{100 * r['attack_low_fpr']:.1f}%"
         if cells["epsilon"] != "—":
             cells["epsilon"] += epsilon_mark(r["dp_guarantee"], r["adjacency"])
         shown.append(cells)
@@ -203,12 +215,15 @@ def compare_text(experiments: list[Experiment], only_changed: bool = False,
     groups = data_groups(experiments)
     if len(groups) > 1:
         data_keys = [k for k in changed_params(experiments) if k.startswith("data.")]
+        why = f"{', '.join(data_keys)} differ" if data_keys else \
+            "their results are filed under different data"
         parts = [textwrap.fill(
             f"Not comparable: these experiments ran on {len(groups)} different data sets "
-            f"({', '.join(data_keys)} differ), and a difference across data sets measures the "
+            f"({why}), and a difference across data sets measures the "
             f"data, not the method. Each group is compared within itself.", width)]
         for group in groups:
-            label = ", ".join(f"{k}={group[0].params.get(k)!r}" for k in data_keys)
+            label = ", ".join([*([f"data {group[0].data}"] if group[0].data else []),
+                               *(f"{k}={group[0].params.get(k)!r}" for k in data_keys)])
             parts += ["", _cut(f"== {label} ==", width),
                       compare_text(group, only_changed, width)]
         return "\n".join(parts)
@@ -224,7 +239,8 @@ def compare_text(experiments: list[Experiment], only_changed: bool = False,
     if not rows:
         return "\n".join(lines + ["No run differs between these experiments."])
     note = (f"Δ acc: accuracy minus that of the first experiment holding the run "
-            f"({experiments[0].name} where it does). eps: the epsilon spent ({LEGEND}); attack AUC, TPR: "
-            f"the attack chosen in advance (attack.headline); audit>=: the audited lower bound "
-            f"on epsilon.")
+            f"({experiments[0].name} where it does). eps: the epsilon spent ({LEGEND}); "
+            f"attack AUC, TPR @FPR: the attack chosen in advance (attack.headline), its AUC "
+            f"and its TPR at the lowest FPR that allows 10 false positives; audit>=: the "
+            f"audited lower bound on epsilon.")
     return "\n".join(lines + ["", text_table(rows, width), "", textwrap.fill(note, width)])

@@ -36,6 +36,7 @@ from dpclip.layout import Layout
 from dpclip.run_keys import RunKey, alpha_tag
 from dpclip.reporting.epsilon_marks import series_label, summary_adjacency
 from dpclip.reporting.seed_stats import mean_interval
+from dpclip.summaries import unfiled
 
 MAX_POINTS = 400  # per run and table: a browser draws 10 runs x 400 points at once
 ROC_FOLDER = "roc"  # roc/<attack>.csv
@@ -63,8 +64,17 @@ def thin_log(frame: pd.DataFrame, column: str, limit: int = MAX_POINTS) -> pd.Da
     return frame.iloc[np.union1d(keep, [len(frame) - 1])]
 
 
-def _labelled(frame: pd.DataFrame, key: RunKey) -> pd.DataFrame:
-    return frame.assign(run=key.name, method=key.method)[
+def with_data(label: str, layout: Layout, run: str) -> str:
+    """A series' label with the identity of the data ``run``'s results are filed under (its
+    summary, :mod:`dpclip.summaries`): under ``dvc plots diff`` two datasets' runs of one name
+    are two series, each named."""
+    path = layout.summary(run)
+    data = unfiled(read_json(path))[0] if path.exists() else None
+    return f"{label} ({data})" if data else label
+
+
+def _labelled(frame: pd.DataFrame, key: RunKey, layout: Layout) -> pd.DataFrame:
+    return frame.assign(run=with_data(key.name, layout, key.name), method=key.method)[
         ["run", "method", *[c for c in frame.columns if c not in ("run", "method")]]]
 
 
@@ -74,7 +84,7 @@ def clip_threshold_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
         trace = pd.read_csv(layout.trace(key.name), usecols=["step", "clip_threshold"])
         trace = trace.dropna(subset=["clip_threshold"])  # non-private and sanitize: no C_t
         if len(trace):
-            parts.append(_labelled(thin(trace), key))
+            parts.append(_labelled(thin(trace), key, layout))
     return _concat(parts, ["run", "method", "step", "clip_threshold"])
 
 
@@ -92,7 +102,7 @@ def roc_table(layout: Layout, runs: list[RunKey], attack: str = "loss") -> pd.Da
         roc = roc[roc["attack"] == attack][["fpr", "tpr"]].sort_values(["fpr", "tpr"])
         roc = roc[roc["tpr"] > 0]  # log axes: a zero has no place (Vega drops the whole line)
         if len(roc):
-            parts.append(_labelled(thin_log(roc, "fpr").assign(attack=attack), key))
+            parts.append(_labelled(thin_log(roc, "fpr").assign(attack=attack), key, layout))
     return _concat(parts, ["run", "method", "fpr", "tpr", "attack"])
 
 
@@ -101,7 +111,7 @@ def reliability_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     for key in runs:
         bins = pd.read_csv(layout.reliability(key.name))
         bins = bins[bins["count"] > 0][["confidence", "accuracy", "count"]]
-        parts.append(_labelled(bins, key))
+        parts.append(_labelled(bins, key, layout))
     return _concat(parts, ["run", "method", "confidence", "accuracy", "count"])
 
 
@@ -118,7 +128,7 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     plot names the runs it has no bound for and why."""
     rows = []
     for key in runs:
-        summary = read_json(layout.summary(key.name))
+        _, summary = unfiled(read_json(layout.summary(key.name)))
         if summary["epsilon"] is None:  # no DP claim: no point on an epsilon axis
             continue
         # series: the runs one line joins (same method, alpha and seed; epsilon varies)
@@ -127,9 +137,11 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
         audit = full.get("audit") or {}
         adjacency = _adjacency(full, summary)
         # (marked where the epsilon is no guarantee or under another adjacency)
-        series = series_label(f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}",
-                              summary.get("dp_guarantee"), adjacency)
-        rows.append({"run": key.name, "method": key.method, "series": series,
+        series = series_label(with_data(f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}",
+                                        layout, key.name), summary.get("dp_guarantee"),
+                              adjacency)
+        rows.append({"run": with_data(key.name, layout, key.name), "method": key.method,
+                     "series": series,
                      "target_epsilon": key.epsilon,
                      "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary,
                      "adjacency": adjacency,
@@ -148,17 +160,19 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
     (:func:`dpclip.reporting.seed_stats.mean_interval`; none for one seed), of accuracy, ECE
     and the headline attack's TPR at the honest low FPR: the curves and their bands against
     epsilon."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[tuple[str, dict]]] = {}
     for key in runs:
-        summary = read_json(layout.summary(key.name))
+        _, summary = unfiled(read_json(layout.summary(key.name)))
         if summary["epsilon"] is not None:
             metrics = layout.metrics(key.name)
             summary["adjacency"] = _adjacency(read_json(metrics) if metrics.exists() else {},
                                               summary)
-            groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(summary)
+            groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(
+                (key.name, summary))
     rows = []
-    for (method, alpha, target), summaries in groups.items():
-        row = {"series": series_label(f"{method} {alpha}",
+    for (method, alpha, target), named in groups.items():
+        summaries = [summary for _, summary in named]
+        row = {"series": series_label(with_data(f"{method} {alpha}", layout, named[0][0]),
                                       all(s.get("dp_guarantee", True) for s in summaries),
                                       summaries[0]["adjacency"]),
                "method": method, "alpha": alpha,

@@ -33,6 +33,7 @@ from pathlib import Path
 from dpclip.errors import DpclipError
 from dpclip.files import read_json
 from dpclip.layout import Layout
+from dpclip.summaries import unfiled
 
 EPSILON_RELATIVE = 1e-9
 TOLERANCES = {"accuracy": 0.005, "ece": 0.005, "strongest_auc": 0.01, "attack_auc": 0.01,
@@ -89,9 +90,13 @@ def _beyond(metric: str, committed, fresh, holdout: int | None) -> bool:
 def check_run(run: str, committed: dict | None, fresh: dict | None,
               holdout: int | None = None) -> RunCheck:
     """Compare one run's committed and fresh summaries metric by metric (``holdout``: the
-    target holdout's size, the records accuracy is measured on)."""
+    target holdout's size, the records accuracy is measured on); summaries of other data
+    (their dataset identities differ, :mod:`dpclip.summaries`) differ as a whole."""
     if committed is None or fresh is None:
         return RunCheck(run, "missing", {}, ["committed" if committed is None else "fresh"])
+    (committed_data, committed), (fresh_data, fresh) = unfiled(committed), unfiled(fresh)
+    if committed_data != fresh_data:
+        return RunCheck(run, "differs", {"data": (committed_data, fresh_data)}, ["data"])
     differences = {k: (committed.get(k), fresh.get(k)) for k in sorted({*committed, *fresh})
                    if committed.get(k) != fresh.get(k)
                    and not (_missing(committed.get(k)) and _missing(fresh.get(k)))}

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dpclip.summaries import filed
 from dpclip.stage_outputs import (load_model, load_partition, load_signals, load_split,
                               population_source, public_population)
 from dpclip.attacks import (AttackEvidence, ReferenceEvidence, baseline_attack, get_attack,
@@ -189,7 +190,8 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
                   y_out[pick_out])
     trace = pd.read_csv(layout.trace(run))
     metrics = {
-        "run": run, "dataset": record["dataset"], "method": method,
+        "run": run, "dataset": record["dataset"],
+        "dataset_id": read_json(layout.prepared_meta)["dataset_id"], "method": method,
         "alpha": record["alpha"], "seed": record["seed"],
         "privacy": {k: _finite_or_none(v) for k, v in privacy.items()},
         "utility": utility, "mia": mia, "clip": clip_summary(trace),
@@ -321,8 +323,9 @@ def run_summary(metrics: dict) -> dict:
     metrics file; booleans, as DVC compares numbers), accuracy, ECE, the strongest attack's
     AUC and TPR at 0.1% and 1% FPR (each with ``..._meaningful``: whether the non-members
     allow 10 false positives at that level; ``strongest_*``: ``mia_*`` is the loss attack's
-    everywhere, as in MLflow), and the largest audited lower bound on epsilon
-    when an audit ran. Flat keys, so that ``dvc exp show`` columns read ``accuracy``."""
+    everywhere, as in MLflow), the headline attack's AUC, TPR at its low FPR and that FPR,
+    and the largest audited lower bound on epsilon when an audit ran; filed under the data's
+    identity (:mod:`dpclip.summaries`)."""
     privacy = metrics["privacy"]
     summary = {"epsilon": privacy["epsilon"], "dp_guarantee": bool(privacy["dp_guarantee"]),
                "adjacency_add_remove": privacy.get("adjacency", "add_remove") == "add_remove",
@@ -340,12 +343,13 @@ def run_summary(metrics: dict) -> dict:
     headline = metrics["mia"].get("headline")
     if headline:  # the attack chosen in advance (attack.headline), at its honest low FPR
         summary.update({"attack_auc": headline["auc"],
-                        "attack_tpr_at_low_fpr": headline["tpr_at_low_fpr"]})
+                        "attack_tpr_at_low_fpr": headline["tpr_at_low_fpr"],
+                        "attack_low_fpr": headline["low_fpr"]})
     bounds = [kind.get("epsilon_lower_bound") for kind in (metrics.get("audit") or {}).values()
               if isinstance(kind, dict) and kind.get("epsilon_lower_bound") is not None]
     if bounds:
         summary["audit_epsilon_lower_bound"] = max(bounds)
-    return summary
+    return filed(metrics.get("dataset_id") or metrics["dataset"], summary)
 
 
 def checked_bound(run: str, attack: str, fpr: np.ndarray, tpr: np.ndarray, n_members: int,

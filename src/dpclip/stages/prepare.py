@@ -19,17 +19,21 @@ schema.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 
 from dpclip.config import Params
 from dpclip.data import CsvTable, Dataset, fit_encoder, read_source
 from dpclip.data.public import refuse_same_content, refuse_same_source
-from dpclip.data.sources import options_of
+from dpclip.data.sources import dataset_label, options_of
 from dpclip.data.splits import stratified_split
 from dpclip.errors import DpclipError
 from dpclip.files import atomic_dir, write_json, write_npz
+from dpclip.hashing import file_hash, records_digest
 from dpclip.layout import SPLITS, Layout
 
 log = logging.getLogger(__name__)
@@ -184,8 +188,12 @@ def prepare(params: Params, layout: Layout = Layout()) -> dict:
     encode = _csv if isinstance(main, CsvTable) else _images
     splits, described, preprocessing = encode(params, sources)
     classes = described["classes"]
+    fingerprint = data_fingerprint(params, splits)
     meta = {
         "dataset": data.dataset, "shadow_dataset": data.shadow_dataset,
+        # what results are filed under (summary/<run>.json, MLflow): two datasets, or two
+        # splits of one, never share it
+        "dataset_id": f"{dataset_label(data)}-{fingerprint[:8]}", "fingerprint": fingerprint,
         "feature_shape": described["feature_shape"], "n_classes": len(classes),
         "classes": classes,
         # the public splits' label names: a separate public dataset may have other classes
@@ -201,6 +209,22 @@ def prepare(params: Params, layout: Layout = Layout()) -> dict:
             write_npz(folder / f"{name}.npz", x=x, y=y, index=idx)
         write_json(folder / "meta.json", meta)
     return meta
+
+
+def data_fingerprint(params: Params, splits: dict) -> str:
+    """SHA-256 of what the prepared data are made of: the data parameters (a named file's or
+    folder's content, not its path) and each split's record indices and labels (integers: the
+    same on every machine, where the scaled features' last bits may not be)."""
+    written = params.data.as_written()
+    files = {key: file_hash(Path(written.pop(key))) for key in ("path", "shadow_path")
+             if written.get(key) is not None}
+    digest = hashlib.sha256(json.dumps({"data": written, "files": files}, sort_keys=True,
+                                       default=str).encode())
+    for name in sorted(splits):
+        _, y, index = splits[name]
+        labelled = records_digest(np.asarray(index, np.int64), np.asarray(y, np.int64))
+        digest.update(f"{name}\0{labelled}".encode())
+    return digest.hexdigest()
 
 
 def describe(meta: dict, layout: Layout) -> str:

@@ -10,6 +10,9 @@ Adding a dataset is adding its module. A source's own ``data.<key>`` are validat
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from pydantic import BaseModel, ValidationError
 
 from dpclip.data.sources.base import REGISTRY, DataSource
@@ -80,7 +83,17 @@ def params_problems(data) -> list[str]:
     return problems
 
 
+def dataset_label(data) -> str:
+    """The data's name as results and MLflow carry it: the source's, and for a table of your
+    own its file's stem too (``csv-heart``), in letters, digits, ``.``, ``_`` and ``-``."""
+    name = data.dataset
+    if data.path is not None and get_source(name).kind == "table":
+        name += f"-{Path(data.path).stem}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
 discover()
 
-__all__ = ["DataSource", "available_sources", "discover", "get_source", "open_source",
-           "options_of", "params_problems", "read_sections"]
+__all__ = ["DataSource", "available_sources", "dataset_label", "discover", "get_source",
+           "open_source", "options_of", "params_problems", "read_sections"]
+
