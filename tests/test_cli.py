@@ -250,3 +250,25 @@ def test_the_thread_count_is_set_from_the_parameters():
         assert use_threads(None) >= 1 and torch.get_num_threads() == use_threads(None)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_stage_failing_under_dvc_exp_run_says_how_to_put_params_yaml_back(
+        tmp_path, tiny_raw, write_params, monkeypatch, capsys):
+    """What a user met: `dvc exp run -S data.path=missing.csv` failed and left params.yaml
+    rewritten, with nothing saying so."""
+    params = write_params(tiny_raw(data={"dataset": "csv", "path": "missing.csv",
+                                         "target": "y"}))
+    args = ["--params", str(params), "--root", str(tmp_path), "check"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    assert main(args) == 2
+    assert "git checkout -- params.yaml" not in capsys.readouterr().err
+    monkeypatch.setenv("DVC_EXP_NAME", "penguins")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "data.path: 'missing.csv'" in err and "git checkout -- params.yaml" in err
+    temporary = tmp_path / ".dvc" / "tmp" / "exps" / "run"  # a --temp experiment's copy
+    temporary.mkdir(parents=True)
+    monkeypatch.chdir(temporary)
+    assert main(args) == 2
+    assert "git checkout -- params.yaml" not in capsys.readouterr().err

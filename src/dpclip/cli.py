@@ -181,8 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         layout = Layout(Path(args.root))
         return _dispatch(args, params, layout)
     except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
+        print(f"dpclip: error: {exc}{_after_a_failed_experiment()}", file=sys.stderr)
         return 2
+
+
+def _after_a_failed_experiment() -> str:
+    """Under ``dvc exp run`` in the workspace, DVC wrote the experiment's ``-S`` values into
+    params.yaml and leaves them there when a stage fails: say how to put things back. Not for
+    a temporary or queued experiment (DVC runs those in a copy under .dvc/tmp/exps)."""
+    if not os.environ.get("DVC_EXP_NAME") or ".dvc/tmp/exps" in Path.cwd().as_posix():
+        return ""
+    return ("\n(dvc exp run wrote its -S values into params.yaml and leaves them there when a "
+            "stage fails: `git checkout -- params.yaml` puts the committed values back, and "
+            "`dvc checkout` the committed outputs)")
 
 
 def _schema(out: str | None) -> int:
