@@ -217,3 +217,21 @@ def test_a_rule_without_a_guarantee_reports_no_epsilon_and_loaders_it_cannot_hon
     with pytest.raises(DpclipError, match="probe ',' names no layer"):
         train_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(x, y),
                       method="ww_dp_sgd", options={"probe": ","})
+
+
+def test_uint8_pixels_are_features_and_token_ids_stay_integers():
+    """uint8 images (torchvision without ToTensor) train as float32 pixels, as before token
+    ids became int64 (a privacy audit found them turned into int64 and refused by Conv2d
+    with a bare error)."""
+    from dpclip.models import as_model_input
+
+    assert as_model_input(torch.zeros(2, 3, dtype=torch.uint8)).dtype == torch.float32
+    assert as_model_input(torch.zeros(2, 3, dtype=torch.int32)).dtype == torch.int64
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (60, 1, 8, 8), dtype=torch.uint8, generator=gen)
+    y = torch.randint(0, 2, (60,), generator=gen)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 8),
+                          nn.ReLU(), nn.Linear(8, 2))
+    result = train_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           DataLoader(TensorDataset(x, y), batch_size=12), secure_noise=False)
+    assert 0 < result.epsilon <= 8.0 * 1.0001

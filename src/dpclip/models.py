@@ -156,8 +156,9 @@ def parameterised_layers(model: nn.Module) -> list[str]:
 
 def as_model_input(x, device=None) -> torch.Tensor:
     """Records as a model takes them: integer features (token ids for an Embedding) as int64,
-    every other kind as float32."""
-    integer = not torch.as_tensor(x[:0]).is_floating_point()
+    every other kind, bytes (uint8 pixels) included, as float32."""
+    kind = torch.as_tensor(x[:0]).dtype
+    integer = not kind.is_floating_point and kind not in (torch.uint8, torch.bool)
     return torch.as_tensor(x, dtype=torch.int64 if integer else torch.float32, device=device)
 
 

@@ -498,3 +498,81 @@ def test_a_first_batch_too_small_to_check_leaves_the_model_unchecked():
     with pytest.raises(DpclipError, match="training mode"):
         dp_step(wrapped, groups, LOSS, x[:8], y[:8], step["method"], 1.0, 8.0,
                 step["optimizer"], NoiseSources.seeded(0), step=2, most_records=len(x))
+
+
+class ParitySign(nn.Module):
+    """A privacy audit's model: the hidden layer's sign follows the batch size's parity, so one
+    record joining flips every other record's contribution (7.3 C at B = 12; it passed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        return self.head(-h if self.training and len(x) % 2 else h)
+
+
+class CallsBySize(nn.Module):
+    """Its layer is called len(x) % 3 + 1 times in training (4.9 C; it passed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        for _ in range(len(x) % 3 + 1 if self.training else 1):
+            x = torch.tanh(self.fc(x))
+        return self.head(x)
+
+
+class CentresTheTail(nn.Module):
+    """Centres the rows after the first two, in training only (3.4 C; it passed while the
+    check followed the first two records alone)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.training and len(x) > 2:
+            h = torch.cat([h[:2], h[2:] - h[2:].mean(0)])
+        return self.head(h)
+
+
+@pytest.mark.parametrize("model, words", [
+    (ParitySign, "changes when its batch holds one record more"),
+    (CallsBySize, "changes when its batch holds one record more"),
+    (CentresTheTail, "records of one batch change each other's gradients"),  # the last one
+])
+def test_a_forward_that_follows_the_batch_size_or_mixes_later_rows_is_refused(model, words):
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match=words):
+        check_model(model(), LOSS, x, y, batch_size=8)
+
+
+class HandRolledRecurrence(nn.Module):
+    """A recurrent cell written by hand (one Linear called at every step, which the step now
+    clips), with its state made in float32: the check's float64 copy failed with a bare
+    dtype error."""
+
+    def __init__(self, like_input: bool):
+        super().__init__()
+        self.like_input = like_input
+        self.ih, self.hh, self.head = nn.Linear(2, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = x.new_zeros(len(x), 4) if self.like_input else torch.zeros(len(x), 4)
+        for t in range(3):
+            h = torch.tanh(self.ih(x[:, 2 * t:2 * t + 2]) + self.hh(h))
+        return self.head(h)
+
+
+def test_a_state_made_in_a_fixed_dtype_is_refused_with_what_to_write_instead():
+    torch.manual_seed(0)
+    x, y = _data()
+    with pytest.raises(DpclipError, match=r"float64 copy .*x.new_zeros"):
+        check_model(HandRolledRecurrence(like_input=False), LOSS, x, y, batch_size=8)
+    check_model(HandRolledRecurrence(like_input=True), LOSS, x, y, batch_size=8)

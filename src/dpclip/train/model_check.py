@@ -21,11 +21,14 @@ Then as the step runs it: on a copy in the model's own dtype and device, in trai
 step's expected size, one more, twice and four times it, the forward pass's random draws
 replayed from each of :data:`REPLAY_SEEDS`:
 
-3. what the step adds for a record (its block of the weighted sum, the same bits on the CPU)
-   must not change when every *other* record of its batch changes
-   (replaced by other records, and, for real-valued inputs, scaled by :data:`PROBE_SCALES`):
-   batch mixing is measured as contribution, whatever layer or function does it, and the
-   first module whose output for the record changes is named;
+3. what the step adds for a record (its block of the weighted sum, the same bits on the CPU;
+   the records at the batch's first, middle and last positions) must not change when every
+   *other* record of its batch changes (replaced by other records, and, for real-valued
+   inputs, scaled by :data:`PROBE_SCALES`), nor when the batch holds one record more (within
+   :data:`TRAIN_MODE_TOLERANCE`: other kernels may sum in another order), since neighbouring
+   datasets give Poisson batches one record apart: batch mixing is measured as contribution,
+   whatever layer or function does it, and the first module whose output for the record
+   changes is named;
 4. the forward and backward passes must leave every parameter and buffer as they were (an
    in-place renormalisation such as ``Embedding(max_norm=...)`` moves the released weights,
    running statistics or an EMA hold the data, with no clipping and no noise). The step itself
@@ -62,7 +65,7 @@ REPLAY_SEEDS = (20261129, 7, 123456789)
 # the other records of a real-valued batch are also scaled by these (adversarial records; the
 # last overflows most models' activations, which amplifies any cross-record term)
 PROBE_SCALES = (1e3, 1e6, 1e30)
-TRAIN_MODE_RECORDS = 2  # records checked in training mode, each with all the others changed
+TRAIN_MODE_RECORDS = 2  # the smallest batch checked in training mode holds 2 more than this
 
 
 def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -89,6 +92,7 @@ def check_in_eval_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tens
     y = y[:records]
     alone = []
     try:
+        _refuse_fixed_dtypes(twin, x)
         for i in range(len(x)):
             record, label = x[i:i + 1], y[i:i + 1]
             steps = step_gradients(wrapped, groups, loss_fn, record, label,
@@ -116,6 +120,23 @@ def check_in_eval_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tens
             handle.remove()
 
 
+def _refuse_fixed_dtypes(twin: nn.Module, x: torch.Tensor) -> None:
+    """The check differentiates a float64 copy of the model: a forward that makes a tensor of
+    a fixed dtype (``torch.zeros(len(x), h)``, float32) fails there with a bare dtype error,
+    refused here with what to write instead."""
+    try:
+        with torch.no_grad():
+            twin(x[:1])
+    except RuntimeError as exc:
+        if "dtype" not in str(exc) and "Double" not in str(exc):
+            raise
+        raise DpclipError(f"the model check runs a float64 copy of the model, and its forward "
+                          f"failed there ({exc}): a tensor the forward makes has a fixed "
+                          f"dtype; make it like its input (x.new_zeros(len(x), h), "
+                          f"torch.zeros(..., dtype=x.dtype, device=x.device)); the model is "
+                          f"refused") from exc
+
+
 def step_gradients(wrapped, groups, loss_fn, x, y, factors) -> list[torch.Tensor]:
     """The DP step's weighted sum sum_i factors_i g_i on the records (x, y), per parameter in
     ``groups.flat()`` order, without noise."""
@@ -136,10 +157,19 @@ def _refuse_if_apart(groups, names, got, expected, say) -> None:
             raise DpclipError(f"{what}; {why}; the model is refused")
 
 
+def checked_positions(size: int) -> list[int]:
+    """The batch positions whose records the training-mode check follows: the first, the
+    middle one and the last (a model that mixed only the rows after the first two passed when
+    the first two were the ones followed)."""
+    return sorted({0, size // 2, size - 1})
+
+
 def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                         batch_size: int, records: int = TRAIN_MODE_RECORDS) -> None:
-    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, each of
-    ``records`` records checked with every other record of its batch changed."""
+    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, the records
+    at :func:`checked_positions` each checked with every other record of its batch changed,
+    and with its batch one record longer (neighbouring datasets give batches whose sizes
+    differ by one: what the other records add must not depend on it)."""
     first = min(max(int(batch_size), records + 2), len(x))
     if first <= records:
         return  # too few records to change the others
@@ -160,22 +190,52 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
         for seed in REPLAY_SEEDS:
             for size in sizes:
                 batch, labels = x[:size], y[:size]
-                base = [_as_the_step_runs(wrapped, groups, start, watch, loss_fn, batch,
-                                          labels, i, seed) for i in range(records)]
+                base = {i: _as_the_step_runs(wrapped, groups, start, watch, loss_fn, batch,
+                                             labels, i, seed)
+                        for i in checked_positions(size)}
                 _refuse_moved_parameters(base[0].moved)
                 _refuse_written_buffers(base[0].written)
                 for others, labels_of_others in _other_records(x, y, size, twin):
-                    for i, seen in enumerate(base):
+                    for i, seen in base.items():
                         changed, changed_labels = others.clone(), labels_of_others.clone()
                         changed[i], changed_labels[i] = batch[i], labels[i]
                         again = _as_the_step_runs(wrapped, groups, start, watch, loss_fn,
                                                   changed, changed_labels, i, seed)
                         _refuse_if_mixed(seen, again, tolerance)
+        _check_one_record_more(wrapped, groups, start, watch, loss_fn, x, y, first,
+                               TRAIN_MODE_TOLERANCE.get(dtype, 1e-2))
     finally:
         start.restore()
         watch.remove()
         for handle in wrapped._handles:
             handle.remove()
+
+
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+           nn.FeatureAlphaDropout)
+
+
+def _check_one_record_more(wrapped, groups, start, watch, loss_fn, x, y, size: int,
+                           tolerance: float) -> None:
+    """Each followed record's block in a batch of ``size`` and in the same batch with the next
+    record appended: equal within ``tolerance`` (other kernels may sum in another order: a
+    matrix product's blocking follows the batch). Dropout modules are turned off for it,
+    since where a mask falls follows how many numbers were drawn before it, which the batch's
+    size changes; the rest stays in training mode."""
+    if size + 1 > len(x):
+        return
+    dropouts = [m for m in wrapped.modules() if isinstance(m, DROPOUT) and m.training]
+    for module in dropouts:
+        module.eval()
+    try:
+        for i in checked_positions(size):
+            seen, again = (_as_the_step_runs(wrapped, groups, start, watch, loss_fn, x[:n],
+                                             y[:n], i, REPLAY_SEEDS[0])
+                           for n in (size, size + 1))
+            _refuse_if_sized(seen, again, tolerance)
+    finally:
+        for module in dropouts:
+            module.train()
 
 
 def _refuse_moved_parameters(moved: list[str]) -> None:
@@ -253,6 +313,27 @@ def _refuse_if_mixed(seen: _Pass, again: _Pass, tolerance: float) -> None:
                       f"its batch change{where}): an operation across the batch (a functional "
                       f"batch norm, mixup, x - x.mean(0)) makes the clipped sum's sensitivity "
                       f"exceed C; the model is refused")
+
+
+def _refuse_if_sized(seen: _Pass, again: _Pass, tolerance: float) -> None:
+    """The record's block must not change when its batch holds one record more (at the end):
+    neighbouring datasets give Poisson batches whose sizes differ by one, so a model whose
+    records' gradients follow the batch's size (its parity, a count of calls, a centring of
+    some rows) moves every other record's contribution when one record joins. Compared as one
+    vector (what the record adds, against its norm): a block that is zero in exact arithmetic
+    (a key bias under softmax) holds rounding only, which other kernels round otherwise."""
+    moved = sum(float((a.double() - b.double()).square().sum())
+                for a, b in zip(seen.block, again.block)) ** 0.5
+    size = sum(float(a.double().square().sum()) for a in seen.block) ** 0.5
+    if moved <= tolerance * size or (moved == 0 and size == 0):
+        return
+    raise DpclipError("in training mode, what the step adds for a record changes when its "
+                      "batch holds one record more: a forward pass that depends on the "
+                      "batch's size (its parity, a number of calls or rows it takes) lets one "
+                      "record move every other record's contribution, so the clipped sum's "
+                      "sensitivity exceeds C (a functional dropout, F.dropout, whose masks "
+                      "fall by how many numbers were drawn before, does this too: use "
+                      "nn.Dropout modules); the model is refused")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
