@@ -203,3 +203,17 @@ def test_the_model_file_and_the_files_beside_it_are_logged_to_mlflow(tmp_path, m
     assert logged == {"model_file/net.py", "model_file/blocks.py"}
     assert tags["dpclip.model_file_sha256"] == read_json(
         layout.model_source)["train.model"]["sha256"]
+
+
+def test_a_factory_that_fails_is_named_with_what_it_was_given(tmp_path):
+    """What a new user met: `(d,) = feature_shape` on the digits' (1, 8, 8) failed in the
+    shadow stage with a bare traceback."""
+    from dpclip.errors import DpclipError
+    from dpclip.models import build_model
+
+    (tmp_path / "flat.py").write_text(
+        "from torch import nn\n\ndef build(feature_shape, n_classes):\n"
+        "    (d,) = feature_shape\n    return nn.Linear(d, n_classes)\n")
+    with pytest.raises(DpclipError, match=r"build\(feature_shape=\(1, 8, 8\), n_classes=10\) "
+                                          r"failed: ValueError: too many values to unpack"):
+        build_model(f"{tmp_path / 'flat.py'}:build", (1, 8, 8), 10, [])

@@ -235,7 +235,11 @@ def _users_model(name: str, feature_shape: tuple, n_classes: int) -> nn.Module:
     build = getattr(module, factory, None)
     if not callable(build):
         raise DpclipError(f"train.model: {name!r}: {where} has no function {factory!r}")
-    model = build(feature_shape, n_classes)
+    try:
+        model = build(feature_shape, n_classes)
+    except Exception as exc:  # the user's code: any error, named with what it was given
+        raise DpclipError(f"train.model: {name!r}: {factory}(feature_shape={feature_shape}, "
+                          f"n_classes={n_classes}) failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise DpclipError(f"train.model: {name!r}: {factory}(feature_shape, n_classes) "
                           f"returned {type(model).__name__}, not a torch.nn.Module")

@@ -83,5 +83,6 @@ def test_the_documented_attack_runs_through_the_stages_into_every_output(mentr, 
     assert table.loc[0, "mentr_tpr_at_fpr_0.1pct"] == pytest.approx(ours["tpr_at_fpr_0.1pct"])
     assert "`mentr_*`: Modified entropy" in (layout.reports / "comparison.md").read_text()
     assert (layout.reports / "roc_mentr.png").exists()
-    assert set(pd.read_csv(layout.overlays / "roc" / "mentr.csv")["run"]) == {run}
+    (labelled,) = set(pd.read_csv(layout.overlays / "roc" / "mentr.csv")["run"])
+    assert labelled.startswith(f"{run} (digits-")  # each series names its data
     assert summary_metrics()["mia_mentr_auc"] == ("mia", mentr, "auc")

@@ -69,18 +69,3 @@ def test_prepare_refuses_an_identifier_column_until_it_is_dropped(tmp_path, writ
     base[1] = str(write_params(raw))
     assert main([*base, "prepare"]) == 0
 
-
-def test_a_class_too_small_for_the_splits_is_refused_by_name(tmp_path, tiny_raw):
-    from dpclip.layout import Layout
-    from dpclip.pipeline.params import parse_params
-    from dpclip.stages.prepare import prepare
-
-    path = _table(tmp_path)
-    frame = pd.read_csv(path)
-    frame.loc[:1, "species"] = "Chinstrap"  # 2 records for 4 splits
-    frame.to_csv(path, index=False)
-    params = parse_params(tiny_raw(data={"dataset": "csv", "path": path, "target": "species"}))
-    with pytest.raises(DpclipError, match=r"data.target: 1 class\(es\) have fewer records "
-                                          r"than the 4 splits .*'Chinstrap' \(2\); drop"):
-        prepare(params, Layout(tmp_path / "project"))
-    assert not (tmp_path / "project" / "data" / "prepared").exists()  # nothing written

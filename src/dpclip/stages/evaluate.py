@@ -484,4 +484,4 @@ def describe(metrics: dict, layout: Layout) -> str:
     ir = metrics["mia"].get("ir")
     peak = f" peak_ir_mia={ir['peak_accuracy']:.4f} ({ir['peak_layer']})" if ir else ""
     return (f"accuracy={metrics['utility']['accuracy']:.4f} ece={metrics['utility']['ece']:.4f} "
-            f"mia_auc={metrics['mia']['loss']['auc']:.4f}{peak}")
+            f"loss attack AUC={metrics['mia']['loss']['auc']:.4f}{peak}")

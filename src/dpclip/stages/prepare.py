@@ -55,26 +55,6 @@ def _strata(source: Dataset | CsvTable) -> np.ndarray:
     return source.strata() if isinstance(source, CsvTable) else source.y
 
 
-def _refuse_small_classes(source: Dataset | CsvTable, fractions: dict[str, float],
-                          key: str) -> None:
-    """Each split is drawn class by class: a class with fewer records than there are splits
-    would be missing from some (a holdout, the public data), which every later stage assumes
-    it is not. Refused with the class named and what to do."""
-    splits = [name for name, share in fractions.items() if share > 0]
-    if isinstance(source, CsvTable):
-        labels, counts = np.unique(source.labels.astype(str), return_counts=True)
-    else:
-        codes, counts = np.unique(source.y, return_counts=True)
-        labels = [source.classes[int(code)] for code in codes]
-    small = [(label, int(count)) for label, count in zip(labels, counts) if count < len(splits)]
-    if small:
-        shown = ", ".join(f"{label!r} ({count})" for label, count in small[:5])
-        raise DpclipError(f"{key}: {len(small)} class(es) have fewer records than the "
-                          f"{len(splits)} splits ({', '.join(splits)}) that each need one: "
-                          f"{shown}; drop their rows or merge them into another class "
-                          f"(data.target_map)")
-
-
 def _subset_split(strata: np.ndarray, fractions: dict[str, float], seed: int,
                   max_records: int | None) -> dict[str, np.ndarray]:
     """``stratified_split`` of a stratified subset of about ``max_records`` records (drawn with
@@ -91,10 +71,6 @@ def _split(params: Params, main, public) -> dict[str, tuple]:
     """{split name: (source, record indices)}; the shadow splits come from ``public`` when
     there is a separate public dataset. ``data.max_records`` caps each dataset first."""
     seed, cap = params.data.seed, params.data.max_records
-    _refuse_small_classes(main, _fractions(params, SPLITS if public is None
-                                           else SPLITS[:2]), "data.target")
-    if public is not None:
-        _refuse_small_classes(public, _fractions(params, SPLITS[2:]), "data.shadow_dataset")
     if public is None:
         parts = _subset_split(_strata(main), _fractions(params, SPLITS), seed, cap)
         return {name: (main, parts[name]) for name in SPLITS}
