@@ -56,6 +56,23 @@ def test_check_fingerprints_the_named_files_and_refuses_a_path_that_names_nothin
         check(parse_params(raw), Layout(tmp_path))
 
 
+def test_check_says_which_named_file_changed_and_what_runs_again(tmp_path, caplog):
+    """`dvc status` cannot see a file a parameter names: the check stage says it."""
+    import logging
+
+    _write_csv(tmp_path / "mine.csv", 50)
+    params = parse_params({"data": {"dataset": "csv", "path": str(tmp_path / "mine.csv"),
+                                    "target": "label"}})
+    with caplog.at_level(logging.INFO, logger="dpclip.stages.check"):
+        check(params, Layout(tmp_path))
+        check(params, Layout(tmp_path))
+        assert "changed since the last check" not in caplog.text  # first, then unchanged
+        _write_csv(tmp_path / "mine.csv", 60)
+        check(params, Layout(tmp_path))
+    assert "data.path changed since the last check: prepare and every stage after it run " \
+        "again" in caplog.text
+
+
 @pytest.mark.e2e
 def test_an_edited_csv_re_runs_prepare_and_a_bad_parameter_deletes_nothing(tmp_path):
     project = tmp_path / "project"

@@ -19,14 +19,23 @@ function runs, so DVC stops here, before it deletes any other stage's outputs.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from dpclip.config import Params
 from dpclip.errors import DpclipError, bad_value
 from dpclip.hashing import file_hash
-from dpclip.files import write_json
+from dpclip.files import read_json, write_json
 from dpclip.layout import Layout
 from dpclip.models import model_file
+
+log = logging.getLogger(__name__)
+# what an edit of each named file makes DVC run again (``dvc status`` cannot tell: the file is
+# named by a parameter, so only this stage sees it)
+RE_RUNS = {"data.path": "prepare and every stage after it run again",
+           "data.shadow_path": "prepare and every stage after it run again",
+           "train.model": "the stages that build the model run again (shadow, tune, train, "
+                          "audit, reference, evaluate, report)"}
 
 NAMED_FILES = ("data.path", "data.shadow_path")
 
@@ -55,9 +64,23 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
                                  "beside": beside(path)}}
     else:
         model = {}
+    _say_what_changed(layout, {**record, **model})
     write_json(layout.sources, record)
     write_json(layout.model_source, model)
     return {**record, **model}
+
+
+def _say_what_changed(layout: Layout, now: dict) -> None:
+    """One line per named file whose content changed since the last check, with what that
+    re-runs (nothing on the first check)."""
+    if not layout.sources.is_file():
+        return
+    before = {**read_json(layout.sources),
+              **(read_json(layout.model_source) if layout.model_source.is_file() else {})}
+    for key in sorted({*before, *now}):
+        if before.get(key) != now.get(key):
+            log.info("%s changed since the last check: %s", key,
+                     RE_RUNS.get(key, "the stages that read it run again"))
 
 
 def beside(path: Path) -> dict:
