@@ -95,25 +95,32 @@ class LayerTerms:
         return {p: torch.where(bad, math.inf, n) for p, n in norms.items()}
 
     def _norms(self) -> dict:
-        module, backprops = self.module, self.backprops
-        if self.per_sample is None and type(module) is nn.Linear and backprops.dim() == 2:
-            return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
-        if self.per_sample is None and type(module) is nn.Linear:  # applied at positions
-            patches, outputs = positions(module, self.activations[0].to(backprops.dtype),
-                                         backprops)
-            if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2],
-                               len(patches)):
-                return _ghost_norms(module, patches, outputs, backprops.dtype)
-        elif self.per_sample is None and _plain_conv(module) and \
-                conv_uses_ghost_norm(module, backprops):
-            a = self.activations[0].to(backprops.dtype)
-            return _ghost_norms(module, *positions(module, a, backprops), backprops.dtype)
-        if self.per_sample is None:
+        if self.per_sample is None:  # not yet summed over several calls (over_calls)
+            analytic = self._norms_without_instantiating()
+            if analytic is not None:
+                return analytic
             self.per_sample = self.per_sample_gradients()
         # the weighted sum needs only the per-sample gradients now: free the layer's inputs
         # and output gradients before the next layer's are expanded (the step's peak memory)
         self.activations, self.backprops = [], None
         return {p: exact_norm_upward(g) for p, g in self.per_sample.items()}
+
+    def _norms_without_instantiating(self) -> dict | None:
+        """The norms of a Linear on vectors, and the ghost norm where the layer's shape
+        prefers it (module docstring); None where per-sample gradients are instantiated."""
+        module, backprops = self.module, self.backprops
+        if type(module) is nn.Linear and backprops.dim() == 2:
+            return _linear_norms(module, self.activations[0].to(backprops.dtype), backprops)
+        if type(module) is nn.Linear:  # on (B, ..., d): applied at every position
+            patches, outputs = positions(module, self.activations[0].to(backprops.dtype),
+                                         backprops)
+            if uses_ghost_norm(module, patches.shape[1], outputs.shape[2], patches.shape[2],
+                               len(patches)):
+                return _ghost_norms(module, patches, outputs, backprops.dtype)
+        elif _plain_conv(module) and conv_uses_ghost_norm(module, backprops):
+            a = self.activations[0].to(backprops.dtype)
+            return _ghost_norms(module, *positions(module, a, backprops), backprops.dtype)
+        return None
 
     def per_sample_gradients(self) -> dict:
         """{parameter: (B, *parameter.shape)} for the layer's own trainable parameters,
