@@ -418,6 +418,42 @@ def test_mixing_a_second_re_audit_would_try_is_refused(middle):
         check_model(Net(middle), LOSS, x, y, batch_size=8)
 
 
+PASSES = {}  # outside the model: the check refuses a model that writes its own attributes
+
+
+class CountsPasses(nn.Module):
+    """Counts the training-mode forward passes of the check in ``PASSES[draw]``; ``draw``:
+    each pass draws a number from torch's generator (and does nothing with it)."""
+
+    def __init__(self, draw: bool):
+        super().__init__()
+        self.draw = draw
+
+    def forward(self, h):
+        if self.training:
+            PASSES[self.draw] = PASSES.get(self.draw, 0) + 1
+            if self.draw:
+                torch.rand(())
+        return h
+
+
+def test_the_replay_seeds_are_tried_only_when_a_pass_draws_from_them():
+    """Another seed replays the same pass when none drew a number: the check then runs its
+    training-mode batches once, not once per seed (a third of the time on the pipeline's
+    models); a model that draws is still tried under every seed (SometimesMixes above)."""
+    from dpclip.train.model_check import REPLAY_SEEDS
+
+    torch.manual_seed(0)
+    x, y = _data(80)
+    PASSES.clear()
+    for draw in (False, True):
+        check_model(Net(CountsPasses(draw)), LOSS, x, y, batch_size=8)
+    counts = dict(PASSES)
+    one_seed = counts[False]
+    one_record_more = 2 * 3  # sizes 8 and 9 at each followed position, first seed only
+    assert counts[True] - one_record_more == len(REPLAY_SEEDS) * (one_seed - one_record_more)
+
+
 def test_a_model_wrapped_by_hand_is_checked_at_its_first_step():
     # an audit: wrap_for_dp and dp_step ran no check, so a direct user of them got none
     from dpclip.methods import get_method
