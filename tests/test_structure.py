@@ -165,7 +165,7 @@ def test_no_import_runs_back_up_to_the_stages():
 LAYERS = (
     ("foundation", {"errors", "files", "hashing", "numerics", "threads", "randomness",
                     "registry", "param_types", "run_keys", "layout", "trace_columns", "summaries",
-                    "code_closure", "catalog"}),
+                    "code_closure", "catalog", "claim_checks"}),
     ("schema", {"config"}),  # knows no plugin family
     ("domain", {"privacy", "models", "data", "methods", "attacks", "train", "audit", "metrics",
                 "pretraining"}),  # the training library reads no pipeline file

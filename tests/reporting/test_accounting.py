@@ -12,7 +12,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpclip.errors import DpclipError
-from dpclip.reporting.accounting import noise_split, poisson_amplification, run_check
+from dpclip.methods.common.dc_sgd import noise_split
+from dpclip.methods.sanitize import poisson_amplification
+from dpclip.reporting.accounting import run_check
 from dpclip.reporting.evidence import (CONTRADICTED_BY_ACCOUNTING, HELD_BY_ACCOUNTING,
                                        evidence_markdown, judge, load_claims)
 
@@ -81,7 +83,8 @@ def test_accounting_claims_get_their_own_verdicts_and_the_computation(tmp_path):
     text = evidence_markdown(findings, Path("results/presets"), "dpclip evidence")
     assert "**Is the epsilon right?** Computed, no runs: **san** contradicted by the " \
            "accounting" in text
-    assert "*The computation* (`dpclip.reporting.accounting`, check " \
+    # named where it lives: with its method
+    assert "*The computation* (`dpclip.methods.sanitize`, check " \
            "`poisson_amplification`)." in text
     path.write_text(yaml.safe_dump({"claims": [{**claims[0], "accounting": {"check": "x"}}]}))
     with pytest.raises(DpclipError, match="rule 'accounting' needs accounting"):
@@ -93,7 +96,7 @@ LM_LITERAL = {"check": "batch_weights_sensitivity", "epsilon": 5.0, "delta": 1e-
 
 
 def test_lm_dp_sgds_literal_weights_let_one_record_move_the_sum_by_about_b_times_c():
-    from dpclip.reporting.accounting import _lm_sum, batch_weights_sensitivity
+    from dpclip.methods.lm_dp_sgd import _lm_sum, batch_weights_sensitivity
 
     # by hand, C = 1: 36 records with norms (1, 0) give w = (1, 0) and the sum (36, 0); one
     # record (0, M) more gives w = (36, M) / ||(36, M)||, the sum (36 w_1, w_2), and the move
@@ -130,8 +133,8 @@ def test_the_one_run_audit_cannot_refute_the_lm_claim_in_the_table3_model():
     every guess right and delta 0, r guesses at level a refute every epsilon with
     q^r < a, q = e^eps / (1 + e^eps): eps = log(q / (1 - q)) at q = a^(1 / r). The table3 CNN's
     conv1 has 16 x 1 x 3 x 3 + 16 = 160 coordinates, so 160 spanning canaries fit."""
-    from dpclip.reporting.accounting import (audit_ceiling, batch_weights_sensitivity,
-                                             spanning_canaries)
+    from dpclip.methods.lm_dp_sgd import (audit_ceiling, batch_weights_sensitivity,
+                                          spanning_canaries)
 
     q = (0.05 / 4) ** (1 / 160)  # the largest guess size, at its Bonferroni share of 5%
     assert audit_ceiling(160, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)), abs=1e-5)

@@ -11,7 +11,7 @@ would make C_{t+1} a function of private data with no noise).
 from __future__ import annotations
 
 from dpclip.methods.base import register
-from dpclip.methods.common.dc_sgd import DynamicClipping, error_threshold
+from dpclip.methods.common.dc_sgd import DynamicClipping, noise_split, error_threshold
 
 
 @register
@@ -21,3 +21,7 @@ class DCSGDError(DynamicClipping):
     def next_threshold(self, noisy_counts):
         return error_threshold(noisy_counts, self.options.b_max, self.sigma_train,
                                self.context.n_params, self.context.expected_batch)
+
+
+# the claims about this method's epsilon that need no runs (dpclip.reporting.accounting)
+ACCOUNTING_CHECKS = {"noise_split": noise_split}

@@ -21,7 +21,7 @@ When the noisy histogram holds no mass, C is left unchanged.
 from __future__ import annotations
 
 from dpclip.methods.base import Option, Tunable, register
-from dpclip.methods.common.dc_sgd import DynamicClipping, percentile_threshold
+from dpclip.methods.common.dc_sgd import DynamicClipping, noise_split, percentile_threshold
 
 
 @register
@@ -34,3 +34,7 @@ class DCSGDPercentile(DynamicClipping):
 
     def next_threshold(self, noisy_counts):
         return percentile_threshold(noisy_counts, self.options.b_max, self.options.p)
+
+
+# the claims about this method's epsilon that need no runs (dpclip.reporting.accounting)
+ACCOUNTING_CHECKS = {"noise_split": noise_split}

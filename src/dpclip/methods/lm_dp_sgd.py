@@ -33,10 +33,11 @@ import math
 import numpy as np
 import torch
 
+from dpclip.claim_checks import Check, positive_number
 from dpclip.errors import DpclipError
-from dpclip.methods.base import (Method, Option, StepRelease, Tunable, register, rounded,
+from dpclip.methods.base import (Method, MethodContext, Option, StepRelease, Tunable, register, rounded,
                                  total_norms)
-from dpclip.privacy import ExtraQuery
+from dpclip.privacy import ExtraQuery, noise_for_epsilon
 from dpclip.randomness import NoiseSources
 
 ER_FLOOR = 1e-3
@@ -181,3 +182,123 @@ class LMDPSGD(Method):
 
 
 __all__ = ["LMDPSGD", "layer_weights", "reweighted_factors", "risk_factors"]
+
+
+def _lm_sum(rows: list[list[float]], weights: str, batch: int):
+    """lm_dp_sgd's reweighted, clipped sum (before noise) of records whose per-layer gradient
+    norms are ``rows`` (C = 1), each layer's gradients along one direction: the sum's
+    coefficient per layer's direction. Equal shadow error rates, so the risk factors cancel."""
+    names = [f"layer{i + 1}" for i in range(len(rows[0]))]
+    risk = {"layers": {n: {"error_rate": 0.5, "norm_share": 1.0} for n in names},
+            "layer_names": names}
+    method = LMDPSGD(MethodContext(1.0, names, expected_batch=float(batch),
+                               options=LMDPSGD.parse_options({"weights": weights}),
+                               shadow_risk=risk))
+    norms = torch.tensor(rows, dtype=torch.float64)
+    return (method.scale(norms) * norms).sum(dim=0)
+
+
+def audit_ceiling(canaries: int, delta: float, confidence: float) -> float:
+    """The largest epsilon a one-run audit with ``canaries`` canaries can refute: every guess
+    right at each guess size the audit tries (:data:`dpclip.audit.bound.GUESS_FRACTIONS`, each
+    at its Bonferroni share of ``confidence``), the best of them."""
+    from dpclip.audit.bound import GUESS_FRACTIONS, epsilon_lower_bound
+
+    each = 1.0 - (1.0 - confidence) / len(GUESS_FRACTIONS)
+    sizes = {max(1, min(canaries, round(f * canaries))) for f in GUESS_FRACTIONS}
+    return max(epsilon_lower_bound(canaries, r, r, delta, each) for r in sizes)
+
+
+def spanning_canaries(audit: dict) -> int:
+    """How many white-box canaries spanning every layer group fit in the model ``audit``
+    describes (one distinct coordinate per group each): the smallest group's size, at most
+    ``audit["canaries"]`` (:func:`dpclip.audit.run.canaries_that_fit`)."""
+    return min(int(audit["canaries"]), min(_layer_sizes(audit)))
+
+
+def _layer_sizes(audit: dict) -> list[int]:
+    """Trainable coordinates of each layer group (the parameterised layers) of the model."""
+    from dpclip.models import build_model, parameterised_layers
+
+    model = build_model(audit["model"], tuple(audit["features"]), int(audit["classes"]),
+                        list(audit["hidden"]))
+    modules = dict(model.named_modules())
+    return [sum(p.numel() for p in modules[name].parameters(recurse=False) if p.requires_grad)
+            for name in parameterised_layers(model)]
+
+
+def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
+    canaries, smallest = spanning_canaries(audit), min(_layer_sizes(audit))
+    confidence = float(audit["confidence"])
+    ceiling = audit_ceiling(canaries, delta, confidence)
+    verdict = ("so no outcome of that audit could show the leakage: a run at the claimed "
+               "epsilon passes it whatever it leaks" if ceiling <= epsilon else
+               f"so the audit can refute the claimed epsilon, but only with guesses right "
+               f"far more often than epsilon {epsilon:g} allows: nearly all of them as the "
+               f"ceiling nears it")
+    fit = (f"{canaries} (the smallest layer's coordinates)" if canaries == smallest else
+           f"{canaries} (audit.canaries; the smallest layer has {smallest} coordinates)")
+    return (f"whether the one-run audit could measure it: in the {audit['model']} model "
+            f"(hidden {list(audit['hidden'])}) canaries spanning every layer fit {fit}; the "
+            f"audit gives a per-layer rule those, since one-layer canaries are clipped below "
+            f"C. With every guess right they refute at most epsilon {ceiling:.3g} at "
+            f"{confidence:.1%} against the claimed {epsilon:g}, {verdict}")
+
+
+def batch_weights_sensitivity(spec: dict) -> Check:
+    """LM-DP-SGD's literal rule (Theorem 5.1), an accounting check (``presets/claims.yaml``):
+    the proof bounds the sum's sensitivity by C because each record's reweighted gradient has
+    norm C_i <= C, with weights w_base^(l) = mean_i n_i^(l) / C_i taken from the batch itself.
+    But one record changes w, and w scales every other record's contribution. The check builds
+    the pair: ``batch_size`` records whose gradients lie in layer 1 (n_i = (C, 0), one direction
+    u_1), and the same batch with one record more whose gradient lies in layer 2 (n = (0, M C),
+    M = ``outlier_norm``). Before, w = (1, 0) and the sum is B C u_1; after, w = (B, M) /
+    ||(B, M)||, so the B records' part shrinks to B C w_1 u_1 and the sum moves by
+    C sqrt(B^2 (1 - w_1)^2 + w_2^2), about B C for large M: the sensitivity is not C, and since
+    a Poisson batch can hold any number of records, it has no bound in C at all: DP-SGD's
+    accountant gives the mechanism no epsilon. The sums are this method's own ``scale`` with
+    ``weights: batch``; the same pair under ``weights: private`` moves the sum by at most C.
+
+    With ``audit`` (a model: ``model``, ``hidden``, ``features``, ``classes``; the audit's
+    ``canaries``, and ``confidence`` of the white-box kind: 0.95 when it runs alone, the
+    default, 0.975 beside the black-box kind) the check also says whether the one-run audit
+    could measure the extra leakage at all: a per-layer rule's white-box canaries span every
+    layer group (docs: the privacy audit), so at most as many fit as the smallest group has
+    coordinates, and even with every guess right the audit refutes no epsilon above
+    :func:`audit_ceiling` of that many canaries."""
+    name = "batch_weights_sensitivity"
+    batch = int(positive_number(spec, "batch_size", f"accounting check {name!r}"))
+    epsilon, delta = positive_number(spec, "epsilon", f"accounting check {name!r}"), positive_number(spec, "delta", f"accounting check {name!r}")
+    q, steps = positive_number(spec, "sample_rate", f"accounting check {name!r}"), int(positive_number(spec, "steps", f"accounting check {name!r}"))
+    outlier = float(spec.get("outlier_norm", 1e6))
+    members, added = [[1.0, 0.0]] * batch, [[0.0, outlier]]
+    moved = {rule: float((_lm_sum(members + added, rule, batch)
+                          - _lm_sum(members, rule, batch)).norm())
+             for rule in ("batch", "private")}
+    kappa = moved["batch"]
+    sigma = noise_for_epsilon(epsilon, delta, q, steps, "rdp")
+    holds = kappa <= 1 + 1e-9
+    return Check(epsilon, epsilon if holds else math.inf, holds, [
+        "the proof's premise: each record's reweighted, clipped gradient has norm at most C, "
+        "so one record moves the sum by at most C",
+        f"the pair: {batch} records with gradients in layer 1 only (norms (C, 0)), and the "
+        f"same with one record more whose gradient lies in layer 2 (norms (0, {outlier:g} C)); "
+        f"the weights from the batch go from (1, 0) to about (0, 1), so the {batch} records' "
+        f"part of the sum shrinks to almost nothing",
+        f"lm_dp_sgd's own sums (weights: batch): the record moves the sum by {kappa:.4g} C; "
+        f"with weights: private (weights fixed before the step, from the previous step's "
+        f"noisy release) the same pair moves it by {moved['private']:.4g} C",
+        f"DP-SGD's accountant at epsilon {epsilon:g}, delta {delta:g}, q = {q:.4g}, "
+        f"{steps:,} steps sets sigma {sigma:.4g}: noise of std {sigma:.3g} C against a shift of "
+        f"{kappa:.4g} C, a ratio of {kappa / sigma:.3g} where the accountant assumes "
+        f"{1 / sigma:.3g}; since a Poisson batch can hold any number of records, no sensitivity "
+        f"bound in C, and so no epsilon, follows for the literal rule",
+        *([_audit_power_line(spec["audit"], epsilon, delta)] if spec.get("audit") else [])],
+        summary=None if holds else (
+            f"one record moves the noised sum by {kappa:.4g} C in a batch of {batch}, not at "
+            f"most C (the proof's premise), so DP-SGD's accountant gives no epsilon for it; "
+            f"the paper claims {epsilon:g}"))
+
+
+# the claims about this method's epsilon that need no runs (dpclip.reporting.accounting)
+ACCOUNTING_CHECKS = {"batch_weights_sensitivity": batch_weights_sensitivity}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dpclip.errors import DpclipError
 from dpclip.files import read_json
-from dpclip.reporting.checks import Check, positive_number
+from dpclip.claim_checks import Check, positive_number
 
 
 def bench_path(spec: dict, project: Path) -> Path:

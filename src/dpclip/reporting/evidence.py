@@ -164,7 +164,7 @@ def load_claims(path: Path) -> list[dict]:
         if claim.get("rule") not in RULES:
             raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule {claim.get('rule')!r} "
                               f"is not one of {list(RULES)}")
-        computed = {"accounting": accounting.CHECKS, "benchmark": benchmarks.CHECKS}
+        computed = {"accounting": accounting.accounting_checks(), "benchmark": benchmarks.CHECKS}
         if claim["rule"] in computed:  # checked without runs: its spec names a known check
             rule, checks = claim["rule"], computed[claim["rule"]]
             if not isinstance(claim.get(rule), dict) or claim[rule].get("check") not in checks:
@@ -700,9 +700,10 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
 def _judged_without_runs(claim: dict, table: pd.DataFrame | None,
                          project: Path | None) -> Finding | None:
     """The verdict of a claim that needs no runs, or that has none: untestable as stated, one
-    about the accounting itself (:mod:`dpclip.reporting.accounting`), one about cost read from
-    a committed bench output in ``project`` (:mod:`dpclip.reporting.benchmarks`), or a preset
-    not run; None for a claim its runs judge."""
+    about the accounting itself (its method's check: :mod:`dpclip.reporting.accounting`), one
+    about cost read from a committed bench output in ``project``
+    (:mod:`dpclip.reporting.benchmarks`), or a preset not run; None for a claim its runs
+    judge."""
     if "untestable" in claim:
         return Finding(claim, UNTESTABLE, " ".join(str(claim["untestable"]).split()).rstrip("."))
     if claim.get("rule") == "accounting":
@@ -1240,8 +1241,9 @@ def evidence_markdown(findings: list[Finding], results: Path, command: str,
             lines += ["*Can the mechanism act here?*", ""] + \
                 [f"- {text}" for text in f.preconditions] + [""]
         if f.ours and c.get("rule") == "accounting":
-            lines += [f"*The computation* (`dpclip.reporting.accounting`, check "
-                      f"`{c['accounting']['check']}`).", ""] + [f"- {text}" for text in f.ours] + [""]
+            check = c["accounting"]["check"]
+            lines += [f"*The computation* (`{accounting.module_of(check)}`, check "
+                      f"`{check}`).", ""] + [f"- {text}" for text in f.ours] + [""]
         elif f.ours and c.get("rule") == "benchmark":
             lines += [f"*The measurement* (`dpclip.reporting.benchmarks`, check "
                       f"`{c['benchmark']['check']}`, `{c['benchmark']['file']}`).", ""] \

@@ -1,6 +1,7 @@
-"""The result of a claim checked without runs, by the accounting
-(:mod:`dpclip.reporting.accounting`) or by a committed benchmark
-(:mod:`dpclip.reporting.benchmarks`), and the number check both read their specs with."""
+"""The result of a claim checked without runs: by the accounting of the method it is about
+(each method's module holds its own checks, ``ACCOUNTING_CHECKS``; collected by
+:mod:`dpclip.reporting.accounting`) or by a committed benchmark
+(:mod:`dpclip.reporting.benchmarks`); and the number check both read their specs with."""
 
 from __future__ import annotations
 
