@@ -335,7 +335,7 @@ def test_mlflow_parent_and_children(dvc_project):
     # the model is named after its run (not "model"), the child names its URI
     info = mlflow.models.get_model_info(dp.data.tags["dpclip.model_uri"])
     assert info.signature is not None and info.name.startswith(RUNS[1])
-    assert dp.info.run_name.startswith(f"{RUNS[1]}@")  # unique across DVC experiments
+    assert re.fullmatch(rf"[0-9a-f]{{7}} · {RUNS[1]}", dp.info.run_name)  # unique across experiments
     assert {"summary.json", "comparison.json"} <= {
         a.path for a in client.list_artifacts(parents[-1].info.run_id)}
 

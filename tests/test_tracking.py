@@ -61,7 +61,7 @@ def test_private_batch_values_reach_mlflow_only_when_asked(tmp_path, tiny_raw, w
     assert len(client.get_metric_history(child.info.run_id, "clip_threshold")) == len(local)
     tags = child.data.tags
     # outside `dvc exp run` the child's name carries a short hash of the run's inputs
-    assert re.fullmatch(rf"{RUN}@[0-9a-f]{{7}}", child.info.run_name)
+    assert re.fullmatch(rf"[0-9a-f]{{7}} · {RUN}", child.info.run_name)
     assert tags["dpclip.private_diagnostics"] == str(diagnostics).lower()
     assert tags["adjacency"] == "add_remove" and tags["secure_noise"] == "false"
 
@@ -135,7 +135,7 @@ def test_a_child_describes_itself_and_its_model_predicts(tmp_path, tiny_raw, wri
     # the logged model, named like the child, predicts the holdout with the accuracy the run
     # reports
     name = child.info.run_name
-    assert name == "adaclip-eps8-iid-seed0@tidy-knot"
+    assert name == "tidy-knot · adaclip-eps8-iid-seed0"  # what differs first: the UI cuts
     assert tags["dpclip.model_uri"].startswith("models:/")
     model = mlflow.pyfunc.load_model(tags["dpclip.model_uri"])
     stored = {a.path.rsplit("/", 1)[-1] for a in mlflow.artifacts.list_artifacts(
@@ -187,7 +187,7 @@ def test_two_dvc_experiments_stay_apart_in_the_ui(tmp_path, tiny_raw, write_para
                 if r.data.tags.get("dpclip.kind") == "configuration"}
     parents = {r.data.tags["dvc.exp_name"]: r for r in runs
                if r.data.tags.get("dpclip.kind") == "pipeline"}
-    assert set(children) == {f"{RUN}@exp-a", f"{RUN}@exp-b"}
+    assert set(children) == {f"exp-a · {RUN}", f"exp-b · {RUN}"}
     assert {p.info.run_name.rsplit("@", 1)[-1] for p in parents.values()} == {"exp-a", "exp-b"}
     # each logged model is named after its child and comes from it
     models = client.search_logged_models([exp_id])

@@ -552,17 +552,18 @@ def describe(summary: dict) -> str:
 
 def child_run_name(layout: Layout, key: RunKey, fingerprint: str,
                    dvc_experiment: str | None = None) -> str:
-    """A child's name: the run's name and the DVC experiment that trained it
-    (``dvc_experiment``, the command's ``DVC_EXP_NAME``), or, outside ``dvc exp run``, a short
-    hash of the run's recorded inputs (parameters and the hashes of the files it read; the
-    weights' hash when it recorded none)."""
+    """A child's name: what tells it from the same run's other children first (the MLflow UI
+    cuts names after about 25 characters), then the run's name. That is the DVC experiment
+    that trained it (``dvc_experiment``, the command's ``DVC_EXP_NAME``), or, outside ``dvc exp
+    run``, a short hash of the run's recorded inputs (parameters and the hashes of the files it
+    read; the weights' hash when it recorded none)."""
     if dvc_experiment:
-        return f"{key.name}@{dvc_experiment}"
+        return f"{dvc_experiment} · {key.name}"
     path = record_path(BY_NAME["train"], layout, key)
     if path.exists():
         inputs = json.dumps(read_json(path)["inputs"], sort_keys=True, default=str)
-        return f"{key.name}@{hashlib.sha256(inputs.encode()).hexdigest()[:7]}"
-    return f"{key.name}@{fingerprint[:7]}"
+        return f"{hashlib.sha256(inputs.encode()).hexdigest()[:7]} · {key.name}"
+    return f"{fingerprint[:7]} · {key.name}"
 
 
 def _unique_name(mlflow, experiment_id: str, run: str, name: str, fingerprint: str) -> str:
