@@ -138,8 +138,9 @@ def idle_controller(method: str, runs: pd.DataFrame) -> float | None:
     """How far a method's clip controller moved C when it did not act (below
     :data:`LEAST_CLIP_MOVE`), or None: it acted, or the method has no controller."""
     from dpclip.methods import get_method
+    from dpclip.methods.base import CONSTANT_CLIP
 
-    if get_method(method).controller_data == "nothing: C is constant" or \
+    if get_method(method).controller_data == CONSTANT_CLIP or \
             not {"c_initial", "c_final"} <= set(runs.columns):
         return None
     moved = (runs["c_final"].astype(float) / runs["c_initial"].astype(float)).map(

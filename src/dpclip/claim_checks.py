@@ -33,3 +33,9 @@ def positive_number(mapping: dict, key: str, what: str) -> float:
             not math.isfinite(value) or not value > 0:
         raise DpclipError(f"{what}: {key} must be a finite number above 0, not {value!r}")
     return float(value)
+
+
+def accounting_numbers(spec: dict, check: str, *keys: str) -> list[float]:
+    """``spec``'s values of ``keys``, each a finite number above 0 (:func:`positive_number`),
+    for the accounting check named ``check``."""
+    return [positive_number(spec, key, f"accounting check {check!r}") for key in keys]

@@ -115,6 +115,9 @@ class MethodContext:
     shadow_risk: dict | None = None  # the shadow stage's risk file, for methods that need it
 
 
+CONSTANT_CLIP = "nothing: C is constant"  # the controller_data of a method without a controller
+
+
 class Method:
     """Base class. Subclasses set ``name`` and override the hooks they change."""
 
@@ -131,8 +134,9 @@ class Method:
     # The neighbouring notion of the epsilon reported (privacy.adjacency): add_remove (one
     # record added or removed, Opacus's accountants under Poisson sampling) | replace_one_features
     adjacency: ClassVar[str | None] = "add_remove"
-    # What the clip threshold's controller reads (privacy.data_use.clip_threshold)
-    controller_data: ClassVar[str] = "nothing: C is constant"
+    # What the clip threshold's controller reads (privacy.data_use.clip_threshold); a method
+    # without a controller keeps CONSTANT_CLIP
+    controller_data: ClassVar[str] = CONSTANT_CLIP
     # What early stopping watches for this method (privacy.data_use and the plot's label)
     early_stopping_watches: ClassVar[str] = ("the public shadow_train split under the released "
                                              "weights")

@@ -33,10 +33,10 @@ import math
 import numpy as np
 import torch
 
-from dpclip.claim_checks import Check, positive_number
+from dpclip.claim_checks import Check, accounting_numbers
 from dpclip.errors import DpclipError
-from dpclip.methods.base import (Method, MethodContext, Option, StepRelease, Tunable, register, rounded,
-                                 total_norms)
+from dpclip.methods.base import (Method, MethodContext, Option, StepRelease, Tunable, register,
+                                 rounded, total_norms)
 from dpclip.privacy import ExtraQuery, noise_for_epsilon
 from dpclip.randomness import NoiseSources
 
@@ -266,10 +266,9 @@ def batch_weights_sensitivity(spec: dict) -> Check:
     layer group (docs: the privacy audit), so at most as many fit as the smallest group has
     coordinates, and even with every guess right the audit refutes no epsilon above
     :func:`audit_ceiling` of that many canaries."""
-    name = "batch_weights_sensitivity"
-    batch = int(positive_number(spec, "batch_size", f"accounting check {name!r}"))
-    epsilon, delta = positive_number(spec, "epsilon", f"accounting check {name!r}"), positive_number(spec, "delta", f"accounting check {name!r}")
-    q, steps = positive_number(spec, "sample_rate", f"accounting check {name!r}"), int(positive_number(spec, "steps", f"accounting check {name!r}"))
+    batch, epsilon, delta, q, steps = accounting_numbers(
+        spec, "batch_weights_sensitivity", "batch_size", "epsilon", "delta", "sample_rate", "steps")
+    batch, steps = int(batch), int(steps)
     outlier = float(spec.get("outlier_norm", 1e6))
     members, added = [[1.0, 0.0]] * batch, [[0.0, outlier]]
     moved = {rule: float((_lm_sum(members + added, rule, batch)

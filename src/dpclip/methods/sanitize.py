@@ -67,10 +67,10 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from dpclip.claim_checks import Check, positive_number
+from dpclip.claim_checks import Check, accounting_numbers
 from dpclip.config import BUILT_IN_MODELS
 from dpclip.errors import bad_value
-from dpclip.methods.base import Method, Option, Tunable, register
+from dpclip.methods.base import CONSTANT_CLIP, Method, Option, Tunable, register
 from dpclip.models import per_record_std
 from dpclip.pretraining import PUBLIC_PRETRAINING
 
@@ -336,7 +336,7 @@ class Sanitize(Method):
                    if self.options.encoder == "frozen" else
                    "members' raw features without noise (joint mode: no DP for the encoder)")
         clip = ("the sanitization layer's released weights (post-processing)"
-                if self.options.adaptive else "nothing: C is constant")
+                if self.options.adaptive else CONSTANT_CLIP)
         fit = ("class means of " if self.options.encoder == "frozen" and
                self.options.head_fit == "class_means" else "")
         return {"encoder": encoder,
@@ -369,10 +369,9 @@ def poisson_amplification(spec: dict) -> Check:
     record at that sigma (sensitivity 1 in units of sigma), whose epsilon is the RDP of
     ``epochs`` full-batch Gaussian mechanisms: what the runs report as
     ``epsilon_of_the_releases``."""
-    name = "poisson_amplification"
-    records, batch = positive_number(spec, "records", f"accounting check {name!r}"), positive_number(spec, "batch_size", f"accounting check {name!r}")
-    epochs, epsilon = int(positive_number(spec, "epochs", f"accounting check {name!r}")), positive_number(spec, "epsilon", f"accounting check {name!r}")
-    delta = positive_number(spec, "delta", f"accounting check {name!r}")
+    records, batch, epochs, epsilon, delta = accounting_numbers(
+        spec, "poisson_amplification", "records", "batch_size", "epochs", "epsilon", "delta")
+    epochs = int(epochs)
     q = batch / records
     steps = int(epochs * records // batch)
     sigma = noise_for_record_epsilon(epsilon, delta, steps, sample_rate=q)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors
-from dpclip.claim_checks import Check, positive_number
+from dpclip.claim_checks import Check, accounting_numbers
 from dpclip.privacy import (ExtraQuery, combined_sigma, epsilon_of, noise_for_epsilon,
                             split_sigma)
 from dpclip.randomness import NoiseSources
@@ -132,10 +132,9 @@ def noise_split(spec: dict) -> Check:
     epsilon of DP-SGD's T steps. The check computes sigma for the target, splits it,
     recombines it, and gives both epsilons, beside what accounting the two queries as separate
     mechanisms would charge."""
-    name = "noise_split"
-    epsilon, delta = positive_number(spec, "epsilon", f"accounting check {name!r}"), positive_number(spec, "delta", f"accounting check {name!r}")
-    q, steps = positive_number(spec, "sample_rate", f"accounting check {name!r}"), int(positive_number(spec, "steps", f"accounting check {name!r}"))
-    ratio = positive_number(spec, "sigma_h_ratio", f"accounting check {name!r}")
+    epsilon, delta, q, steps, ratio = accounting_numbers(
+        spec, "noise_split", "epsilon", "delta", "sample_rate", "steps", "sigma_h_ratio")
+    steps = int(steps)
     sigma = noise_for_epsilon(epsilon, delta, q, steps, "rdp")
     histogram = [ExtraQuery("histogram", 1.0, ratio * sigma)]
     sigma_t = split_sigma(sigma, histogram)
