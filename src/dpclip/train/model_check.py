@@ -19,8 +19,7 @@ number drawn):
 Then as the step runs it: on a copy in the model's own dtype and device, in training mode
 (dropout, a functional batch norm, a mixup that runs only while training), on batches of the
 step's expected size, one more, twice and four times it, the forward pass's random draws
-replayed from each of :data:`REPLAY_SEEDS` (from the first only, when no pass drew from
-the seeded generators: every seed then gives the same passes):
+replayed from each of :data:`REPLAY_SEEDS`:
 
 3. what the step adds for a record (its block of the weighted sum, the same bits on the CPU;
    the records at the batch's first, middle and last positions) must not change when every
@@ -189,7 +188,6 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
                           for size in (first, first + 1, 2 * first, 4 * first))
     try:
         for seed in REPLAY_SEEDS:
-            drew = False
             for size in sizes:
                 batch, labels = x[:size], y[:size]
                 base = {i: _as_the_step_runs(wrapped, groups, start, watch, loss_fn, batch,
@@ -197,7 +195,6 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
                         for i in checked_positions(size)}
                 _refuse_moved_parameters(base[0].moved)
                 _refuse_written_buffers(base[0].written)
-                drew |= any(seen.drew for seen in base.values())
                 for others, labels_of_others in _other_records(x, y, size, twin):
                     for i, seen in base.items():
                         changed, changed_labels = others.clone(), labels_of_others.clone()
@@ -205,9 +202,6 @@ def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Ten
                         again = _as_the_step_runs(wrapped, groups, start, watch, loss_fn,
                                                   changed, changed_labels, i, seed)
                         _refuse_if_mixed(seen, again, tolerance)
-                        drew |= again.drew
-            if not drew:
-                break  # nothing drawn from the seeded generators: each seed replays the same
         _check_one_record_more(wrapped, groups, start, watch, loss_fn, x, y, first,
                                TRAIN_MODE_TOLERANCE.get(dtype, 1e-2))
     finally:
@@ -264,14 +258,12 @@ def _refuse_written_buffers(written: list[str]) -> None:
 
 
 class _Pass:
-    """One record's part of a training-mode step: its block of the weighted sum, each module's
-    output for it (in call order), the parameters and buffers the pass changed, and whether it
-    drew from the generators the replay seeds (``drew``: another seed may give another pass)."""
+    """One record's part of a training-mode step: its block of the weighted sum, each module's output for it (in call order), and the parameters and buffers
+    the pass changed."""
 
-    def __init__(self, block, outputs, changed, drew: bool):
+    def __init__(self, block, outputs, changed):
         self.block, self.outputs = block, outputs
         self.moved, self.written = changed
-        self.drew = drew
 
 
 def _as_the_step_runs(wrapped, groups, start, watch, loss_fn, x, y, i, seed) -> _Pass:
@@ -281,21 +273,14 @@ def _as_the_step_runs(wrapped, groups, start, watch, loss_fn, x, y, i, seed) -> 
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        seeded = _generator_states(devices)
         watch.start(i)
         out, uses = wrapped.forward_keeping(x)
         kept = backward_keeping(wrapped, loss_fn(out, y), uses)
-        drew = not all(torch.equal(a, b) for a, b in zip(seeded, _generator_states(devices)))
         per_layer_norms(groups, kept)  # as the step: it may keep per-sample gradients
         factors = torch.zeros(len(x), device=x.device)
         factors[i] = 1
         block = [g.detach() for g in scaled_sum(groups, kept, factors)]
-    return _Pass(block, watch.stop(), start.changed(), drew)
-
-
-def _generator_states(devices) -> list[torch.Tensor]:
-    """The states of the generators ``torch.manual_seed`` seeds: the CPU's and ``devices``'."""
-    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+    return _Pass(block, watch.stop(), start.changed())
 
 
 def _other_records(x, y, size, model):
