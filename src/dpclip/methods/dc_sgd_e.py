@@ -11,7 +11,7 @@ would make C_{t+1} a function of private data with no noise).
 from __future__ import annotations
 
 from dpclip.methods.base import register
-from dpclip.methods.common.dc_sgd import DynamicClipping, noise_split, error_threshold
+from dpclip.methods.common.dc_sgd import DynamicClipping, error_threshold, noise_split
 
 
 @register

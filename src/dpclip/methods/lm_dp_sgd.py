@@ -192,8 +192,8 @@ def _lm_sum(rows: list[list[float]], weights: str, batch: int):
     risk = {"layers": {n: {"error_rate": 0.5, "norm_share": 1.0} for n in names},
             "layer_names": names}
     method = LMDPSGD(MethodContext(1.0, names, expected_batch=float(batch),
-                               options=LMDPSGD.parse_options({"weights": weights}),
-                               shadow_risk=risk))
+                                   options=LMDPSGD.parse_options({"weights": weights}),
+                                   shadow_risk=risk))
     norms = torch.tensor(rows, dtype=torch.float64)
     return (method.scale(norms) * norms).sum(dim=0)
 

@@ -12,8 +12,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors
 from dpclip.claim_checks import Check, accounting_numbers
+from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_factors
 from dpclip.privacy import (ExtraQuery, combined_sigma, epsilon_of, noise_for_epsilon,
                             split_sigma)
 from dpclip.randomness import NoiseSources
