@@ -54,10 +54,14 @@ test: install
 # Another supported Python (3.12, 3.13; .ci/run runs both): the lock installed into its own
 # .venv-<version>, then the tiny pipeline's `dvc repro` and its contract checked there. pip's
 # torch for those versions is PyPI's CUDA build (about 3 GB); it runs on the CPU. The
-# interpreter: pyenv's <version> where pyenv is installed, else python<version> on PATH.
+# interpreter: python<version> where it runs, else pyenv's (in PYENV_ROOT, or ~/.pyenv).
 smoke-3.12 smoke-3.13: smoke-%:
-	PIP_NO_CACHE_DIR=1 $(MAKE) --no-print-directory VENV=.venv-$* PYTHON="$$(if command -v pyenv > /dev/null; \
-		then echo "$$(pyenv prefix $*)/bin/python$*"; else echo python$*; fi)" install
+	@py=$$(for p in python$* $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$*.*/bin/python$*; do \
+		$$p -c '' 2> /dev/null && echo $$p && break; done); \
+	if [ -z "$$py" ]; then echo "smoke-$*: no Python $* here (python$* on PATH, or" \
+		"$${PYENV_ROOT:-$$HOME/.pyenv}/versions/$*.*)"; exit 2; fi; \
+	echo "smoke-$*: $$py"; PIP_NO_CACHE_DIR=1 $(MAKE) --no-print-directory VENV=.venv-$* \
+		PYTHON=$$py install
 	.venv-$*/bin/python -m pytest -q -n0 -p no:cacheprovider \
 		tests/test_e2e.py -k contract_metrics
 
