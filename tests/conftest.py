@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -29,8 +30,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # second (about 5 s more for tests/test_cli.py and two other modules). Side-by-side runs are
 # tested where a test asks for them (tests/pipeline/test_side_by_side.py, tests/test_presets.py).
 os.environ.setdefault("DPCLIP_JOBS", "1")
-# The noise searches the tests remember stay theirs (not the user's ~/.cache/dpclip)
-os.environ.setdefault("DPCLIP_CACHE", tempfile.mkdtemp(prefix="dpclip-cache-"))
+# DVC's usage analytics: each dvc command left a background process, which found no network
+# here and left a file in the temporary folder (54 in one run of the suite)
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+# The noise searches the tests remember stay theirs (not the user's ~/.cache/dpclip), in a
+# folder that the process which made it removes at its end (pytest_unconfigure)
+OWN_CACHE = None
+if "DPCLIP_CACHE" not in os.environ:
+    OWN_CACHE = os.environ["DPCLIP_CACHE"] = tempfile.mkdtemp(prefix="dpclip-cache-")
+
+
+def pytest_unconfigure(config):
+    if OWN_CACHE:
+        shutil.rmtree(OWN_CACHE, ignore_errors=True)
 
 TINY = {
     "data": {"dataset": "digits", "seed": 0},
