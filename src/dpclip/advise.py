@@ -75,7 +75,7 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     chosen = methods or candidates(raw)
     if BASELINE not in chosen:
         chosen = [BASELINE, *chosen]
-    n = seeds or seeds_for(len(chosen) - 1)
+    n = seeds if seeds is not None else seeds_for(len(chosen) - 1)
     if n < 2:
         raise DpclipError(f"--seeds: {n} is too few: a paired comparison needs at least 2")
     if progress:

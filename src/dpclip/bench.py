@@ -40,8 +40,7 @@ from dpclip.models import build_model
 from dpclip.pipeline.params import load_params
 from dpclip.train import build_run
 from dpclip.train.runs import run_class
-from dpclip.cost import bench_config, poisson_batches, target_data
-from dpclip.train.step import plain_step
+from dpclip.cost import bench_config, poisson_batches, step_function, target_data
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -69,14 +68,7 @@ def _stepper(params: Params, layout: Layout, name: str, data):
     if name == OPACUS_GHOST:
         return _opacus_ghost(params, layout, data)
     run, xt, yt = _runner(params, layout, name, x, y, shape, n_classes)
-
-    def step(batch):
-        if hasattr(run, "guard"):
-            run.step(xt, yt, batch, epoch=1)
-        else:
-            idx = torch.as_tensor(batch, device=run.device)
-            plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
-    return step, run.device, run.q
+    return step_function(run, xt, yt), run.device, run.q
 
 
 def _opacus_ghost(params: Params, layout: Layout, data):
@@ -149,11 +141,7 @@ def epoch_throughput(params: Params, layout: Layout, method: str = "dp_sgd",
     seconds = dict.fromkeys([NON_PRIVATE, OPACUS_GHOST, method], 0.0)
     for run, xt, yt in runs.values():  # warm-up: lazy loads, first allocations
         for batch in batches[:2]:
-            if hasattr(run, "guard"):
-                run.step(xt, yt, batch, epoch=0)
-            else:
-                idx = torch.as_tensor(batch, device=run.device)
-                plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
+            step_function(run, xt, yt, epoch=0)(batch)
     for batch in batches[:2]:
         ghost(batch)
     bar = tqdm(disable=True)
@@ -319,8 +307,7 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
               **({"not_timed": not_timed} if not_timed else {})}
     out = layout.reports
     write_json(out / "bench.json", result)
-    text = table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else \
-        table.to_string(index=False)
+    text = table.to_markdown(index=False, floatfmt=".3f")  # tabulate: a dependency of DVC's
     extra = ""
     for method, w in probes.items():
         extra += (f"\n\n{method} probe at K = {w['probe_every']}: {w['probe_s']:.4f} s of "
@@ -331,15 +318,6 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
     for model, model_epochs in epochs.items():
         frame = pd.DataFrame(model_epochs)
         extra += (f"\n\n## Whole epochs ({model}, {len(target_data(layout)[0])} records)\n\n" +
-                  (frame.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else
-                   frame.to_string(index=False)) + "\n")
+                  frame.to_markdown(index=False, floatfmt=".3f") + "\n")
     write_text(out / "bench.md", f"# dpclip bench\n\n{header}\n\n" + text + extra)
     return table
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-        return True
-    except ImportError:
-        return False

@@ -165,13 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_process()
     if args.command == "schema":  # needs no (valid) params.yaml
         return _schema(args.out)
-    if args.command == "preset":  # reads params.yaml under its own overlays
-        return _tool("preset")(args)
-    if args.command == "evidence":  # reads the preset runs, not params.yaml
-        return _tool("evidence")(args)
-    if args.command == "compare":  # reads DVC's experiments, not params.yaml
-        return _tool("compare")(args)
     try:
+        # preset reads params.yaml under its own overlays, evidence the preset runs, compare
+        # DVC's experiments: none reads params.yaml here
+        if args.command in ("preset", "evidence", "compare"):
+            return _tool(args.command)(args)
         if _side_by_side_jobs(args, *_threads_and_device_as_written(args.params)) > 1:
             start_server(BY_NAME[args.command].workers)  # its imports beside this process's
         # by name: validating every family's sections (every method's options, ...) refuses

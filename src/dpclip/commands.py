@@ -4,7 +4,6 @@ stage's command executes (and no stage depends on) their code."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from dpclip.errors import DpclipError
@@ -17,34 +16,27 @@ def preset(args) -> int:
                                 write_variants)
 
     root = Path(args.root)
-    try:
-        if not args.name:
-            for name in available_presets(root / "presets"):
-                print(f"{name}: {load_preset(name, root / 'presets')['source']}")
-            return 0
-        options = dict(variants=args.variant, project=root, track=args.track,
-                       datasets=Path(args.datasets) if args.datasets else None,
-                       progress=not args.quiet, jobs=args.jobs)
-        if args.seeds is not None and args.seeds < 1:
-            raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
-        if args.params_only:
-            for folder in write_variants(args.name, project=root, seeds=args.seeds,
-                                         variants=args.variant,
-                                         datasets=Path(args.datasets) if args.datasets else None):
-                print(f"python -m flows.pipeline --params {folder}/params.yaml --root {folder} "
-                      f"--workers N   # or --dask-address tcp://HOST:8786")
-            return 0
-        if args.power_budget is not None:
-            if args.power_budget <= 0:
-                raise DpclipError(f"--power-budget: {args.power_budget:g} must be above 0 "
-                                  f"minutes")
-            record = seeds_by_power(args.name, args.power_budget * 60, first=args.seeds,
-                                    **options)
-        else:
-            record = run_preset(args.name, seeds=args.seeds, **options)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
+    if not args.name:
+        for name in available_presets(root / "presets"):
+            print(f"{name}: {load_preset(name, root / 'presets')['source']}")
+        return 0
+    options = dict(variants=args.variant, project=root, track=args.track,
+                   datasets=Path(args.datasets) if args.datasets else None,
+                   progress=not args.quiet, jobs=args.jobs)
+    if args.seeds is not None and args.seeds < 1:
+        raise DpclipError(f"--seeds: {args.seeds} must be at least 1")
+    if args.params_only:
+        for folder in write_variants(args.name, project=root, seeds=args.seeds,
+                                     variants=args.variant, datasets=options["datasets"]):
+            print(f"python -m flows.pipeline --params {folder}/params.yaml --root {folder} "
+                  f"--workers N   # or --dask-address tcp://HOST:8786")
+        return 0
+    if args.power_budget is not None:
+        if args.power_budget <= 0:
+            raise DpclipError(f"--power-budget: {args.power_budget:g} must be above 0 minutes")
+        record = seeds_by_power(args.name, args.power_budget * 60, first=args.seeds, **options)
+    else:
+        record = run_preset(args.name, seeds=args.seeds, **options)
     for variant, facts in record["variants"].items():
         print(f"{args.name} {variant}: {facts['wall_s']:.0f} s -> results/presets/{args.name}/"
               f"{variant}/reports/comparison.md")
@@ -55,10 +47,6 @@ def advise(args, params, layout) -> int:
     """``dpclip advise``: the ranked answer to "which method?" on the user's data."""
     from dpclip.advise import run_advice
 
-    if args.seeds is not None and args.seeds < 2:
-        print(f"dpclip: error: --seeds: {args.seeds} is too few: a paired comparison needs "
-              f"at least 2", file=sys.stderr)
-        return 2
     print(run_advice(Path(args.params), layout.root / args.out, seeds=args.seeds,
                      methods=args.methods, progress=not args.quiet, rank_on=args.rank_on))
     return 0
@@ -68,12 +56,8 @@ def compare(args) -> int:
     """``dpclip compare``: DVC experiments side by side."""
     from dpclip.reporting.compare import compare_text, dvc_experiments, select
 
-    try:
-        experiments = select(dvc_experiments(Path(args.root), args.rev, args.num),
-                             args.experiments)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
+    experiments = select(dvc_experiments(Path(args.root), args.rev, args.num),
+                         args.experiments)
     print(compare_text(experiments, args.only_changed))
     return 0
 
@@ -85,12 +69,8 @@ def evidence(args) -> int:
     root = Path(args.root)
     command = "dpclip evidence" + ("" if args.out == "reports/evidence.md" else
                                    f" --out {args.out}")
-    try:
-        findings = write_evidence(root / "presets" / "claims.yaml", root / args.results,
-                                  root / args.out, command)
-    except DpclipError as exc:
-        print(f"dpclip: error: {exc}", file=sys.stderr)
-        return 2
+    findings = write_evidence(root / "presets" / "claims.yaml", root / args.results,
+                              root / args.out, command)
     for f in findings:
         print(f"{f.claim['id']}: {f.verdict} ({f.reason})")
     print(f"written to {args.out} and {Path(args.out).with_suffix('.html')}")

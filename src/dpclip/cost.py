@@ -44,6 +44,18 @@ def bench_config(params: Params, layout: Layout, method: str) -> TrainConfig:
                        params.method_options(method), neutral)
 
 
+def step_function(run, xt, yt, epoch: int = 1):
+    """One step of ``run`` on a batch (record positions): a private run kind's DP step (it has
+    a budget guard), any other run kind's plain step."""
+    if hasattr(run, "guard"):
+        return lambda batch: run.step(xt, yt, batch, epoch=epoch)
+
+    def step(batch):
+        idx = torch.as_tensor(batch, device=run.device)
+        plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
+    return step
+
+
 def poisson_batches(n: int, q: float, steps: int, seed: int = 0) -> list[list[int]]:
     """``steps`` Poisson batches of ``n`` records at rate ``q`` (empty ones left out)."""
     gen = np.random.default_rng(seed)
@@ -72,19 +84,13 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
         setup_s = time.perf_counter() - tic
         xt = torch.as_tensor(x, dtype=torch.float32, device=run.device)
         yt = torch.as_tensor(y, dtype=torch.int64, device=run.device)
+        step = step_function(run, xt, yt)
         if hasattr(run, "guard"):  # a private run kind: its DP step on Poisson batches
             batches = poisson_batches(len(x), run.q, steps + 1)
-
-            def step(batch, run=run):
-                run.step(xt, yt, batch, epoch=1)
         else:  # plain and sanitize runs: shuffled batches of their own size
             size = min(run.cfg.train.batch_size, len(x))
             order = np.random.default_rng(0).permutation(len(x))
             batches = [order[i * size:(i + 1) * size] for i in range(steps + 1)]
-
-            def step(batch, run=run):
-                idx = torch.as_tensor(batch, device=run.device)
-                plain_step(run.model, run.loss_fn, xt[idx], yt[idx], run.optimizer)
         step(batches[0])  # warm-up
         times = []
         for batch in batches[1:]:

@@ -40,12 +40,8 @@ def baseline_attack() -> type[Attack]:
 def read_sections(section: dict | None) -> tuple[dict, list[str]]:
     """The ``attack:`` section with each ``attack.<name>`` subsection moved into ``options``,
     validated by that attack's own ``Options`` model (every registered attack gets its
-    defaults), and the problems: an unregistered attack's section, an option's old flat key."""
+    defaults), and the problems: an unregistered attack's section."""
     data, problems = dict(section or {}), []
-    for name, attack in sorted(REGISTRY.items()):
-        problems += [bad_value(f"attack.{old}", data[old], f"has moved to attack.{name}.{new}")
-                     for old, new in attack.MOVED_KEYS.items() if old in data]
-        data = {k: v for k, v in data.items() if k not in attack.MOVED_KEYS}
     written = dict(data.pop("options", None) or {})
     written.update({name: data.pop(name) for name in REGISTRY if name in data})
     problems += [bad_value(f"attack.{name}", value, f"is not a registered attack "

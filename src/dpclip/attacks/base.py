@@ -84,8 +84,6 @@ class Attack(ABC):
     # (mia_auc in MLflow and comparison.csv, reports/roc.png); the others are prefixed by name
     baseline: ClassVar[bool] = False
     Options: ClassVar[type[BaseModel]] = NoOptions  # attack.<name> in params.yaml
-    # old flat keys of the attack section that became options: attack.<old> -> attack.<name>.<new>
-    MOVED_KEYS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, options: BaseModel | dict | None = None):
         self.options = options if isinstance(options, BaseModel) else \

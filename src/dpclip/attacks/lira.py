@@ -70,7 +70,6 @@ class LiRA(Attack):
     description = ("LiRA (Carlini et al. 2022): the target's logit-scaled confidence phi "
                    "against a Gaussian fitted to the reference models' phi on the same record")
     needs_references = True
-    MOVED_KEYS = {"fixed_variance": "fixed_variance"}
 
     class Options(Section):
         fixed_variance: StrictBool = True  # one pooled variance (the paper's, few models)

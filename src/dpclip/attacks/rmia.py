@@ -64,7 +64,6 @@ class RMIA(Attack):
     description = ("RMIA (Zarifzadeh et al. 2024): the target's likelihood ratio against the "
                    "reference models, ranked against those of population records")
     needs_references = True
-    MOVED_KEYS = {"rmia_offline_a": "offline_a", "rmia_gamma": "gamma"}
 
     class Options(Section):
         offline_a: Annotated[float, Field(ge=0, le=1), NUMBER] = 0.3  # P(x) from OUT models

@@ -18,8 +18,8 @@ The hooks, by what they serve (each has a default, so a method overrides only wh
   ``dp_guarantee``, ``adjacency``, :meth:`Method.model_hidden`,
   :meth:`Method.needs_public_data`, ``needs_shadow_risk``, and for the ``opacus_optimizer`` kind
   :meth:`Method.attach` and :meth:`Method.opacus_step`;
-* parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml; or a pydantic
-  ``Options`` model of the module's own), :meth:`Method.check_options`,
+* parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml),
+  :meth:`Method.check_options`,
   and :meth:`Method.params_problems` (rules across sections);
 * evaluation: :meth:`Method.rebuild_for_evaluation` (what the method added to the model);
 * records and tools: :meth:`Method.data_use`, ``controller_data``, ``early_stopping_watches``,
@@ -190,12 +190,8 @@ class Method:
 
     @classmethod
     def options_model(cls) -> type[BaseModel]:
-        """The pydantic model of ``methods.<name>``: the method's ``Options`` model when its
-        module declares one, else one built from ``OPTIONS`` (ranges as constraints, unknown
-        options refused)."""
-        own = cls.__dict__.get("Options")
-        if own is not None:
-            return own
+        """The pydantic model of ``methods.<name>``, built from ``OPTIONS`` (ranges as
+        constraints, unknown options refused)."""
         if cls.__dict__.get("_options_model") is None:
             model = create_model(
                 f"{cls.__name__}Options", __config__=ConfigDict(extra="forbid", frozen=True),

@@ -77,9 +77,6 @@ CONTRADICTED_BY_ACCOUNTING = "contradicted by the accounting"
 # claims about cost (rule ``benchmark``): a committed ``dpclip bench`` measurement, no runs
 HELD_BY_BENCHMARK = "held by the benchmark"
 CONTRADICTED_BY_BENCHMARK = "contradicted by the benchmark"
-VERDICTS = (HELD, CONTRADICTED, INCONCLUSIVE, NOT_REPRODUCED, NOT_AT_SCALE, UNTESTABLE,
-            HELD_BY_ACCOUNTING, CONTRADICTED_BY_ACCOUNTING, HELD_BY_BENCHMARK,
-            CONTRADICTED_BY_BENCHMARK)
 # what a claim's mechanism needs to act in the runs (claims.yaml `preconditions`, each
 # {kind, method, ...}): clip_moves (min: |log(C_T / C_0)| averaged over the method's runs),
 # leaks (metric, min: the method's mean over seeds), adjacency (paper: the neighbouring notion
@@ -143,7 +140,6 @@ class Finding:
     ablation: list[str] = field(default_factory=list)
     metric_text: str = ""  # what the differences are of (a range over variants, for spreads)
     excluded: list[str] = field(default_factory=list)  # configurations a precondition left out
-    unjudged: list[str] = field(default_factory=list)  # configurations the gate left out
     readings: list[tuple[str, str]] = field(default_factory=list)  # (reading, verdict), the
     # claim's own first, when it was run under several (:func:`combine_readings`)
     method: str = ""  # the compared method's name in ``rows`` (``<method> (<variant>)`` when
@@ -389,7 +385,7 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int,
     row["contradiction_interval"] = (wide_low, wide_high)
     # what a contradiction lies below, in the favourable direction: the study-wide count's test
     row["sign"] = sign
-    row["bar"] = null if margin is not None or favourable_effect is None else \
+    row["bar"] = bar = null if margin is not None or favourable_effect is None else \
         max(null, favourable_effect)
     decides = not degenerate(low, high) or (against_bound and _finite(low, high))
     wide_decides = not degenerate(wide_low, wide_high) or (against_bound and
@@ -410,8 +406,6 @@ def _assess(row: dict, sign: int, effect, margin: float | None, family: int,
         row["seeds_to_hold"] = seeds_needed(spread, target) if target and target > 0 else None
         # contradicted: the interval at 5% / m falls below the paper's effect (-margin) when
         # the observed difference is the true one
-        bar = null if margin is not None or favourable_effect is None else \
-            max(null, favourable_effect)
         observed = sign * row["difference"]
         gap = None if math.isnan(observed) else bar - observed
         row["seeds_to_contradict"] = seeds_needed(spread, gap, family=family) \
@@ -470,7 +464,7 @@ def _describe(row: dict, method: str, metric: str) -> str:
 def fidelity(claim: dict, table: pd.DataFrame) -> tuple[bool, list[str], tuple | None]:
     """The baseline check of ``reproduce``: (reproduced, one line per configuration with our
     mean and the paper's number, the configuration furthest from the paper's as (label, ours,
-    the paper's)); :func:`gate_failures` names the configurations that fail it. Two-sided:
+    the paper's)); :func:`gate_status` says which configurations pass it. Two-sided:
     our baseline must be within ``tolerance`` of the paper's number, neither weaker (our
     stand-in) nor stronger (another regime)."""
     check = claim.get("reproduce")
@@ -507,13 +501,6 @@ def _gate_words(far: str | None, higher: bool, tolerance: float, better: bool) -
         return (f"{'above' if higher else 'below'} it by more than {tolerance:g}: a stronger "
                 f"baseline than the paper's, another regime")
     return "as good or better, within it" if better else f"within {tolerance:g}"
-
-
-def gate_failures(claim: dict, table: pd.DataFrame) -> set[str]:
-    """The configurations (their labels, :func:`_label`) whose baseline is more than
-    ``reproduce.tolerance`` on the wrong side of the paper's own number: a comparison there
-    tests our stand-in, not the paper's setting."""
-    return {label for label, passed in gate_status(claim, table).items() if not passed}
 
 
 def _unjudged(claim: dict, table: pd.DataFrame, unfair: set[str]) -> str:
@@ -685,16 +672,15 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
     ours = [_describe(r, runs.method, metric_text) for r in rows]
     reproduced, fidelity_lines, worst = fidelity(claim, runs.gate_table)
     failed = [line for holds, line, _ in runs.checked if holds is False]
-    verdict, reason, needed, unfair = _verdict(claim, runs, rows, sign, reproduced,
-                                               fidelity_lines, failed)
+    verdict, reason, needed = _verdict(claim, runs, rows, sign, reproduced, fidelity_lines,
+                                       failed)
     excluded = [_label(dict(zip(runs.by, key))) for key in runs.excluded]
     if excluded and not failed:
         reason += (f"; not testable at this scale in {', '.join(excluded)} (a precondition "
                    f"fails there)")
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
                    [line for _, line, _ in runs.checked], metric_text=metric_text,
-                   excluded=excluded if not failed else [], method=runs.method,
-                   unjudged=sorted(unfair) if verdict == CONTRADICTED and not reproduced else [])
+                   excluded=excluded if not failed else [], method=runs.method)
 
 
 def _judged_without_runs(claim: dict, table: pd.DataFrame | None,
@@ -827,8 +813,8 @@ def _rows(claim: dict, runs: _Runs) -> tuple[list[dict], int, str]:
 
 def _verdict(claim: dict, runs: _Runs, rows: list[dict], sign: int, reproduced: bool,
              fidelity_lines: list[str], failed: list[str]
-             ) -> tuple[str, str, int | None, set]:
-    """(verdict, reason, seeds needed, the configurations the gate leaves unjudged).
+             ) -> tuple[str, str, int | None]:
+    """(verdict, reason, seeds needed).
 
     A contradiction where the baseline does reproduce the paper's number is a fair one: the
     claims are about every configuration, so one contradicted configuration decides, and the
@@ -838,21 +824,22 @@ def _verdict(claim: dict, runs: _Runs, rows: list[dict], sign: int, reproduced: 
     margin = float(claim["margin"]) if rule == "within" else None
     outcomes = [r["outcome"] for r in rows]
     _mark_fair(rows, claim, runs.gate_table, rule)
-    unfair = gate_failures(claim, runs.gate_table) if rule != "smaller_spread" else set()
+    unfair = set() if rule == "smaller_spread" else \
+        {label for label, passed in gate_status(claim, runs.gate_table).items() if not passed}
     fair_contradicted = [r for r in rows if r["outcome"] == CONTRADICTED and r["gate_ok"]]
     if not reproduced and not (fair_contradicted and not failed and unfair):
         reason = (f"our {claim['reproduce']['method']} baseline is far from the paper's own "
                   f"({'; '.join(line for line in fidelity_lines if 'more than' in line)})")
         if failed:  # both: say so, the scale would not be enough either
             reason += "; nor could the mechanism act here: " + "; ".join(failed)
-        return NOT_REPRODUCED, reason, None, unfair
+        return NOT_REPRODUCED, reason, None
     if failed:
-        return NOT_AT_SCALE, "; ".join(failed), None, unfair
+        return NOT_AT_SCALE, "; ".join(failed), None
     if all(o == HELD for o in outcomes):
         reason = ("non-inferior within the margin " if margin is not None else
                   f"significantly below the bound {claim.get('bound')} " if rule == "at_most"
                   else "significant in the paper's direction ") + "in every configuration"
-        return HELD, reason, None, unfair
+        return HELD, reason, None
     if CONTRADICTED in outcomes:
         reason = "; ".join(
             f"{r['label']}: the difference {r['difference']:+.3g} over {r['seeds']} seeds, "
@@ -868,8 +855,8 @@ def _verdict(claim: dict, runs: _Runs, rows: list[dict], sign: int, reproduced: 
             if r["outcome"] == CONTRADICTED)
         if not reproduced:
             reason += "; not judged in " + _unjudged(claim, runs.gate_table, unfair)
-        return CONTRADICTED, reason, None, unfair
-    return (INCONCLUSIVE, *_undecided(claim, rows, margin), unfair)
+        return CONTRADICTED, reason, None
+    return (INCONCLUSIVE, *_undecided(claim, rows, margin))
 
 
 def _undecided(claim: dict, rows: list[dict], margin: float | None) -> tuple[str, int | None]:
@@ -1071,7 +1058,7 @@ def first_screen(findings: list[Finding], lead: list[str] = ()) -> list[str]:
               f"{_count(len(findings) - readings, 'claim')} in all"
               + (f", and {_count(readings, 'reading')} of them" if readings else "")
               + "), so no alternative to DP-SGD has a "
-              f"shown advantage in our runs.")
+              "shown advantage in our runs.")
     others = [f for f in held if not advantage(f) and not f.claim.get("reading_of")]
     if others:
         answer += " Also held: " + "; ".join(map(listed, others)) + "."

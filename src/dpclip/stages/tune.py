@@ -337,16 +337,9 @@ def _search_order(params: Params) -> list[str]:
     """The configured methods, the baseline first under ``tune.shared`` (the others take its
     learning rate and C)."""
     methods = list(params.train.methods)
-    if not params.tune.shared:
+    if not params.tune.shared:  # then dp_sgd is configured (dpclip.pipeline.params)
         return methods
-    if BASELINE not in methods:  # refused with the parameters (dpclip.pipeline.params)
-        raise ConfigError([shared_problem(methods)])
     return [BASELINE, *(m for m in methods if m != BASELINE)]
-
-
-def shared_problem(methods: list[str]) -> str:
-    return (f"tune.shared: true gives every method {BASELINE}'s learning rate and C, but "
-            f"train.methods {methods} has no {BASELINE}")
 
 
 def _shared_values(params: Params, method: str, baseline_entry: dict | None) -> dict:

@@ -410,12 +410,12 @@ def _conv_per_sample(layer: nn.Module, a: torch.Tensor, backprops: torch.Tensor)
 
 
 @functools.cache
-def opacus_samplers() -> tuple[dict, dict]:
-    """Opacus's registries (norm samplers, grad samplers), imported on first use: importing
-    Opacus loads about a second of modules that the stages without a DP step do not need."""
+def opacus_samplers() -> dict:
+    """Opacus's grad samplers, imported on first use: importing Opacus loads about a second
+    of modules that the stages without a DP step do not need."""
     from opacus.grad_sample import GradSampleModuleFastGradientClipping as Registry
 
-    return Registry.NORM_SAMPLERS, Registry.GRAD_SAMPLERS
+    return Registry.GRAD_SAMPLERS
 
 
 def grad_sampler(layer: nn.Module):
@@ -426,7 +426,7 @@ def grad_sampler(layer: nn.Module):
 
     if type(layer) in CONV_WEIGHT_GRADS and layer.padding_mode != "zeros":
         return ft_compute_per_sample_gradient
-    return opacus_samplers()[1].get(type(layer), ft_compute_per_sample_gradient)
+    return opacus_samplers().get(type(layer), ft_compute_per_sample_gradient)
 
 
 def refusal(module: nn.Module) -> str | None:
@@ -460,7 +460,7 @@ def refusal(module: nn.Module) -> str | None:
                 f"float64 and bfloat16 (float16's range underflows them)")
     own = {name for name, p in module.named_parameters(recurse=False) if p.requires_grad}
     fast = type(module) is nn.Linear or type(module) in CONV_WEIGHT_GRADS or \
-        type(module) in opacus_samplers()[1]
+        type(module) in opacus_samplers()
     if fast and not own <= {"weight", "bias"}:
         return (f"its trainable parameters {sorted(own)} are not the {type(module).__name__}'s "
                 f"own weight and bias, which its per-sample gradient path assumes")
