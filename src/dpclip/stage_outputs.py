@@ -82,8 +82,8 @@ def population_source(params: Params) -> str:
 
 
 def load_signals(layout: Layout, run: str) -> dict | None:
-    """The run's reference signals (module docstring) and, as ``facts``, its
-    ``reference.json``; None when it has none."""
+    """The run's reference signals (``signals.npz``: docs/attacks.md, "Reference models,
+    trained like the target") and, as ``facts``, its ``reference.json``; None when it has none."""
     path = layout.references(run) / "signals.npz"
     if not path.exists():
         return None

@@ -1,12 +1,9 @@
 """Membership-inference attacks, one module each, found by being here.
 
-:func:`discover` imports every module of this package (not ``base`` or the ``common``
-subpackage, which holds what the attacks share) and every module named by the
-``dpclip.attacks`` entry-point group of an installed plugin; each registers its
-:class:`~dpclip.attacks.base.Attack` subclass with :func:`~dpclip.attacks.base.register`
-(:class:`dpclip.registry.Registry`). Adding an attack is adding its module and naming it in
-``attack.kinds``: no list to edit. The ``attack`` parameters are validated here, at the
-registry (:func:`read_sections`, :func:`params_problems`): the schema knows no attack.
+:func:`discover` imports every module of this package (not ``base`` or ``common``, what the
+attacks share) and of the ``dpclip.attacks`` entry-point group; each registers its
+:class:`~dpclip.attacks.base.Attack` subclass. The ``attack`` parameters are validated here, at
+the registry (:func:`read_sections`, :func:`params_problems`): the schema knows no attack.
 """
 
 from __future__ import annotations

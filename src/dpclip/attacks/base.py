@@ -1,18 +1,11 @@
 """What a membership attack is, and what it may see.
 
-An attack is one module in :mod:`dpclip.attacks` that defines a subclass of :class:`Attack`
-and decorates it with :func:`register`; the package finds the module by itself
-(:func:`dpclip.attacks.discover`). ``attack.kinds`` in params.yaml chooses which attacks the
-evaluate stage runs, and ``attack.<name>`` holds an attack's options (its ``Options`` model).
-The evaluate stage, the report, the overlays, MLflow and the figures take the attack's name,
-label and description from here and never name an attack, so adding one touches no other file.
-
-The game (docs/attacks.md, "Membership evaluation"): the evaluate stage draws members of the
-run's training set and as many non-members from the holdout, with identical class counts, and
-hands every attack the same :class:`AttackEvidence` of those records, shuffled (an attack
-cannot tell a member by its position, nor how many there are). An attack returns one score per
-record, higher = member; the stage computes the ROC, the AUC, the
-TPR at low FPR and the check against the DP bound from the scores.
+An attack is one module of :mod:`dpclip.attacks`: a subclass of :class:`Attack` decorated with
+:func:`register`, run when ``attack.kinds`` names it, with its options in ``attack.<name>``
+(its ``Options`` model). It gets an :class:`AttackEvidence` of the class-matched members and
+non-members, shuffled, and returns one score per record, higher = member; the evaluate stage
+turns the scores into the ROC, AUC, low-FPR TPRs and DP-bound check. See
+docs/adding-an-attack.md.
 """
 
 from __future__ import annotations
@@ -31,16 +24,13 @@ from dpclip.registry import Registry
 
 @dataclass(frozen=True)
 class ReferenceEvidence:
-    """The reference models' view of the attacked records (the ``reference`` stage): K models
-    trained like the target on halves of a pool.
+    """The K reference models' view of the attacked records (the ``reference`` stage).
 
-    ``logits`` (K, n, C): each reference model's logits on the n attacked records;
-    ``inside`` (K, n): whether each trained on each record, or None offline (every record OUT
-    for every model); ``population_*``: the records z of RMIA's population, their labels, the
-    target's logits (p, C) and the reference models' (K, p, C). Offline the population is
-    public data, none of it attacked; online it is the target holdout, which holds the attacked
-    non-members too (an attack must not look records up in it: ``attack.mode: online`` is the
-    data owner's strongest audit, not a game an untrusted attack plays)."""
+    ``logits`` (K, n, C) on the n attacked records; ``inside`` (K, n): whether each model
+    trained on each record (None offline: all OUT); ``population_*``: RMIA's population records
+    z, their labels, the target's logits (p, C) and the models' (K, p, C). Offline they are
+    public records, none attacked; online the target holdout, which holds the attacked
+    non-members too: an attack must not look records up in it (docs/adding-an-attack.md)."""
 
     logits: np.ndarray
     inside: np.ndarray | None

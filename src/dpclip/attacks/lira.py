@@ -1,16 +1,8 @@
 """``lira``: the likelihood-ratio attack (Carlini et al. 2022, "Membership inference attacks from
-first principles"), calibrated per record with reference models.
-
-The statistic is the logit-scaled confidence in the true label,
-    phi(x) = log p_y(x) - log(1 - p_y(x)),
-whose distribution over reference models is close to Gaussian. Offline (OUT models only): the
-score is the one-sided z of the target's phi against N(mu_out(x), sigma_out(x)^2),
-    s(x) = (phi_target(x) - mu_out(x)) / sigma_out(x)
-(a monotone transform of Carlini et al.'s 1 - Phi(-z): the same ROC). Online (IN and OUT
-models): the log likelihood ratio
-    s(x) = log N(phi; mu_in, sigma_in^2) - log N(phi; mu_out, sigma_out^2).
-With ``attack.lira.fixed_variance`` the sigma of every record is the pooled one (the paper's
-choice for few reference models).
+first principles"), calibrated per record with reference models: the target's logit-scaled
+confidence phi = log p_y - log(1 - p_y) against Gaussians fitted to the reference models' phi
+on the same record (offline a z-score against the OUT models, online the log likelihood ratio
+of the IN and OUT Gaussians). Formulas: docs/attacks.md, "The scores".
 """
 
 from __future__ import annotations

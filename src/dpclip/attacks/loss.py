@@ -1,14 +1,8 @@
 """``loss``: the loss-threshold attack (Yeom et al. 2018), the baseline every run reports.
 
-A model fits its training records better than others, so a low loss says "member": with
-p_y(x) the softmax probability of the true label, the score is
-
-    s(x) = -loss(x) = log p_y(x) = z_y(x) - logsumexp_k z_k(x)
-
-from the logits z, in float64 (finite for finite logits, so no floor is needed). Scores from
-float32 probabilities tie: a confident model's p_y rounds to 1.0 for many members and
-non-members alike (289 of 708 records of one default run shared a value, and the AUC moved
-from 0.5514 to 0.5548). It needs nothing but the target's outputs.
+The score is s(x) = -loss(x) = log p_y(x) from the logits, in float64: scores from float32
+probabilities tie on a confident model (docs/attacks.md, "One attack chosen in advance"). It
+needs nothing but the target's outputs.
 """
 
 from __future__ import annotations

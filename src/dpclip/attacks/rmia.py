@@ -1,16 +1,9 @@
 """``rmia``: the relative membership-inference attack (Zarifzadeh et al. 2024, "Low-cost
-high-power membership inference attacks"), calibrated with reference models and a population.
-
-With P(x | theta) = p_y(x), the likelihood ratio of a record against the population,
-    LR(x) = P(x | theta_target) / P(x),   P(x) = mean over reference models of P(x | theta_ref),
-and the score is the fraction of population records z (non-members) it beats:
-    s(x) = #{z : LR(x) / LR(z) > gamma} / #z,
-with ties (records between the same two population ratios) broken by LR(x) itself.
-Offline, the reference models are all OUT for x, so P(x) is estimated from them with the
-paper's linear correction for the missing IN half: P(x) = ((1 + a) P_out(x) + (1 - a)) / 2;
-online, P(x) = (P_in(x) + P_out(x)) / 2, the means over the IN and the OUT models. The
-population records z must be IN for half of the reference models (the reference stage's
-complementary halves), so P(z) is the plain mean over all of them in both modes.
+high-power membership inference attacks"), calibrated with reference models and a population:
+a record's likelihood ratio LR(x) = p_y(x | target) / P(x) ranked against those of population
+records z (non-members), ties broken by LR(x) itself. P(x) comes from the reference models
+(offline with the paper's linear correction), P(z) is their plain mean (z is IN for half of
+them). Formulas: docs/attacks.md, "The scores".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Keeping public data apart from the private records (docs/privacy.md, "Public data").
 
-A separate ``data.shadow_dataset`` is treated as public: the shadow models, a method's frozen
-encoder, public layer weights, early stopping and the CSV encoding are fitted on it without
-noise. If it were the main dataset itself, every one of those would have seen the members while
-the runs still claimed a DP guarantee. So a shadow dataset is refused when it is the same
-source as the main one: the same name and location, or when more than
-``data.shadow_max_shared`` of its records equal a record of the main dataset (in any order,
-under any path: a copy, a subset or a superset of the main records), compared by per-record
-digests.
-
-A few shared records are allowed by default: two people can hold the same record (UCI Adult's
-published train and test files share 23 of their 16,281 test rows), and the DP guarantee holds
-for any fixed public dataset. What the check catches is a "public" source that is in large part
-the private data itself.
+Everything fitted without noise sees the public ``data.shadow_dataset``, so it is refused when
+it is the main dataset's source (same name and location), of the other kind, or when more than
+``data.shadow_max_shared`` of its records equal a main record (a copy, subset or superset under
+any path or order, compared by per-record digests). See docs/adding-a-dataset.md, "What the
+prepare stage does with it".
 """
 
 from __future__ import annotations

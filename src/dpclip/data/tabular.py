@@ -1,25 +1,10 @@
 """Generic CSV source: a named target column, numeric columns standardised, categorical
 columns one-hot encoded, missing values imputed and counted.
 
-Reading and encoding are two steps. :func:`read_csv_table` reads the file as text and fits
-nothing. :func:`fit_encoder` fits a :class:`CsvEncoder` on *public rows only* (docs/privacy.md,
-"Public data"): the shadow_train split, of ``data.shadow_dataset`` when one is set, else of the
-main file. What it fits:
-
-* which columns are numeric (unless declared by ``data.numeric_columns`` /
-  ``data.categorical_columns`` / ``data.categories``);
-* per numeric column, the imputation median and the standardisation mean and std;
-* per categorical column, the vocabulary: the levels listed in ``data.categories.<column>``
-  (the public schema), else the levels seen in the public rows;
-* the class list: ``data.categories.<target>`` in the given order, else the labels seen in
-  the public rows (numbers in numeric order first, then text).
-
-The same encoder then encodes the main table and the public table, so both have the same
-feature columns. Every categorical column also gets a ``<col>=<missing>`` column (missing
-cells) and a ``<col>=other`` column (levels outside the vocabulary, e.g. a level held only by
-private records); both are always present, so the width of the encoding never depends on
-private rows. A record whose label is not in the class list gets label -1; the prepare stage
-refuses such private records rather than learn a class from a member.
+Reading and encoding are two steps: :func:`read_csv_table` reads the file as text and fits
+nothing; :func:`fit_encoder` fits a :class:`CsvEncoder` (column kinds, medians, means, stds,
+vocabularies, the class list) on *public rows only*, which then encodes every split, so the
+width of the encoding never depends on private rows. See docs/privacy.md, "CSV data".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """audit: the one-run privacy audit of one configuration (Steinke, Nasr and Jagielski 2023;
 :mod:`dpclip.audit`).
 
-For every run with a DP claim and each kind in ``audit.kinds`` it trains one extra model with
-the run's own configuration (method, options, epsilon, seed) on the run's members plus
-canaries, each included with probability 1/2, and turns the canaries' scores into a lower bound
-on epsilon at ``audit.confidence`` (split over the kinds run, so the larger bound holds at it):
-
-* ``whitebox``: ``audit.canaries`` gradient canaries in the DP step (:class:`~dpclip.audit.
-  canaries.GradientCanaries`): the bound covers sampling, clipping, the method's rule and the
-  noise. Methods without the shared DP step say why they are not audited.
-* ``blackbox``: ``audit.input_canaries`` records of the public shadow holdout with a wrong
-  label, scored by their loss under the final model.
-
-Runs without a DP claim (``non_private``), and methods whose epsilon is of another neighbouring
-notion (``sanitize``: one record's features replaced, labels public) are "not applicable": the
-canary game above is add/remove of a whole record. A bound above the claimed epsilon of a run
-whose record states ``dp_guarantee: true`` is a privacy bug, logged as an ERROR.
-
-Writes ``audits/<run>/audit.json`` (one entry per kind) and its ``provenance.json``; the
-evaluate stage copies the entries into the metrics (``audit.<kind>``).
+For every run with a DP claim and each kind of ``audit.kinds`` (``whitebox`` gradient
+canaries in the DP step, ``blackbox`` mislabelled public records), one extra model trained with
+the run's own configuration and canaries gives a lower bound on epsilon; a bound above the claim
+is a privacy bug. Writes ``audits/<run>/audit.json`` and its ``provenance.json``. See
+docs/attacks.md, "The privacy audit".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """check: the parameters checked and the data files they name fingerprinted, before any other
 stage runs.
 
-DVC cannot list a file that params.yaml names (``data.path``, ``data.shadow_path``: a CSV of
-your own, a folder of MNIST files) as a dependency, since its path is a parameter. This stage
-runs on every ``dvc repro`` (``always_changed``) and writes ``data/sources.json``: the SHA-256
-of each named file or folder (:func:`dpclip.hashing.file_hash`, as DVC hashes its own
-dependencies). The prepare stage depends on that file, so an edited CSV re-runs prepare and
-everything after it, and an unchanged one leaves them up to date.
-
-A model of the user's own (``train.model: path/to/file.py:factory``) is fingerprinted the
-same way, with the Python files beside it (which it may import), in ``data/model_file.json`` (empty for a built-in model): the stages that build the
-model (shadow, tune, and each run of train, audit and reference) read it, so an edited model
-file re-runs them, while prepare and partition stay up to date.
-
-It also goes first for bad parameters: the ``dpclip`` command refuses them before the stage
-function runs, so DVC stops here, before it deletes any other stage's outputs.
+DVC cannot depend on a path that is a parameter, so this stage runs on every ``dvc repro`` and
+writes the SHA-256 of ``data.path`` and ``data.shadow_path`` (``data/sources.json``, read by
+prepare) and of a model file of your own with the Python files beside it
+(``data/model_file.json``, read by the stages that build the model). It goes first, so bad
+parameters stop DVC before it deletes any outputs. See docs/pipeline.md, "Stages and the files
+they write".
 """
 
 from __future__ import annotations

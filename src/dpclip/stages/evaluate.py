@@ -1,24 +1,10 @@
 """evaluate: utility, calibration and membership inference of one trained configuration.
 
-Utility and calibration are measured on the whole target holdout. Membership inference is
-measured on class-matched sets (docs/attacks.md, "Membership evaluation";
-:mod:`dpclip.attacks.common.membership`): members are drawn from the records the run trained on (its
-partition of target train), non-members from the target holdout, with identical class counts,
-seeded from ``data.seed``, the partition and the training seed (every method of one partition
-and seed is scored on the same records). So a label-skewed partition does not pass for
-membership leakage; the label-only baseline (``mia.label_only``) shows what the label shift
-alone would have given. On the same matched sets: every record-level attack of
-``attack.kinds`` (a module of :mod:`dpclip.attacks` each: the loss threshold, LiRA, RMIA, ...;
-one that needs reference models is skipped on a run without them, the reason in
-``mia.not_run``), and (``evaluate.ir_attack``) one classifier per layer on its intermediate
-representations. Every attack's ROC of a run with a DP claim is checked against the DP
-bound of the run's neighbouring notion
-(:func:`dpclip.metrics.dp_bound_check`); a certified violation is logged as a PRIVACY BUG.
-
-Writes ``metrics/<run>.json`` (the metrics contract), ``summary/<run>.json`` (its headline
-scalars, which git tracks for ``dvc exp show`` and ``dvc metrics diff``), ROC, reliability and
-per-layer IR-attack CSVs for ``dvc plots``, PNG figures, and ``figures/<run>/provenance.json``
-(the inputs it was made from, :mod:`dpclip.pipeline.provenance`).
+Utility and calibration on the whole target holdout; membership on class-matched members and
+non-members (:mod:`dpclip.attacks.common.membership`) by every attack of ``attack.kinds`` and
+the per-layer IR attack, each ROC checked against the run's DP bound
+(:func:`dpclip.metrics.dp_bound_check`; a certified violation is logged as a PRIVACY BUG).
+See docs/attacks.md, "Membership evaluation", and docs/pipeline.md for the files it writes.
 """
 
 from __future__ import annotations
@@ -96,15 +82,11 @@ def clip_summary(trace: pd.DataFrame) -> dict:
 
 
 def clamp_activity(trace: pd.DataFrame) -> dict:
-    """How often a clamped controller's clamp set C_t, counted as the WW paper counts it (its
-    Tables 9 and 12: probe updates at which the clamp forced C to C_min or C_max).
-
-    A method with a clamped controller writes cumulative counts ``<p>_clamp_hits_min`` and
-    ``<p>_clamp_hits_max`` to its trace and its probe's measurement ``<p>_zeta``, present
-    exactly at the steps where the controller updated C (``ww_dp_sgd``). Returns
-    ``clamp_hits_min``, ``clamp_hits_max`` (the counts at the last step), ``clamp_updates`` (the
-    controller's updates) and ``clamp_share`` = (hits_min + hits_max) / updates; all None for
-    a method without such a controller."""
+    """How often a clamped controller's clamp set C_t (docs/methods.md, "Traces"), from the
+    trace's cumulative ``<p>_clamp_hits_min`` / ``_max`` and its ``<p>_zeta``, present exactly
+    at the controller's updates (``ww_dp_sgd``): ``clamp_hits_min``, ``clamp_hits_max`` (at
+    the last step), ``clamp_updates`` and ``clamp_share`` = (hits_min + hits_max) / updates;
+    all None for a method without such a controller."""
     none = {"clamp_hits_min": None, "clamp_hits_max": None, "clamp_updates": None,
             "clamp_share": None}
     prefixes = [col[:-len("_clamp_hits_min")] for col in trace.columns
@@ -317,15 +299,10 @@ def reference_match(privacy: dict, n_members: int, signals: dict, target_holdout
 
 
 def run_summary(metrics: dict) -> dict:
-    """The scalars git tracks for a run (``summary/<run>.json``, DVC's ``metrics:``): epsilon
-    (null without a DP claim) with what it guarantees (``dp_guarantee``: false means the epsilon
-    is no bound; ``adjacency_add_remove``: false means another neighbouring notion, named in the
-    metrics file; booleans, as DVC compares numbers), accuracy, ECE, the strongest attack's
-    AUC and TPR at 0.1% and 1% FPR (each with ``..._meaningful``: whether the non-members
-    allow 10 false positives at that level; ``strongest_*``: ``mia_*`` is the loss attack's
-    everywhere, as in MLflow), the headline attack's AUC, TPR at its low FPR and that FPR,
-    and the largest audited lower bound on epsilon when an audit ran; filed under the data's
-    identity (:mod:`dpclip.summaries`)."""
+    """The scalars git tracks for a run (``summary/<run>.json``, DVC's ``metrics:``; the keys:
+    docs/pipeline.md, "The metrics contract"), filed under the data's identity
+    (:mod:`dpclip.summaries`). Flags are booleans, as DVC compares numbers; epsilon is null
+    without a DP claim."""
     privacy = metrics["privacy"]
     summary = {"epsilon": privacy["epsilon"], "dp_guarantee": bool(privacy["dp_guarantee"]),
                "adjacency_add_remove": privacy.get("adjacency", "add_remove") == "add_remove",
@@ -382,23 +359,11 @@ def ir_attack(params: Params, model: torch.nn.Module, x_members: np.ndarray,
               y_members: np.ndarray, x_nonmembers: np.ndarray, y_nonmembers: np.ndarray,
               rng: np.random.Generator, privacy: dict | None = None, run: str = "",
               confidence: float = RUN_CONFIDENCE, evaluation: str = "cv") -> dict:
-    """Layer-wise membership inference on intermediate representations (docs/attacks.md,
-    "Membership evaluation"): per layer, a classifier of members vs non-members scored on
-    held-out folds; accuracy and AUC per layer and the peak over layers.
-
-    ``evaluation="train"`` scores each classifier on the records it was fitted on instead (the
-    LM-DP-SGD paper's protocol, ``evaluate.ir_train_scoring``): a score of the classifier's
-    capacity as much as of the model's leakage, so no DP-bound check applies to it.
-
-    The inputs are the class-matched evaluation sets; when they exceed ``attack.max_records``
-    per side, a class-matched subsample of that size is drawn (with ``rng``), so the classifier
-    sees identical class counts on both sides. With a DP claim in ``privacy``, each layer's
-    held-out ROC is checked against the DP bound at ``confidence`` each:
-    ``layers.<l>.dp_bound_margin``, and the worst layer's full check as ``dp_bound``. Each
-    record's score comes from the fold classifier that did not see it, a fixed test given the
-    other folds; the pooled ROC point at a threshold is the (stratified, equal-weight) average
-    of the folds' points, and the region the bound allows is convex, so the bound applies to
-    the pooled ROC as well."""
+    """Layer-wise membership inference on intermediate representations of the class-matched
+    sets (subsampled with ``rng`` to ``attack.max_records`` a side): per layer, a classifier
+    scored on held-out folds (``evaluation="train"``: on its own training records, unchecked);
+    accuracy and AUC per layer, the peak, and with a DP claim in ``privacy`` each layer's
+    DP-bound check at ``confidence`` (docs/attacks.md, "The DP-bound check")."""
     a = params.attack
     keep_in, keep_out = class_matched_indices(y_members, y_nonmembers, rng,
                                               max_per_side=a.max_records)

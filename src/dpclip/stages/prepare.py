@@ -1,20 +1,10 @@
 """prepare: raw data -> target train (members), target holdout (non-members, the utility test
-set), shadow train and shadow holdout (public data for shadow models).
+set), shadow train and shadow holdout (public data for shadow models), stratified and seeded.
 
-Splits are stratified and seeded. With ``data.shadow_dataset`` set, the shadow splits come from
-that separate public dataset (e.g. Fashion-MNIST beside MNIST) and the main dataset is split
-into target train / holdout only; otherwise the four splits are disjoint parts of one dataset.
-A shadow dataset that is the main dataset itself (same name and location), or a copy or subset
-of it (more than ``data.shadow_max_shared`` of its records equal main records), is refused:
-public data must be disjoint from the private records.
-
-Preprocessing sees public data only. Image pixels are scaled by fixed constants (nothing is
-fitted). A CSV is encoded by a :class:`~dpclip.data.CsvEncoder` fitted on the public
-shadow_train split (of the shadow dataset when there is one) and ``data.categories``, then
-applied to every split; ``meta.json["preprocessing"]`` records what it was fitted on. The
-stratification of the splits uses the labels of the whole file, locally: only the split
-indices depend on it, and the class list written for the model comes from public rows or the
-schema.
+The shadow splits come from ``data.shadow_dataset`` when one is set (refused when it is the main
+data: :mod:`dpclip.data.public`). Preprocessing sees public data only: fixed scaling for
+images, a :class:`~dpclip.data.CsvEncoder` fitted on the public shadow_train rows for a CSV.
+See docs/adding-a-dataset.md, "What the prepare stage does with it".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """reference: the reference models of LiRA and RMIA for one configuration
 (:mod:`dpclip.attacks.lira`, :mod:`dpclip.attacks.rmia`).
 
-K = ``attack.references`` models are trained like the target: the run's own code and
-configuration (method, options, tuned values, target epsilon; a seed of their own each), on a set
-of the target's size n where the pool allows it, at the target's sampling rate q = B / n, so they
-take the target's T steps at its noise multiplier sigma (the accountant gives the same sigma for
-the same epsilon, q and T). A weaker reference model (fewer records, another q) understates
-what LiRA and RMIA achieve; ``reference.json`` records the target's (n, q, T) beside each model's
-(n, q, T, sigma), and evaluate checks them against the target's own record.
-
-* ``attack.mode: offline``: the pool is the public population (``attack.population``: the
-  shadow splits). No reference model sees a member or a holdout record, so every one is OUT
-  for the records the evaluation attacks. Models 2j and 2j+1 train on the first and the last
-  m = min(n, pool) records of the j-th random permutation of the pool: disjoint when the pool
-  holds 2n records, overlapping by 2m - pool otherwise (the whole pool when it holds n or
-  fewer, topped up to n with records drawn a second time: ``repeated`` in each model's facts).
-* ``attack.mode: online``: the pool is the run's members and the target holdout (the data
-  owner evaluates with all its data), split into complementary halves (models 2j, 2j+1), so
-  each attacked record is IN for exactly K/2 models; a half holds (n + holdout) / 2 records,
-  trained at the target's q (and so its T and sigma).
-
-RMIA's population records z are the pool's records that the run did not train on (offline the
-public pool, online the holdout), P(z) their mean probability over all K models. RMIA's score
-is a strictly increasing function of the record's own ratio LR(x) (a count of population
-ratios below it, ties broken by LR(x)), so its ROC, AUC and TPRs do not depend on how P(z) is
-estimated, only its scale does.
-
-The models stay on the data owner's machine and are not kept: ``references/<run>/signals.npz``
-holds each model's logits on the members (K, n_members, C), the holdout (K, n_holdout, C) and the
-population (K, n_population, C) with which of them it trained on (``in_*``, K x n booleans);
-``reference.json`` states the pool, the population and each model's privacy record.
+``attack.references`` models are trained like the target (its code and configuration, a seed
+of their own each, its sampling rate q = B / n, so its T steps at its sigma): offline on the
+public pool, online on complementary halves of the members and the holdout. The models are not
+kept: ``references/<run>/signals.npz`` holds their logits on the members, holdout and
+population with which records each trained on, and ``reference.json`` each model's privacy
+record. Pools, overlaps and shapes: docs/attacks.md, "Reference models, trained like the target".
 """
 
 from __future__ import annotations
@@ -80,9 +57,8 @@ def first_and_last(n: int, size: int, k: int, seed: int) -> np.ndarray:
 
 def topped_up(records: np.ndarray, size: int, seed: int) -> np.ndarray:
     """``records`` (pool positions), with as many of them drawn a second time as ``size``
-    exceeds their number (without replacement while it can): a pool a few records smaller
-    than the target's set still gives reference models of the target's size n (on the
-    default, 716 public records for 719 members: 3 records twice)."""
+    exceeds their number (without replacement while it can): a pool a few records smaller than
+    the target's set still gives reference models of the target's size n (docs/attacks.md)."""
     missing = size - len(records)
     if missing <= 0:
         return records

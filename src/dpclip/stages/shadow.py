@@ -1,24 +1,13 @@
-"""shadow: per-layer membership-inference risk from a shadow model on public data
-(LM-DP-SGD: Meng et al., "Mitigating Membership Inference in Intermediate
-Representations via Layer-wise MIA-risk-aware DP-SGD", Algorithm 2).
+"""shadow: per-layer membership-inference risk from a shadow model on public data (LM-DP-SGD:
+Meng et al., "Mitigating Membership Inference in Intermediate Representations via Layer-wise
+MIA-risk-aware DP-SGD", Algorithm 2).
 
-A model with the target's architecture is trained without privacy on the public shadow train
-split (optionally label-skewed by a Dirichlet ``shadow.alpha``, to test how risk estimates
-transfer). The intermediate representation of every parameterised layer
-(:mod:`dpclip.attacks.common.representations`) of its members (shadow train) and non-members
-(shadow holdout) feeds one membership classifier per layer; its error rate ER^(l) is the layer's risk
-estimate (lower error = higher risk). ``shadow.risk_eval: cv`` scores held-out folds;
-``train`` is the paper's literal protocol (the classifier's own training set).
-
-Also recorded: the public per-layer gradient-norm shares, mean_i n_i^(l) / n_i over the shadow
-members under the trained shadow weights, which ``lm_dp_sgd``'s ``public`` weight mode uses.
-
-Writes ``shadow/risk.json`` (with the architecture it was computed for), ``shadow/model.pt``,
-``shadow/risk.png`` and ``shadow/provenance.json`` (what it was made from). It trains only when
-a configured method reads the risk (``needs_shadow_risk``: ``lm_dp_sgd``); otherwise
-``risk.json`` says that none does and why, and nothing is trained. A shadow model whose inputs
-(parameters, code, the prepared data) are unchanged is kept, so a change of ``train.methods``
-that still needs it costs nothing.
+The target architecture, trained without privacy on the public shadow train split: one
+membership classifier per layer on its intermediate representations gives the layer's error
+rate ER^(l) (its risk), and the per-layer gradient-norm shares mean_i n_i^(l) / n_i over its
+members under its trained weights feed ``lm_dp_sgd``'s ``public`` weights. Trains only when
+a configured method reads the risk. See docs/methods.md, "The shadow stage", and
+docs/pipeline.md for what it writes.
 """
 
 from __future__ import annotations
@@ -85,10 +74,9 @@ def _shadow_members(params: Params, y: np.ndarray, n_classes: int) -> np.ndarray
 
 
 def _at_most(positions: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
-    """A seeded subset of ``limit`` positions (in their order), or all when fewer. The attacks
-    use at most ``attack.max_records`` per side, and a shadow model of the public split's full
-    size costs minutes on real data (Fashion-MNIST with MNIST as the public data: 35,000
-    records, 30 epochs of the CNN) for a risk estimate of the same kind."""
+    """A seeded subset of ``limit`` positions (in their order), or all when fewer: the full
+    public split costs minutes on real data for a risk estimate of the same kind
+    (``shadow.max_records`` in docs/parameters.md)."""
     if limit is None or len(positions) <= limit:
         return positions
     pick = np.random.default_rng([seed, 7]).choice(len(positions), size=limit, replace=False)

@@ -1,32 +1,10 @@
 """The membership-inference evaluation sets, and the label-only baseline.
 
-Class matching (docs/attacks.md, "Membership evaluation"). The members of a run are its
-(possibly Dirichlet label-skewed) partition of target train; the target holdout is stratified.
-Scoring members against the whole holdout would let any attack profit from the label shift
-alone: a model that ignores its input and outputs the class prior has a lower loss on the
-frequent classes, which are exactly the members' classes. So membership is evaluated on two
-sets with the SAME class counts:
-
-    m_k = members of class k (M in all),  h_k = holdout records of class k,  p_k = m_k / M,
-    S   = min( M, min_{k: m_k > 0} floor(h_k / p_k) )      (the largest holdout subset with
-                                                             the members' proportions),
-    c   = largest_remainder(S, p, caps = min(m, h))        (optionally S <= max_per_side),
-
-and c_k records of class k are drawn on each side, uniformly without replacement. (Members of a
-class the holdout lacks cannot be matched: they are left out, and m, M, p count only the
-classes both sides have.) When the
-holdout can match the members (S = M) every member is kept and c = m; otherwise the members are
-subsampled as well. Both sides then have identical class counts c_k, so their class
-proportions are equal exactly (and equal to the members' up to rounding), and any score that
-depends on the label alone has AUC exactly 1/2 on them.
-
-Label-only baseline. An attacker who knows only the class frequencies f_in(k) of the members
-and f_out(k) of the non-members scores a record with label y by the log likelihood ratio
-    s(y) = log f_in(y) - log f_out(y),
-the most powerful label-only test (Neyman-Pearson). Frequencies of 0 are floored at 1e-300 in
-the logarithm: a class seen on one side only then gets a score beyond every shared class,
-which is its place in the likelihood-ratio order (all its records sit on the same side, so the
-AUC is exact).
+Membership is evaluated on members and non-members with the SAME class counts, so that a label
+shift alone (a label-skewed partition against the stratified holdout) cannot pass for leakage:
+any score that depends on the label alone has AUC exactly 1/2 on them. The counts, the draw and
+the label-only attacker's likelihood-ratio score: docs/attacks.md, "How the matched sets are
+drawn".
 """
 
 from __future__ import annotations
@@ -50,7 +28,8 @@ def evaluation_seed(data_seed: int, game: str) -> int:
 
 def matched_counts(y_members: np.ndarray, y_nonmembers: np.ndarray, n_classes: int,
                    max_per_side: int | None = None) -> np.ndarray:
-    """The per-class counts c_k that both evaluation sets get (module docstring)."""
+    """The per-class counts c_k that both evaluation sets get (docs/attacks.md, "How the
+    matched sets are drawn")."""
     h = np.bincount(y_nonmembers, minlength=n_classes)
     m = np.where(h > 0, np.bincount(y_members, minlength=n_classes), 0)  # matchable members
     total = int(m.sum())
@@ -68,7 +47,7 @@ def class_matched_indices(y_members: np.ndarray, y_nonmembers: np.ndarray,
                           rng: np.random.Generator, max_per_side: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Sorted positions into ``y_members`` and ``y_nonmembers`` of two evaluation sets with
-    identical class counts (module docstring), drawn without replacement."""
+    identical class counts (:func:`matched_counts`), drawn without replacement."""
     y_members = np.asarray(y_members, dtype=np.int64)
     y_nonmembers = np.asarray(y_nonmembers, dtype=np.int64)
     n_classes = int(max(y_members.max(initial=-1), y_nonmembers.max(initial=-1)) + 1)
@@ -88,7 +67,8 @@ def class_matched_indices(y_members: np.ndarray, y_nonmembers: np.ndarray,
 def label_only_scores(labels: np.ndarray, y_members: np.ndarray, y_nonmembers: np.ndarray
                       ) -> np.ndarray:
     """s(y) = log f_in(y) - log f_out(y), with f_in, f_out the class frequencies of
-    ``y_members`` and ``y_nonmembers`` (known to the attacker)."""
+    ``y_members`` and ``y_nonmembers`` (known to the attacker; a frequency of 0 floored at
+    1e-300 in the logarithm)."""
     labels = np.asarray(labels, dtype=np.int64)
     n_classes = int(max(labels.max(initial=-1), np.max(y_members, initial=-1),
                         np.max(y_nonmembers, initial=-1)) + 1)

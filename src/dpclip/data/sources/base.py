@@ -1,18 +1,11 @@
 """What a dataset source is.
 
-A source is one module in :mod:`dpclip.data.sources` that defines a subclass of
-:class:`DataSource` and decorates it with :func:`register`; the package finds the module by
-itself. ``data.dataset`` (and ``data.shadow_dataset``, a separate public dataset) names a
-source; ``data.path`` (``data.shadow_path``) is where its files are. A source with settings of its
-own declares them as a pydantic ``Options`` model; they are written as ``data.<key>`` beside
-the shared keys and reach the source typed (``self.options``).
-
-A source is of one of two kinds, which decide how the prepare stage encodes it:
-
-* ``arrays``: :meth:`DataSource.read` returns a :class:`~dpclip.data.dataset.Dataset` of
-  float features already scaled by fixed constants (nothing fitted on the data);
-* ``table``: it returns a :class:`~dpclip.data.tabular.CsvTable` of raw columns, which the
-  prepare stage encodes with statistics and vocabularies fitted on public rows only.
+A source is one module of :mod:`dpclip.data.sources`: a subclass of :class:`DataSource`
+decorated with :func:`register`, named by ``data.dataset`` (or ``data.shadow_dataset``), with
+its files at ``data.path`` (``data.shadow_path``) and its own settings as ``data.<key>`` (its
+``Options`` model). Its kind decides the encoding: ``arrays`` (a
+:class:`~dpclip.data.dataset.Dataset` scaled by fixed constants) or ``table`` (a
+:class:`~dpclip.data.tabular.CsvTable` encoded on public rows). See docs/adding-a-dataset.md.
 """
 
 from __future__ import annotations
