@@ -1,20 +1,10 @@
 """``adaclip`` (Andrew et al. 2021, quantile-based adaptive clipping), in its sound form for
 Poisson sampling.
 
-Clipping is DP-SGD's, s_i = min(1, C_t / n_i). Each step also releases the centred count of
-unclipped records,
-    b~ = ( sum_i (1[n_i <= C_t] - 1/2) + N(0, sigma_b^2) ) / B + 1/2,
-whose add/remove sensitivity is 1/2 (one record moves the centred sum by +-1/2), so the step is
-one Gaussian mechanism with sigma = (sigma_T^-2 + (2 sigma_b)^-2)^(-1/2) — the paper's
-Theorem 1 — and the sigma split gives sigma_T. B is the expected batch size: dividing by the
-actual |L_t| would release it un-noised. The controller is the paper's geometric update
-    C_{t+1} = C_t exp(-eta_C (b~ - gamma)),  clamped to [c_min, c_max],
-which reads only the released b~.
-
-Why not Opacus's ``AdaClipDPOptimizer`` as is: it releases the raw count sum_i 1[n_i <= C] (add/
-remove sensitivity 1, not 1/2) while splitting sigma as if it were 1/2, and divides the noisy
-count by the actual batch size; under Poisson sampling both make its reported epsilon smaller
-than the mechanism's. See the closing note of the clipping issue.
+DP-SGD clipping; each step also releases the noisy centred count of unclipped records over the
+expected batch B (sensitivity 1/2, the paper's Theorem 1 split), and
+C_{t+1} = C_t exp(-eta_C (b~ - gamma)), clamped. Why not Opacus's ``AdaClipDPOptimizer``:
+docs/methods.md, "AdaClip: the sound form, and Opacus's".
 """
 
 from __future__ import annotations

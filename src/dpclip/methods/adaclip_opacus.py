@@ -1,16 +1,7 @@
-"""``adaclip_opacus``: Opacus's ``AdaClipDPOptimizer`` as it is — the literal variant beside the
-sound ``adaclip``. Runs are flagged ``dp_guarantee: false``.
-
-Opacus clips with C_t, counts the unclipped records of the batch, adds N(0, sigma_u^2) to the
-raw count, divides it by the actual batch size and updates C geometrically; it splits the
-gradient noise as (sigma^-2 - (2 sigma_u)^-2)^(-1/2) (the paper's Theorem 1). Under Poisson
-sampling the raw count has add/remove sensitivity 1, not the 1/2 that split assumes, and the
-actual batch size is released un-noised through C_{t+1}, so the epsilon it reports (recorded
-here the same way, for comparison) is smaller than the mechanism's.
-
-This method brings its own optimizer (``run_kind = "opacus_optimizer"``): Opacus's
-``GradSampleModule`` materialises per-sample gradients and the optimizer clips, adds noise,
-divides by the expected batch size and moves C.
+"""``adaclip_opacus``: Opacus's ``AdaClipDPOptimizer`` as it is, the literal variant beside the
+sound ``adaclip``; runs are flagged ``dp_guarantee: false`` (it accounts its raw count as
+sensitivity 1/2 and divides by the actual batch size). It brings its own optimizer
+(``run_kind = "opacus_optimizer"``). docs/methods.md, "AdaClip: the sound form, and Opacus's".
 """
 
 from __future__ import annotations

@@ -2,28 +2,9 @@
 
 A method is one module in :mod:`dpclip.methods` that defines a subclass of :class:`Method` and
 decorates it with :func:`register`; the package finds the module by itself
-(:func:`dpclip.methods.discover`). The generic code (the training loop, the stages, tracking,
-bench) calls the hooks below and never names a method, so adding one touches no other file.
-
-A **layer** is a module of the model that holds trainable parameters directly (``fc1``,
-``conv2``, ``head``; :func:`dpclip.models.layer_names`), in model order. Per-layer quantities
-(``layer_norms[:, l]``, per-layer clip weights, shadow risks ER^(l)) are indexed by these
-layers, and the whole-model norm is the L2 norm over them: n_i = sqrt(sum_l (n_i^(l))^2).
-
-The hooks, by what they serve (each has a default, so a method overrides only what it changes):
-
-* the DP step (run kind ``private``): :meth:`Method.scale`, :meth:`Method.extra_queries`,
-  :meth:`Method.release_extras`, :meth:`Method.update` (the controller), :meth:`Method.trace_row`;
-* the run: ``run_kind`` (a name of :data:`dpclip.train.runs.RUN_KINDS`), ``private``,
-  ``dp_guarantee``, ``adjacency``, :meth:`Method.model_hidden`,
-  :meth:`Method.needs_public_data`, ``needs_shadow_risk``, and for the ``opacus_optimizer`` kind
-  :meth:`Method.attach` and :meth:`Method.opacus_step`;
-* parameters: ``OPTIONS`` (``methods.<name>.<option>`` in params.yaml),
-  :meth:`Method.check_options`,
-  and :meth:`Method.params_problems` (rules across sections);
-* evaluation: :meth:`Method.rebuild_for_evaluation` (what the method added to the model);
-* records and tools: :meth:`Method.data_use`, ``controller_data``, ``early_stopping_watches``,
-  :meth:`Method.step_metrics` (MLflow), :meth:`Method.probe_cost` (``dpclip bench``).
+(:func:`dpclip.methods.discover`). Each hook has a default, so a method overrides only what it
+changes; the generic code calls the hooks and never names a method. The hooks by what they
+serve, and what a layer is: docs/adding-a-method.md, "What else a method may override".
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""``dc_sgd_e``, DC-SGD's E rule (Wei et al. 2025; the mechanism, the histogram and its
-accounting are in :mod:`dpclip.methods.dc_sgd_p` and :mod:`dpclip.methods.common.dc_sgd`):
-
-    C_{t+1} = argmin over the bin edges C of
-        sigma_T^2 C^2 d / B^2 + sum_k c~_k max(m_k - C, 0)^2 / sum_k c~_k   (m_k: bin midpoint)
-
-evaluated on the noisy histogram (the paper writes the bias over the raw batch norms, which
-would make C_{t+1} a function of private data with no noise).
+"""``dc_sgd_e``, DC-SGD's E rule (Wei et al. 2025; the mechanism: :mod:`dpclip.methods.dc_sgd_p`):
+C_{t+1} = the bin edge C minimising sigma_T^2 C^2 d / B^2 plus the clipping bias on the noisy
+histogram, never on raw norms (docs/methods.md, "DC-SGD: the sigma split").
 """
 
 from __future__ import annotations

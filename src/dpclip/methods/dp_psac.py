@@ -1,9 +1,6 @@
 """``dp_psac`` (Xia et al. 2023, per-sample adaptive clipping):
 
     s_i = C / (n_i + r / (n_i + r)),  so ||gbar_i|| = C n_i / (n_i + r / (n_i + r)) < C  (r > 0).
-
-Small gradients are scaled up less aggressively than by automatic clipping: the added term
-r / (n_i + r) tends to 1 as n_i -> 0 and to 0 as n_i grows.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""``lm_dp_sgd`` (Meng et al., "Mitigating Membership Inference in Intermediate
-Representations via Layer-wise MIA-risk-aware DP-SGD", Algorithm 1): layer-wise reweighted
-clipping that protects the layers a shadow model found leakiest.
+"""``lm_dp_sgd`` (Meng et al., Algorithm 1): layer-wise reweighted clipping that protects the
+layers a shadow model found leakiest.
 
-Per sample, with C_i = min(C, n_i), the layer-l part becomes
-    ghat_i^(l) = C_i w^(l) g_i^(l) / n_i^(l)         (0 when n_i^(l) = 0),
-so with sum_l (w^(l))^2 = 1, ||ghat_i|| <= C_i <= C, and the noise is DP-SGD's N(0, sigma^2 C^2).
-The weights are w = normalize(w_base^(l) (ER^(l))^r): a low error rate ER^(l) of the shadow
-stage's layer-l attack (a leaky layer) shrinks that layer's share of the clipped gradient, so
-the same noise covers it more. r >= 1 is the emphasis. ``weights`` picks w_base:
-
-* ``private`` (default): u_i = (n_i^(1), ..., n_i^(L)) / n_i is a unit vector, so
-  sum_i u_i + N(0, sigma_W^2 I_L) is a Gaussian query of sensitivity 1, accounted by the sigma
-  split (sigma_W = sigma_w_ratio * sigma). After each step, w_base = max(noisy sum / B, floor)
-  sets the weights of the next step (so each step's two releases are one non-adaptive Gaussian
-  mechanism). The first step uses the public shares below.
-* ``public``: w_base = the shadow model's per-layer norm shares on public data. No privacy cost.
-* ``batch``: the paper's literal rule, w_base^(l) = mean_i n_i^(l) / C_i over the current batch,
-  un-noised. One record then changes every other record's weighting, the per-record
-  sensitivity is no longer C and the epsilon does not hold: runs are flagged
-  ``dp_guarantee: false``.
-
-An error rate below 1e-3 is taken as 1e-3, so the weights stay defined when a classifier
-separates a layer perfectly (``shadow.risk_eval: train`` often does). The L-vectors (weights,
-shares) are a handful of numbers updated every step: they are kept as Python floats, which is
-several times faster than numpy or torch at that size.
+With C_i = min(C, n_i), layer l of record i becomes ghat_i^(l) = C_i w^(l) g_i^(l) / n_i^(l),
+so with sum_l (w^(l))^2 = 1, ||ghat_i|| <= C_i <= C. w = normalize(w_base^(l) (ER^(l))^r),
+w_base by ``weights``: ``private`` (a noisy, accounted query), ``public`` or ``batch``
+(literal, no DP). docs/methods.md, "LM-DP-SGD and the layer-wise membership risk".
 """
 
 from __future__ import annotations
@@ -120,6 +101,8 @@ class LMDPSGD(Method):
         return np.array(self._weights)
 
     def _set_weights(self, base) -> None:
+        # the L-vectors are kept as Python floats: several times faster than numpy or torch for
+        # a handful of numbers updated every step
         self._weights = _normalised([b * f for b, f in zip(base, self._risk)])
         self._weights_t = None  # converted to the norms' dtype and device on next use
 
@@ -247,25 +230,11 @@ def _audit_power_line(audit: dict, epsilon: float, delta: float) -> str:
 
 def batch_weights_sensitivity(spec: dict) -> Check:
     """LM-DP-SGD's literal rule (Theorem 5.1), an accounting check (``presets/claims.yaml``):
-    the proof bounds the sum's sensitivity by C because each record's reweighted gradient has
-    norm C_i <= C, with weights w_base^(l) = mean_i n_i^(l) / C_i taken from the batch itself.
-    But one record changes w, and w scales every other record's contribution. The check builds
-    the pair: ``batch_size`` records whose gradients lie in layer 1 (n_i = (C, 0), one direction
-    u_1), and the same batch with one record more whose gradient lies in layer 2 (n = (0, M C),
-    M = ``outlier_norm``). Before, w = (1, 0) and the sum is B C u_1; after, w = (B, M) /
-    ||(B, M)||, so the B records' part shrinks to B C w_1 u_1 and the sum moves by
-    C sqrt(B^2 (1 - w_1)^2 + w_2^2), about B C for large M: the sensitivity is not C, and since
-    a Poisson batch can hold any number of records, it has no bound in C at all: DP-SGD's
-    accountant gives the mechanism no epsilon. The sums are this method's own ``scale`` with
-    ``weights: batch``; the same pair under ``weights: private`` moves the sum by at most C.
-
-    With ``audit`` (a model: ``model``, ``hidden``, ``features``, ``classes``; the audit's
-    ``canaries``, and ``confidence`` of the white-box kind: 0.95 when it runs alone, the
-    default, 0.975 beside the black-box kind) the check also says whether the one-run audit
-    could measure the extra leakage at all: a per-layer rule's white-box canaries span every
-    layer group (docs: the privacy audit), so at most as many fit as the smallest group has
-    coordinates, and even with every guess right the audit refutes no epsilon above
-    :func:`audit_ceiling` of that many canaries."""
+    how far one record (gradient norm ``outlier_norm`` C in layer 2) moves the sum of
+    ``batch_size`` records in layer 1 when the weights come from the batch, against the C the
+    proof assumes; with ``audit`` (``model``, ``hidden``, ``features``, ``classes``,
+    ``canaries``, ``confidence``), also :func:`audit_ceiling` of the canaries that fit.
+    docs/methods.md, "LM-DP-SGD and the layer-wise membership risk", "The method"."""
     batch, epsilon, delta, q, steps = accounting_numbers(
         spec, "batch_weights_sensitivity", "batch_size", "epsilon", "delta", "sample_rate", "steps")
     batch, steps = int(batch), int(steps)

@@ -1,62 +1,13 @@
-"""``sanitize`` (Monir, Fauzan, Ghinita and Abdallah, "An Adaptive Technique for Neural
-Network Training with Private Features and Public Labels"): private features, public labels.
-Noise goes on one intermediate layer, not on the gradients.
+"""``sanitize`` (Monir, Fauzan, Ghinita and Abdallah): private features, public labels. Noise
+goes on one intermediate layer's activations, not on the gradients.
 
-The model is the funnel 8n, 4n, 2n, n on the dataset's trunk (``train.model``), with the
-mechanism below after the n-wide layer's ReLU. Encoder modes:
-
-* ``frozen`` (default, sound): every layer up to the sanitization layer is trained on the
-  public shadow split, then frozen; only the head is fitted to sanitized activations of the
-  private records, so the released model is post-processing of per-record Gaussian releases.
-  The public pre-training is Adam for at most ``public_steps`` steps, stopped early on the
-  public shadow holdout (its loss, checked every ``public_check_every`` steps, ``public_patience``
-  checks without improvement; the best weights are kept).
-* ``keep_public_head`` (frozen, default ``auto``: on unless ``data.shadow_dataset`` names another
-  dataset, whose holdout says nothing of this task's head): after the private phase, the head fitted to the
-  releases and the public pre-training's own head are both scored on the public holdout split
-  (post-processing on public records), and the better one is released, so the model is never
-  worse there than the public-only model. Without it the class-mean head at a small epsilon
-  (sigma about 12.8 for 10 releases at epsilon 1) fell far below the public-only model.
-* ``head_fit`` (frozen): ``class_means`` (default) sets the head to the nearest-class-mean
-  classifier of the sanitized activations: with m_c the mean of class c's releases divided by
-  the keep rate 1 - p (the mask's known shrinkage), logit_c(z) = m_c . z - |m_c|^2 / 2, so
-  argmax_c is the class mean nearest to z. The noise is zero-mean and independent of the label,
-  so m_c is unbiased for the clean class mean, and its error shrinks as 1/sqrt(releases).
-  ``sgd`` trains the head by ``train.optimizer`` at ``head_lr``, the paper's rule. Measured on
-  real data (MNIST and Fashion-MNIST, CNN, eps 8: noise std about 5 per unit against
-  activations in [0, 1]) the SGD head collapses to one class, because every gradient is
-  dominated by the input noise; the class means reach the clean features' linear-probe accuracy.
-* ``joint`` (the paper's setting): the encoder also trains on the raw private features; its
-  weights are not protected, so runs are flagged ``dp_guarantee: false`` and their epsilon
-  covers the sanitized activations only.
-
-The mechanism (docs/methods.md, ``sanitize``). Threat model: labels are public, features are
-private; neighbouring datasets differ in one record's features. For one record, with z the n
-activations of the sanitization layer:
-
-1. element-wise clip: z <- min(max(z, 0), C) after a ReLU (range [0, C]), or to [-C, C];
-2. draw the dropout mask first (each unit kept with probability 1 - p) and zero dropped units;
-3. add N(0, sigma^2 C^2 k) to each of the k kept units, with k the record's actual count.
-
-Replacing the record moves the kept vector by at most C sqrt(k) in L2 on [0, C] (2 C sqrt(k) on
-[-C, C]); the mask does not depend on the data. So the release is a Gaussian mechanism with
-sigma_eff = noise std / sensitivity = sigma on [0, C] and sigma / 2 on [-C, C].
-
-Accounting: each epoch releases every record once (shuffled batches, no subsampling claimed),
-so epsilon is that of ``epochs`` Gaussian releases at sigma_eff (:func:`record_epsilon`,
-Opacus's RDP at sampling rate 1); the target epsilon sets sigma like every other method's. The
-method has its own ``epochs`` (not ``train.epochs``): by Gaussian composition, E releases at
-sigma sqrt(E) carry what one release at sigma does, so more epochs buy no signal, only more
-steps on noisier inputs. With ``adaptive: true``, C = t ||W||_F of the sanitization layer's
-weights after each epoch (paper Alg. 3; post-processing). In ``frozen`` mode W is fixed, so C
-stays t ||W||_F. The run itself is the ``sanitize`` run kind (:mod:`dpclip.train.runs.sanitize`).
-
-``accounting: paper`` reproduces the paper's number instead: sigma from the DP-SGD accountant at
-q = B / N over epochs * N / B steps (Poisson amplification), as if each batch were a Poisson
-sample and each step released only that batch. The run's shuffled batches release every record
-once per epoch, so this epsilon is not one the run gives: such runs are flagged
-``dp_guarantee: false``. At B = 20 on 60,000 records, 100 epochs at sigma = 1 account for
-epsilon about 1, where the sound accounting needs sigma about 12.8 for 10 releases.
+After the n-wide ReLU of the funnel 8n-4n-2n-n, each record's activations are clipped to
+[0, C], dropout-masked (the mask drawn first) and each of its k kept units gets
+N(0, sigma^2 C^2 k): a Gaussian release of replace-one sensitivity C sqrt(k). Each epoch
+releases every record once (:func:`record_epsilon`); the run is
+:mod:`dpclip.train.runs.sanitize`. The mechanism, its accounting and the options (encoder,
+head_fit, keep_public_head, accounting): docs/methods.md, "`sanitize`: private features, public
+labels".
 """
 
 from __future__ import annotations
@@ -187,14 +138,10 @@ def with_sanitizer(model: nn.Sequential, after: str, layer: SanitizationLayer) -
 
 
 class ClassMeans:
-    """The head as the nearest-class-mean classifier of the sanitized activations.
-
-    Per class c: the sum and count of its records' releases so far; m_c = sum / (count (1 - p))
-    undoes the dropout mask's shrinkage (each unit is kept with probability 1 - p). The head is
-    then weight_c = m_c, bias_c = -|m_c|^2 / 2, so argmax_c logit_c(z) = argmin_c |z - m_c|.
-    A class with no record yet gets weight 0 and a bias of -1e4 (never predicted). Only released
-    values and labels (public by the threat model) are used: post-processing.
-    """
+    """The head as the nearest-class-mean classifier of the sanitized activations: per class,
+    the sum and count of its releases so far; m_c = sum / (count (1 - p)), weight_c = m_c,
+    bias_c = -|m_c|^2 / 2 (docs/methods.md, "`sanitize`: private features, public labels",
+    ``head_fit``)."""
 
     def __init__(self, head: nn.Linear, keep_rate: float):
         self.head, self.keep_rate = head, keep_rate
@@ -360,15 +307,11 @@ class Sanitize(Method):
 
 
 def poisson_amplification(spec: dict) -> Check:
-    """The sanitization layer's Table 2, an accounting check (``presets/claims.yaml``): the
-    paper accounts its ``epochs`` passes over ``records`` in batches of ``batch_size`` as that
-    many Poisson-subsampled steps at q = batch_size / records, which gives (``epsilon``,
-    ``delta``) at some sigma. Its batches are shuffled partitions: each epoch releases every
-    record's sanitized features once, in the one batch that holds it, so no record is protected
-    by the chance of not being sampled. The mechanism is ``epochs`` Gaussian releases of each
-    record at that sigma (sensitivity 1 in units of sigma), whose epsilon is the RDP of
-    ``epochs`` full-batch Gaussian mechanisms: what the runs report as
-    ``epsilon_of_the_releases``."""
+    """The sanitization layer's Table 2, an accounting check (``presets/claims.yaml``): the sigma
+    at which the paper's ``epochs`` x ``records`` / ``batch_size`` Poisson-subsampled steps reach
+    (``epsilon``, ``delta``), and the epsilon of ``epochs`` full-batch Gaussian releases at that
+    sigma, which the mechanism gives (docs/methods.md, "`sanitize`: private features, public
+    labels", ``accounting: paper``)."""
     records, batch, epochs, epsilon, delta = accounting_numbers(
         spec, "poisson_amplification", "records", "batch_size", "epochs", "epsilon", "delta")
     epochs = int(epochs)

@@ -1,50 +1,11 @@
-"""``ww_dp_sgd`` (Partohaghighi, Marcia, West and Chen, "When Gradient Clipping Becomes a
-Control Mechanism for Differential Privacy in Deep Learning", Algorithm 1): DP-SGD whose clip
+"""``ww_dp_sgd`` (Partohaghighi, Marcia, West and Chen, Algorithm 1): DP-SGD whose clip
 threshold follows a spectral "health" signal of the weights.
 
-Clipping is DP-SGD's, s_i = min(1, C_t / n_i). Every K steps the probe layer's weight matrix W
-(Linear as is; Conv reshaped to C_out x (C_in kh kw)) gives eigenvalues lambda_j = s_j^2 of
-W^T W and a power-law tail exponent zeta (:func:`tail_exponent`); with several probe layers,
-the median. Then
-
-    zeta_hat <- beta zeta_hat + (1 - beta) zeta        (zeta_hat starts at zeta*)
-    u        <- u + kappa sat((zeta_hat - zeta*) / r), sat(x) = max(-1, min(1, x))
-    C        <- exp(u), optionally clamped to [C_min, C_max]       (u starts at log C_0)
-
-The controller reads only weights, which are already DP-released: post-processing, no extra
-privacy cost (and the clamp, too, is post-processing).
-
-The exponent has two estimators (option ``estimator``):
-
-* ``loglog_topk`` (the default, the paper's): :func:`tail_exponent_loglog`, a robust
-  regression in log-log coordinates on the top ``top_k`` eigenvalues.
-* ``mle_ks``: :func:`tail_exponent`, the continuous power-law maximum likelihood with
-  lambda_min chosen by a Kolmogorov-Smirnov distance (the WeightWatcher package's own rule;
-  every result committed before the paper's estimator was added ran this one).
-
-What the paper states (section 3.1): p(lambda) ~ lambda^-zeta for lambda >= lambda_min, and "in
-practice, the fit is performed on the largest eigenvalues (e.g., top-k or those exceeding a
-threshold) using robust regression in log-log coordinates". Section 3.2.1: lambda_min "selected
-via a goodness-of-fit criterion (e.g., KS-based cutoff) or a fixed top-k rule in small-matrix
-regimes; the exact protocol is reported in the experimental setup". Section 5.5 (the
-experimental setup): "tail fitting using a fixed rule (e.g., top-k eigenvalues)". It states no
-k, names no regression and does not say which log-log plot is fitted.
-
-What is inferred here (each one a choice the paper leaves open):
-
-* the plot: the rank plot of the top k, log lambda_(i) against log i (lambda_(1) the largest).
-  A density p ~ lambda^-zeta has survival S ~ lambda^-(zeta - 1) and the i-th largest of n
-  sits near S = i / n, so log lambda_(i) = c - log(i) / (zeta - 1): a slope s gives
-  zeta = 1 - 1 / s. A histogram of the density is not fitted: 10 to 32 eigenvalues (the paper
-  CNN's fc1 and head) fill too few bins.
-* the robust regression: Theil-Sen (:func:`scipy.stats.theilslopes`), the median of the pairwise
-  slopes. A pair's slope in the other orientation (log i against log lambda) is the reciprocal,
-  so with an odd number of pairs the estimate does not depend on which axis is regressed.
-  Plotting positions i (not i - 1/2): on Pareto samples Theil-Sen is then median-unbiased
-  (k = 32 of 1,000 draws at zeta 4: median 3.98; with i - 1/2: 4.16).
-* k = 10 (``top_k``), capped at the number of eigenvalues: the head of the paper CNN (10 x 32)
-  gives 10, all fitted; fc1 (32 x 512) gives 32, the top 10 fitted. 10 is the tail size the
-  ``mle_ks`` estimator falls back to and the fewest it lets a KS-chosen tail keep.
+Clipping is DP-SGD's. Every K steps the probe layer's eigenvalues of W^T W give a power-law tail
+exponent zeta (``estimator``: ``loglog_topk``, the paper's, or ``mle_ks``); u = log C moves by
+kappa sat((EMA(zeta) - zeta*) / r), and C = exp(u), optionally clamped. It reads only the
+weights: post-processing. The update, the estimators and what is inferred from the paper:
+docs/methods.md, "WW-DP-SGD: a controller on the weight spectrum".
 """
 
 from __future__ import annotations
@@ -62,16 +23,11 @@ from dpclip.methods.base import Method, Option, StepRelease, Tunable, clip_facto
 
 
 def tail_exponent(eigenvalues: np.ndarray, min_tail: int = 10, top_k: int = 10) -> float:
-    """Power-law tail exponent of an eigenvalue spectrum (the WeightWatcher convention).
-
-    For each candidate lambda_min, the continuous power-law MLE over lambda_j >= lambda_min is
-        alpha = 1 + n / sum_j log(lambda_j / lambda_min),
-    and lambda_min is chosen where the Kolmogorov-Smirnov distance between the tail's empirical
-    CDF and the fitted CDF 1 - (x / lambda_min)^(1 - alpha) is smallest (Clauset, Shalizi and
-    Newman 2009). Candidates keep at least ``min_tail`` eigenvalues; when the spectrum has fewer
-    than ``min_tail`` positive eigenvalues, the top ``top_k`` are used with lambda_min the
-    smallest of them.
-    """
+    """Power-law tail exponent of an eigenvalue spectrum (the WeightWatcher convention): the
+    continuous MLE alpha = 1 + n / sum_j log(lambda_j / lambda_min), lambda_min where the KS
+    distance of the fit is smallest, keeping at least ``min_tail`` eigenvalues; a spectrum with
+    fewer positive ones uses its top ``top_k`` (docs/methods.md, "WW-DP-SGD: a controller on
+    the weight spectrum", ``mle_ks`` in full)."""
     x = np.sort(np.asarray(eigenvalues, dtype=np.float64))
     x = x[x > x.max() * 1e-12] if x.size else x
     n = x.size
@@ -109,14 +65,10 @@ ESTIMATORS = ("loglog_topk", "mle_ks")  # the paper's (default), and the MLE wit
 
 
 def tail_exponent_loglog(eigenvalues: np.ndarray, top_k: int = 10) -> float:
-    """Power-law tail exponent zeta of the density (p ~ lambda^-zeta) by a Theil-Sen regression
-    on the rank plot of the top ``top_k`` eigenvalues (the paper's section 3.1 rule; what it
-    states and what is inferred: the module's docstring).
-
-    With lambda_(1) >= ... >= lambda_(k) the largest, the slope s of log lambda_(i) against
-    log i (the median of the pairwise slopes) gives zeta = 1 - 1 / s. Eigenvalues all equal
-    (s = 0: no tail) give inf, as the MLE does on a spectrum without spread.
-    """
+    """Tail exponent zeta of the density (p ~ lambda^-zeta): the Theil-Sen slope s of
+    log lambda_(i) against log i over the top ``top_k`` eigenvalues gives zeta = 1 - 1 / s;
+    s = 0 (no tail) gives inf (docs/methods.md, "WW-DP-SGD: a controller on the weight
+    spectrum", what ``loglog_topk`` infers)."""
     from scipy.stats import theilslopes  # on use: scipy.stats loads slowly
 
     x = np.sort(np.asarray(eigenvalues, dtype=np.float64))[::-1]
@@ -141,12 +93,9 @@ def probe_matrix(module: nn.Module) -> torch.Tensor:
 
 
 def spectrum(module: nn.Module) -> np.ndarray:
-    """Eigenvalues of W^T W (= squared singular values of W) above float32 round-off.
-
-    They come from the smaller of the Gram matrices W^T W and W W^T, which share the non-zero
-    ones, in the weights' float32 (cheaper than an SVD or float64). Eigenvalues below n * eps32 * lambda_max are round-off, not spectrum, and are
-    dropped.
-    """
+    """Eigenvalues of W^T W (= squared singular values of W) above n eps32 lambda_max, the
+    float32 round-off, from the smaller Gram matrix in float32 (docs/methods.md, "WW-DP-SGD:
+    a controller on the weight spectrum")."""
     w = probe_matrix(module).float().cpu()
     gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
     # torch's LAPACK, not scipy's: a second BLAS thread pool would fight torch's for the cores

@@ -122,16 +122,10 @@ class DynamicClipping(Method):
 
 
 def noise_split(spec: dict) -> Check:
-    """DC-SGD's noise split, an accounting check (``presets/claims.yaml``): a step that
-    releases the clipped gradient sum (sensitivity C, noise std sigma_T C) and a histogram of
-    the batch's gradient norms (sensitivity 1, noise std sigma_H) on the same Poisson batch is
-    one sampled Gaussian mechanism with multiplier sigma = (sigma_T^-2 + sigma_H^-2)^(-1/2):
-    scale each query by its noise std and the two are one query of sensitivity
-    sqrt(sigma_T^-2 + sigma_H^-2) with unit isotropic noise. So with sigma_T = (sigma^-2 -
-    sigma_H^-2)^(-1/2) the step costs what a DP-SGD step at sigma costs, and T steps the
-    epsilon of DP-SGD's T steps. The check computes sigma for the target, splits it,
-    recombines it, and gives both epsilons, beside what accounting the two queries as separate
-    mechanisms would charge."""
+    """DC-SGD's noise split, an accounting check (``presets/claims.yaml``): the gradient sum and
+    the histogram on one Poisson batch are one Gaussian mechanism at sigma =
+    (sigma_T^-2 + sigma_H^-2)^(-1/2), so the split step costs a DP-SGD step at sigma; it splits,
+    recombines and compares (docs/methods.md, "DC-SGD: the sigma split")."""
     epsilon, delta, q, steps, ratio = accounting_numbers(
         spec, "noise_split", "epsilon", "delta", "sample_rate", "steps", "sigma_h_ratio")
     steps = int(steps)

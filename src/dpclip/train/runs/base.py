@@ -33,14 +33,9 @@ register_run_kind = RUN_KINDS.register  # the class decorator of every run-kind 
 
 
 class Run:
-    """State shared by every run kind.
-
-    Early stopping (``train.early_stopping``) watches one number per epoch (:meth:`epoch_std`).
-    By default it is the mean per-record standard deviation of the head's input on the public
-    shadow split under the weights just released: post-processing of the DP output, so
-    watching it costs no privacy. A run kind that releases a series of its own overrides
-    :meth:`epoch_std` and :meth:`watch_public`.
-    """
+    """State shared by every run kind. Early stopping watches :meth:`epoch_std` once an epoch
+    (docs/methods.md, "Early stopping"); a run kind that releases a series of its own overrides
+    :meth:`epoch_std` and :meth:`watch_public`."""
 
     kind: str = ""  # the name a method's run_kind uses
 

@@ -1,13 +1,7 @@
-"""The ``sanitize`` run kind (see :mod:`dpclip.methods.sanitize` for the method, the mechanism
-and its accounting).
-
-Each epoch visits every record once in shuffled batches of ``train.batch_size``; the
-sanitization layer noises each record's activations. With the frozen encoder the head is then
-refitted to the class means of the releases so far (``head_fit: class_means``) or takes an
-optimizer step (``head_fit: sgd``); in ``joint`` mode the optimizer updates every layer. After
-each epoch: epsilon for the epochs so far, the adaptive C, and the early-stopping rule
-(``train.early_stopping``) on the per-epoch mean of the records' sanitized-output standard
-deviations.
+"""The ``sanitize`` run kind (the method, the mechanism and its accounting:
+:mod:`dpclip.methods.sanitize`): epochs of shuffled batches through the sanitization layer,
+then after each one the epsilon so far, the adaptive C and the early-stopping rule
+(docs/methods.md, "`sanitize`: private features, public labels", "The run").
 """
 
 from __future__ import annotations
