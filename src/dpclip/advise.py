@@ -1,25 +1,10 @@
 """``dpclip advise``: which DP method to use on your data at your budget, with the evidence.
 
-It trains the candidate methods (``train.methods`` of your params.yaml, with ``dp_sgd``, the
-baseline, added where missing, and ``non_private`` left out) at every target epsilon, over as
-many seeds as the question needs, in a project folder of its own (``advice/`` by default: runs
-already there are reused, through their provenance), and answers from the report's
-``comparison.csv`` with the statistics of :mod:`dpclip.reporting.seed_stats`:
-
-* **the primary question**: each method's accuracy against ``dp_sgd``, paired by seed; the
-  exact sign-flip test and its interval, Holm's correction over the methods compared (one
-  family per target epsilon). The seeds default to the fewest at which that family can reach
-  5% (m 2^(1-n) <= 0.05: 6 seeds for one method, 9 for eight), so a difference the data show
-  on every seed is decided, and "indistinguishable" means the interval says so;
-* **the secondary questions**: ECE, the headline attack's AUC and its TPR at the FPR shown,
-  each its own Holm family, and the audited lower bound on epsilon (its range over seeds);
-  reported beside the ranking, never mixed into the primary correction.
-
-A method without a DP guarantee, or whose epsilon counts another neighbouring notion, is listed
-but never recommended. The ranking reads the accuracy on the public holdout where every run has
-it (``--rank-on``: public, holdout, auto), which reads no private record; on the members'
-private holdout otherwise. Every answer ends by saying what the choice costs
-(:data:`SELECTION_COST`): a choice made on private records is outside every run's epsilon.
+Trains the candidate methods (``train.methods`` with ``dp_sgd`` added, ``non_private`` left
+out) at every target epsilon over the seeds the question needs, in a project folder of its own
+(``advice/``, runs reused through their provenance), and answers from ``comparison.csv`` with
+:mod:`dpclip.reporting.seed_stats`: accuracy against ``dp_sgd`` first, ECE, the attack and the
+audit beside it, and what the choice costs (:data:`SELECTION_COST`). docs/choosing-a-method.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Train your own model privately with any dpclip method: your model, optimizer and
-DataLoader in, the trained model, its epsilon and its clip schedule out.
-
-    from dpclip.api import train_private
-
-    result = train_private(model, optimizer, loader, method="ww_dp_sgd", target_epsilon=8.0,
-                           epochs=10)
-    result.privacy["epsilon"], result.clip_thresholds
-
-In the spirit of Opacus's ``make_private``: the DataLoader gives the records and the expected
-batch size B; its sampler is replaced by Poisson sampling (each record joins each step
-independently with probability q = B / N), which is what the accountant assumes. The model is
-checked against float64 autograd before the first step (a model the DP step would get wrong
-is refused, naming the layer), and the run is the pipeline's own (:func:`dpclip.train.
-loop.train_model`): the same step, accountant, budget guard and trace. See docs/python-api.md.
+DataLoader in, the trained model, its epsilon and its clip schedule out
+(``train_private(model, optimizer, loader, method="ww_dp_sgd", target_epsilon=8.0)``). As with
+Opacus's ``make_private``, the loader's sampler is replaced by Poisson sampling; the model is
+checked against float64 autograd first, and the run is the pipeline's own
+(:func:`dpclip.train.loop.train_model`). docs/python-api.md.
 """
 
 from __future__ import annotations
@@ -72,17 +63,11 @@ def train_private(model: nn.Module, optimizer: torch.optim.Optimizer,
                   device: str | None = None, secure_noise: bool = True,
                   progress: bool = False) -> PrivateResult:
     """Train ``model`` in place with ``method`` at ``target_epsilon`` (and ``delta``) for
-    ``epochs`` passes in expectation over ``data_loader``'s dataset, in Poisson batches of
-    its ``batch_size`` in expectation, stepping ``optimizer``.
-
-    ``options``: the method's options (``methods.<method>`` in params.yaml), validated by its
-    options model and against the model's layers; WW-DP-SGD probes the model's last hidden
-    ``nn.Linear`` unless ``options["probe"]`` names the layer(s). ``shadow_risk``:
-    LM-DP-SGD's per-layer membership risks (:func:`layer_risks`). ``secure_noise``: noise and
-    batches from the operating system's entropy (the default: a model to release), or, false,
-    from ``seed`` (reproducible, for research: whoever knows the seed and the other records can
-    replay the run, and the epsilon protects nothing). ``device``: the model's own by default.
-    """
+    ``epochs`` passes in expectation over ``data_loader``'s dataset, in Poisson batches of its
+    ``batch_size`` in expectation, stepping ``optimizer``. ``options``: ``methods.<method>`` of
+    params.yaml; ``shadow_risk``: LM-DP-SGD's (:func:`layer_risks`); ``secure_noise``: noise from
+    the OS's entropy (false: from ``seed``, reproducible, and the epsilon protects nothing);
+    ``device``: the model's own by default. Every argument: docs/python-api.md."""
     method_cls = get_method(method)
     if method_cls.run_kind not in RUN_KINDS:
         raise DpclipError(f"method: {method!r} cannot take a model of yours: its run "

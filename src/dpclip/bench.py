@@ -1,19 +1,10 @@
 """``dpclip bench``: every method's median training step against two anchors, in one run.
 
 Speed on a shared machine is only comparable within one run, so the methods are timed
-round-robin on the same model, data and Poisson batches (same seed), each reported as a ratio to
-the non-private step (the physical floor: one forward and one backward pass) and to ``dp_sgd``.
-The anchors are timed in the same rounds: ``non_private`` (plain minibatch SGD) and
-``opacus_ghost``, Opacus's own fastest DP-SGD (``make_private`` with ghost clipping) on the same
-model, batches, C and noise multiplier as ``dp_sgd``. ``--models mlp cnn`` repeats the table per
-architecture. Peak memory is each method's working memory per step, measured in a fresh
-subprocess after warm-up steps, as a ratio too: on CPU, the peak growth of the resident set size
-(sampled every millisecond) over the warmed-up level, with glibc's mmap threshold lowered so
-that every freed tensor over 16 KiB goes back to the system (else the allocator keeps it and the
-growth reads 0); on a GPU, ``torch.cuda.max_memory_allocated`` over the allocated level.
-Weights, data and library code are shared by all methods and left out. For a method with a
-periodic probe (``Method.probe_cost``) the probe's share of the step time at its configured
-period is reported.
+round-robin on the same model, data and Poisson batches, each as a ratio to the non-private
+step and to ``dp_sgd``, beside Opacus's ghost clipping (``opacus_ghost``); peak working memory
+per step is measured in a fresh subprocess, and a periodic probe's share of the step time
+(``Method.probe_cost``) is reported. How: docs/measurements.md, "Speed: dpclip bench".
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The catalog: every stage of the pipeline declared once, with its command, the parameters it
 reads, its inputs and outputs, and whether it runs once, per alpha or per run.
 
-Everything that runs or describes the stages reads :data:`STAGES` (the declarations of
-:data:`DECLARED` in the order their inputs and outputs give):
-
-* ``dvc.yaml`` is generated from it (:mod:`dpclip.pipeline.dvc_yaml`), each stage's code
-  dependencies from the import closure of its command (:mod:`dpclip.code_closure`);
-* the ``dpclip`` command has one subcommand per stage, built from it, and the command, the
-  presets and the Prefect flow run a stage of each kind with the same functions
-  (:mod:`dpclip.pipeline.runner`), in its order, with the edges its inputs and outputs give
-  (a stage waits for every stage whose output it reads, :func:`upstream`);
-* what each run of a stage reads and writes (:class:`PerRun`) is its provenance
-  (:mod:`dpclip.pipeline.provenance`), and :class:`~dpclip.layout.Layout` reads each run's
-  paths from it;
-* ``make clean`` removes the outputs git does not track (:func:`untracked_outputs`), and a
-  test holds ``.gitignore`` to them.
-
-A stage ``NAME`` is the module ``dpclip.stages.NAME``, which defines:
-
-* ``NAME(params, layout, ...)`` (once), ``NAME(params, alpha, layout)`` (per alpha) or
-  ``NAME(params, method, epsilon, alpha, seed, layout, ...)`` (per run), returning its result;
-* ``describe(result, layout) -> str``: the line the command prints;
-* the function named by :attr:`Stage.skipped`, if any.
-
-This module imports nothing from the package, so reading the declarations runs no stage code.
+Everything that runs or describes the stages (``dvc.yaml``, the ``dpclip`` subcommands, the
+runner, the presets and the Prefect flow, provenance, :class:`~dpclip.layout.Layout`,
+``make clean``) reads :data:`STAGES`; who reads what, and what a stage module defines:
+docs/api/pipeline.md. This module imports nothing from the package, so reading the
+declarations runs no stage code.
 """
 
 from __future__ import annotations

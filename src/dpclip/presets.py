@@ -1,25 +1,9 @@
 """Paper presets: parameter overlays that reproduce a paper's setting as closely as this
-machine allows (``presets/<name>.yaml``), run with ``dpclip preset NAME``.
-
-A preset file holds ``description``, ``source`` (the paper and table), ``deviations`` (what
-differs from the paper, and why), ``params`` (an overlay of params.yaml) and optionally
-``variants`` (named overlays on top, e.g. one per clip threshold C, each its own pipeline run).
-Each variant runs the same stage functions DVC runs, in order, in its own project folder
-``results/presets/<name>/<variant>/`` (its merged ``params.yaml`` beside its outputs), so the
-presets never touch the main pipeline's outputs. ``preset.json`` there records the deviations
-and the wall time of each variant; :mod:`dpclip.reporting.evidence` reads the results.
-
-Variants run side by side, one process each (``jobs``, default one per CPU), and every preset
-run trains with :data:`PRESET_THREADS` torch thread unless the preset sets ``train.threads``
-(params.yaml's does not count): a run's numbers depend on its thread count (floating-point
-sums split differently), never on how many runs share the machine; single-threaded runs side
-by side train more runs per hour than two-threaded ones one after another
-(docs/measurements.md). One variant alone
-runs its runs side by side instead, ``jobs`` at a time (:mod:`dpclip.pipeline.side_by_side`).
-
-``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved against ``--datasets``
-(default: ``datasets/`` in the project, which git ignores), where the real MNIST,
-Fashion-MNIST, Adult and Heart files are; nothing is downloaded or committed.
+machine allows (``presets/<name>.yaml``), run with ``dpclip preset NAME``. Each variant runs
+the stage functions DVC runs in its own folder ``results/presets/<name>/<variant>/``, side by
+side (``jobs``), with :data:`PRESET_THREADS` torch thread unless the preset sets
+``train.threads``; ``data.path`` values starting with :data:`DATASETS_PREFIX` are resolved
+against ``--datasets``. The file's keys and why one thread: docs/tuning.md, "Paper presets".
 """
 
 from __future__ import annotations
@@ -311,15 +295,12 @@ def _needed(name: str, project: Path) -> int | None:
 
 def seeds_by_power(name: str, budget_s: float, *, project: Path = Path("."),
                    first: int | None = None, **options) -> dict:
-    """Run a preset with the seeds its claims need (``presets/claims.yaml``'s claims on this
-    preset), within a budget of training time in seconds.
-
-    Runs ``first`` seeds (default: the exact test's minimum), judges the preset's claims and
-    takes the largest number of paired seeds an inconclusive claim needs at 80% power from the
-    observed spread (:func:`dpclip.reporting.seed_stats.seeds_needed`); runs that many, or as
-    many as the budget affords at the training time per seed the runs' own timing files give
-    (evaluation not counted), judges again (the spread is re-estimated), and records in ``preset.json``
-    what was needed, what ran and whether the budget capped it (the evidence report says so)."""
+    """Run a preset with the seeds its claims need (``presets/claims.yaml``'s claims on it), within
+    a budget of training time in seconds: ``first`` seeds (default: the exact test's minimum),
+    then the most an inconclusive claim needs at 80% power
+    (:func:`dpclip.reporting.seed_stats.seeds_needed`) as far as the budget affords, judged again;
+    ``preset.json`` records what was needed, what ran and whether the budget capped it.
+    docs/tuning.md, "Paper presets"."""
     seeds = first or minimum_exact_seeds()
     record = run_preset(name, project=project, seeds=seeds, **options)
     chosen = options.get("variants") or list(record["variants"])

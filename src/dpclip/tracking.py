@@ -1,42 +1,10 @@
 """MLflow logging (the only module that imports mlflow), per the tracking contract.
 
-One experiment per dataset (``dpclip-<dataset>``, tagged as a model-training experiment); a
-parent run per pipeline execution; one child run per trained configuration, named
-``<run>@<DVC experiment>`` (``<run>@<short hash of its inputs>`` outside ``dvc exp run``), so
-the children of two experiments never share a name. A child describes itself: the parameters
-that produced it as params (its axes and the training inputs its provenance recorded,
-:mod:`dpclip.pipeline.provenance`), the model as an MLflow PyTorch model named like the child
-(signature and input example from public data; tag ``dpclip.model_uri``), the prepared splits
-as dataset inputs, and the standard source tags (git commit, the DVC experiment's name when one
-runs). A configuration already logged with the same model (same run name and weights SHA-256)
-is not logged again: it is linked to the new parent instead (tag ``dpclip.pipelines``, which the
-UI's search filters on), so re-running the report, or running the same configuration through
-the other front door, gives one record per trained model and no parent without its children.
-
-What the MLflow 3.17 UI does with it (read from its bundled JavaScript): the experiment opens
-in the GenAI or the model-training view by a per-browser switch (local storage
-``mlflow.workflowType``, default GenAI) or the address's ``?workflowType=machine_learning``;
-the ``mlflow.experimentKind`` tag is not consulted. The runs table starts with no metric
-columns and the chart view with one chart per metric, alphabetically, until the browser stores
-its own state; the one server-side state the UI reads is a saved view (experiment tag
-``mlflow.sharedViewState.<id>``, listed under "Views"), so every experiment gets
-``dpclip-headline``: the configurations only, the headline columns (method, target epsilon,
-accuracy, ECE, epsilon, the headline attack's AUC and TPR at low FPR) and a
-parallel-coordinates chart of them. :func:`describe` prints its address. The compare page
-(runs selected, "Compare") plots the first metric each run logged, so the headline metrics are
-logged first; its parameters are the first three that differ, sorted. The parent run holds
-``reports/summary.csv`` and ``reports/comparison.csv`` as files and as MLflow tables
-(``summary.json``, ``comparison.json``).
-
-Default backend: ``sqlite:///<project>/mlflow.db`` with artifacts in ``<project>/mlartifacts``
-(with any SQLite URI, artifacts go beside the database): where MLflow itself looks by default,
-so a plain ``mlflow ui`` (or ``mlflow.search_runs()``) in the project folder finds the runs. Inside a DVC temporary experiment folder
-(``<project>/.dvc/tmp/exps/...``) the project is the folder that holds ``.dvc``, so records
-survive the temporary copy. ``MLFLOW_TRACKING_URI`` overrides the backend.
-
-Private diagnostics: the trace's ``train_loss`` and ``batch_size`` are computed from the
-private batch without noise. They stay in the local trace; neither the per-step metrics nor
-the trace artifact carry them unless ``tracking.private_diagnostics: true``.
+One experiment per dataset (``dpclip-<dataset>``), a parent run per pipeline execution and one
+child run per trained configuration, which describes itself (its parameters, model, splits as
+dataset inputs and source tags); a configuration already logged with the same weights is linked
+to the new parent instead of logged again. The store defaults to the project's ``mlflow.db``.
+What each run holds, the saved view and what MLflow's UI does with it: docs/mlflow.md.
 """
 
 from __future__ import annotations
@@ -233,13 +201,9 @@ def _stored_elsewhere(experiment, artifact_root: Path | None) -> bool:
 
 def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     """The experiment's id, created when missing, with the tags the UI reads (the kind, a
-    description, the headline view) set where they are missing or differ from this
-    module's; tags a user set stay.
-
-    An experiment whose artifacts live outside ``artifact_root`` came with a copied or moved
-    project: it is renamed ``<name> (artifacts in <its folder>)``, its runs kept as they are,
-    and a new one is made here, so this project's runs write their artifacts into its own
-    folder, never into the one it was copied from."""
+    description, the headline view) set where missing or different; tags a user set stay. An
+    experiment whose artifacts live outside ``artifact_root`` (a copied or moved project) is
+    renamed ``<name> (artifacts in <its folder>)`` and a new one made here (docs/mlflow.md)."""
     found = mlflow.get_experiment_by_name(name)
     if found is not None and _stored_elsewhere(found, artifact_root):
         client = mlflow.tracking.MlflowClient()
@@ -291,13 +255,8 @@ def _view_version(stored: str | None) -> int | None:
 
 def headline_view(now_ms: int | None = None) -> str:
     """The saved view ``dpclip-headline`` as the experiment tag's value: the envelope MLflow's
-    "Views" menu reads (name, times, the page state as a JSON string). The state: the
-    configurations only, flat, most accurate first, all visible in charts; columns: method,
-    target epsilon, alpha, seed, whether the epsilon is a guarantee and under which adjacency
-    (a run without one logs ``epsilon_without_guarantee`` instead of ``epsilon``, so it is in
-    no epsilon chart), the headline metrics, the audit's lower bound;
-    charts: the headline metrics in parallel coordinates, accuracy against epsilon, one bar
-    chart each. The UI adds its own charts for the other metrics below them."""
+    "Views" menu reads (name, times, the page state as a JSON string). Its rows, columns and
+    charts: docs/mlflow.md, "Opening the UI"."""
     now_ms = now_ms if now_ms is not None else int(dt.datetime.now().timestamp() * 1000)
     section = "dpclip-headline-section"
     card = {"isGenerated": False, "deleted": False, "metricSectionId": section,

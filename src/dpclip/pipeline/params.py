@@ -1,22 +1,8 @@
 """``params.yaml`` read and validated whole: the schema (:mod:`dpclip.config`, which knows no
-plugin), then each plugin family's sections at its own registry.
-
-A bad value fails the same way whichever front door started the run, before any work, with one
-message listing every bad key (full dotted name) and its value; unknown keys are refused:
-
-* ``attack.<name>``: each registered attack's options, by the attack's ``Options`` model
-  (:func:`dpclip.attacks.read_sections`), then the attacks' cross-checks
-  (:func:`dpclip.attacks.params_problems`);
-* ``data.<key>`` of a source's own (``data.target`` of the csv source ...): by the source's
-  ``Options`` model (:func:`dpclip.data.sources.read_sections`); ``data.dataset`` /
-  ``data.shadow_dataset``: registered sources, with what each needs
-  (:func:`dpclip.data.sources.params_problems`);
-* ``train.methods`` and ``methods.<name>``: registered methods, each one's options by its own
-  model, and a method's rules across sections (:func:`dpclip.methods.read_params`).
-
-The ``dpclip`` command loads this module by name: validation refuses, and fills in the defaults
-of sections that only the stages running that family read (and import), so the validation of
-every family is no code dependency of a stage that runs none of it.
+plugin), then each plugin family's sections at its own registry, so a bad value fails the same
+way whichever front door started the run, before any work, with one message listing every bad
+key; unknown keys are refused. Which registry checks which section, and why the ``dpclip``
+command loads this module by name: docs/api/pipeline.md.
 """
 
 from __future__ import annotations

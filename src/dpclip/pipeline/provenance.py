@@ -1,19 +1,10 @@
 """Per-run caching inside the stages DVC starts once for all configured runs (``train``,
-``audit``, ``reference``, ``evaluate``) and the shadow model.
-
-Why one command for all runs: starting Python with torch, Opacus and scikit-learn costs more
-than a default run trains, so one DVC stage per run spent most of the pipeline importing (the
-command's runs go side by side in worker processes: :mod:`dpclip.pipeline.side_by_side`).
-Merging the runs into one stage must not lose what the per-run stages gave: adding a method,
-or changing one method's options or module, re-runs only that method's runs.
-
-So every run records its ``provenance.json`` after its outputs are complete: the parameters and
-the hashes of the files it read (what its stage declares of each run,
-:class:`dpclip.catalog.PerRun`) and the hashes of what it wrote. A run is up to date when its
-recorded inputs equal the current ones and its outputs are unchanged, the rule ``dvc status``
-applies to a stage, applied per run. ``dvc.yaml`` lists the union of every run's inputs, so
-DVC starts the stage whenever any run may be stale, and the stage recomputes only the stale
-runs.
+``audit``, ``reference``, ``evaluate``) and the shadow model. Every run records its
+``provenance.json`` once its outputs are complete: the parameters and hashes of what it read
+(what its stage declares of each run, :class:`dpclip.catalog.PerRun`) and the hashes of what it
+wrote. A run is up to date when its recorded inputs equal the current ones and its outputs are
+unchanged: ``dvc status``'s rule, per run. Why: docs/pipeline.md, "What re-runs when something
+changes".
 """
 
 from __future__ import annotations

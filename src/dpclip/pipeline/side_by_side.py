@@ -1,28 +1,10 @@
 """The stale runs of one per-run stage (train, audit, reference, evaluate) side by side, ``jobs``
-worker processes at a time, for the stage's command (``dpclip train``, what DVC runs).
-
-Why: a default run is about a second of mostly single-threaded Python, so one process at a time
-leaves the second core of a 2-core machine idle. Why the numbers stay the same: every run sets
-its own thread count (``train.threads``) and seeds its own generators, so a run computes the
-same bytes in any process; ``dpclip verify`` compares the results of a pipeline run with a
-commit's.
-
-The workers come from :mod:`multiprocessing`'s fork server (the ``forkserver`` start method):
-a fresh interpreter that imports :mod:`dpclip.pipeline.passive_openmp` (OpenMP's passive wait
-for the workers) and the stage's module, and then forks each worker. Forking the command's own
-process instead would be cheaper, but torch's OpenMP thread pool does not survive a fork: a
-child forked after its parent ran one parallel region hangs in its own first one. The command
-starts the server before it imports torch itself (:func:`start_server`), so that the two
-imports overlap on two cores. The server, and so each worker, has the command's environment,
-standard streams and umask; a worker runs in the command's working directory.
-
-Each run writes its outputs and its provenance itself, as in one process. A run that fails
-stops the runs not yet handed to the workers (Python's pool hands over one run more than it
-has workers), without waiting for the runs before it in the order; the runs under way finish
-and are kept, and then its error is raised. Ctrl-C stops the workers at once, as it stops a run
-in one process (training resumes from its last checkpoint). A worker that dies (killed for
-memory) ends the other workers' runs too (Python's process pool does so), which is reported as
-one error.
+worker processes at a time, for the stage's command (``dpclip train``, what DVC runs). Every run
+sets its own thread count and seeds its own generators, so it computes the same bytes in any
+process. The workers fork from :mod:`multiprocessing`'s fork server, which imports
+:mod:`dpclip.pipeline.passive_openmp` and the stage's module first (torch's OpenMP pool does not
+survive a fork of the command itself). Why, and what a failure or Ctrl-C does: docs/pipeline.md,
+"What re-runs when something changes".
 """
 
 from __future__ import annotations

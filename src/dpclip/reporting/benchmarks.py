@@ -1,24 +1,10 @@
 """Claims about cost, checked against a committed ``dpclip bench`` measurement instead of runs.
 
-A claim with ``rule: benchmark`` names a check and the bench output it reads (``file``: the
-``bench.json`` that ``dpclip bench`` writes, relative to the project root, e.g.
-``results/benchmarks/table14/bench.json``); :func:`dpclip.reporting.evidence.judge` turns the
-check into "held by the benchmark" or "contradicted by the benchmark". A timing is one
-machine's: each check names the bench's own setting, and the claim's note says how it was run.
-
-* ``probe_share`` (WW-DP-SGD's runtime overhead): WW-DP-SGD's step runs DP-SGD's operations at
-  another threshold C_t, plus a scalar controller update and, once every K steps, its probe: a
-  spectral fit of one layer's weights. The probe is what it adds, and the bench times it
-  directly: share = t_probe / t_steps, the probes' seconds within the timed steps (after a
-  warm-up) at the configured K, a ratio within one measurement rather than the difference of
-  two step times, which on a shared machine spreads by more than the probe costs. Holds when
-  share <= ``bound``, the paper's overhead as a fraction (below 1). The interleaved step times
-  of both methods are shown beside it, so a per-step cost the share does not count is seen.
-* ``step_ratio`` (a method's time per iteration against a baseline's): the median step of
-  ``method`` over that of ``baseline``, timed by the bench in the same interleaved rounds (so
-  the machine's drift falls on both), against ``bound``, the paper's ratio of its own
-  per-iteration times. Holds when ours <= bound: the method costs no more, relative to the
-  baseline, than the paper reports.
+A claim with ``rule: benchmark`` names a check (:data:`CHECKS`: ``probe_share``, WW-DP-SGD's
+probe time over its training time; ``step_ratio``, a method's median step over a baseline's)
+and the ``bench.json`` it reads (``file``, relative to the project root);
+:func:`dpclip.reporting.evidence.judge` turns it into "held by the benchmark" or "contradicted
+by the benchmark". A timing is one machine's. The checks: docs/presets.md, "Claims about cost".
 """
 
 from __future__ import annotations
@@ -67,8 +53,8 @@ def _setting(bench: dict) -> str:
 
 
 def probe_share(spec: dict, project: Path) -> Check:
-    """The method's probe time over its training time against the paper's overhead (module
-    docstring)."""
+    """The method's probe time over its training time against the paper's overhead, a
+    fraction below 1 (docs/presets.md, "Claims about cost")."""
     what = "benchmark check 'probe_share'"
     bench = _bench(spec, project)
     method, model = spec.get("method"), spec.get("model")
@@ -101,7 +87,7 @@ def probe_share(spec: dict, project: Path) -> Check:
 
 def step_ratio(spec: dict, project: Path) -> Check:
     """The method's median step time over the baseline's, both timed in the same interleaved
-    rounds, against the paper's ratio of its per-iteration times (module docstring)."""
+    rounds, against the paper's ratio of its per-iteration times (docs/presets.md)."""
     what = "benchmark check 'step_ratio'"
     bench = _bench(spec, project)
     method, baseline, model = spec.get("method"), spec.get("baseline"), spec.get("model")

@@ -1,22 +1,10 @@
 """``dpclip compare``: DVC experiments side by side as one long, narrow table.
 
-``dvc exp show`` gives one column per (summary file, metric): with ten runs that is a table
-hundreds of characters wide. Here each row is one (run, experiment), the rows of a run follow
-each other, and the columns are the numbers a comparison of DP methods rests on: the epsilon
-spent, accuracy and its difference from the first experiment shown, ECE, the headline attack's
-AUC and TPR at its low FPR, and the audited lower bound on epsilon. Above the table: the
-parameters whose values differ between the experiments shown.
-
-The experiments are read with DVC's own API (``Repo.experiments.show``, what ``dvc exp show
---json`` prints): the committed baseline (its branch name or short SHA), its experiments (their
-names) and the workspace, which is left out when it holds what the baseline holds.
-
-Experiments on different data (their summaries are filed under different data identities,
-:mod:`dpclip.summaries`; for summaries without one, any ``data.*`` parameter differs: another
-dataset, file, split or seed of the split) measure different things: they are never
-differenced against each other. Each group of experiments on the same data gets its own table,
-under a line that says so. The identity is the results', not params.yaml's: a workspace whose
-parameters were put back after a failed experiment still holds the results it holds.
+One row per (run, experiment), the rows of a run together, with the numbers a comparison of
+DP methods rests on, under the parameters that differ. The experiments are read with DVC's own
+API (``Repo.experiments.show``); experiments on different data (their summaries filed under
+different data identities, :mod:`dpclip.summaries`) are never differenced against each other:
+each group gets its own table. docs/dvc.md, "Comparing experiments: dpclip compare".
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Plot tables that overlay every configured run, for ``dvc plots show`` and ``dvc plots diff``.
 
-DVC draws one line per file and field, and its ``y:`` mapping takes files, not folders, so a
-per-run CSV would need every run named in ``dvc.yaml``. Instead each table here holds every
-configured run with a ``run`` (and ``method``) column, and the templates in ``.dvc/plots``
-colour by run (and dash by revision under ``dvc plots diff``). The tables are small, so git
-tracks them (``dvc plots diff main`` reads main's from git):
-
-* ``clip_threshold.csv``: C_t against step, at most :data:`MAX_POINTS` steps per run;
-* ``roc/<attack>.csv``: each attack's ROC (``roc/loss.csv``, ``roc/lira.csv``, ... one file per
-  attack that ran on some run; ``dvc.yaml`` plots the folder, so a new attack needs no entry)
-  with FPR and TPR > 0 (log axes), at most :data:`MAX_POINTS` points per run, evenly spaced in
-  log FPR (column ``attack`` names it; a run without reference models has no LiRA or RMIA rows);
-* ``reliability.csv``: accuracy against confidence per non-empty bin;
-* ``privacy_utility.csv``: a run's summary (accuracy, ECE, the strongest attack's AUC and
-  TPR at 0.1% FPR, the attack chosen in advance's AUC and TPR at the honest low FPR, the
-  audit's lower bound on epsilon and its ``audit_status``, which says why a run has none)
-  against the epsilon it spent, one row per run with a DP claim (several target epsilons draw
-  a curve per method);
-* ``privacy_utility_seeds.csv``: the same over seeds, one row per method, alpha and target
-  epsilon: the mean and 95% interval of accuracy, ECE and the TPR at the honest low FPR of the
-  attack chosen in advance (``attack.headline``; the per-run strongest would bias it upward),
-  bands once there are two seeds.
+DVC's ``y:`` mapping takes files, not folders, so each table here holds every configured run
+with a ``run`` (and ``method``) column, at most :data:`MAX_POINTS` points per run, and the
+templates in ``.dvc/plots`` colour by run. The tables are small, so git tracks them. Each
+table and its columns: docs/dvc.md, "The plot tables".
 """
 
 from __future__ import annotations

@@ -233,13 +233,10 @@ DODGE = 0.02  # privacy_utility_figure: log-epsilon shift between neighbouring s
 
 
 def privacy_utility_figure(path: Path, table: pd.DataFrame) -> Path | None:
-    """Accuracy, ECE and the headline attack's TPR at its honest low FPR (``attack.headline``,
-    chosen in advance) against the epsilon spent (log axis), one line per method and alpha
-    through its target epsilons, with the 95% band over seeds where there are two or more
-    (``overlays/privacy_utility_seeds.csv``). Methods share their epsilons, so each series is
-    shifted along the axis by its own fixed factor (``DODGE`` apart in log epsilon): the axis
-    label says it is jittered and by how much at most, a caption why, and the ticks stay at
-    the true epsilons. None when no run has a DP claim."""
+    """Accuracy, ECE and the headline attack's TPR at its honest low FPR against the epsilon spent
+    (log axis), one line per method and alpha, with the 95% band over seeds where there are two or
+    more; each series shifted by its own fixed factor (``DODGE``), the ticks at the true epsilons
+    (docs/statistics.md). None when no run has a DP claim."""
     if table.empty:
         return None
     panels = [("accuracy", "holdout accuracy"), ("ece", "ECE"),

@@ -1,44 +1,9 @@
 """Statistics over training seeds: a mean with its confidence interval per configuration, and a
 paired comparison of every method with a baseline (``dp_sgd``), corrected for the number of
-methods compared.
-
-Runs of one (target epsilon, alpha) that share a training seed share the partition and, where
-the method allows it, the initialisation and the Poisson draws, so a method and the baseline are
-compared seed by seed (paired): d_s = metric(method, seed s) - metric(baseline, seed s) over
-the n seeds both ran, mean d = (1/n) sum d_s.
-
-**Up to** :data:`EXACT_UP_TO` **seeds: the exact sign-flip test.** Under "no difference" each d_s
-is as likely positive as negative (symmetric about 0), so the 2^n sign patterns of the observed
-|d_s| are equally likely. With the sum as statistic, the one-sided p-values are
-
-    p_up = #{sign patterns s : sum s_i d_i >= sum d_i} / 2^n
-         = #{subsets S (the empty one included) : sum_{i in S} d_i <= 0} / 2^n
-
-(flipping the signs of S lowers the sum by 2 sum_S d_i), p_down alike with >=, and the
-two-sided p = min(1, 2 min(p_up, p_down)). No p is below 2^(1-n): 0.5 for two seeds, 0.25 for
-three, and n >= 6 seeds are needed before any difference can be significant at 5%. The
-interval inverts the same test (Hartigan 1969): the 2^n - 1 means of the non-empty subsets of
-the d_s, sorted M_(1) <= ... <= M_(2^n - 1), split the line into 2^n parts that each hold the
-true shift with probability 2^-n, so [M_(k), M_(2^n - k)] with k = floor(alpha 2^(n-1)) covers
-it with probability 1 - 2k / 2^n >= 1 - alpha; k = 0 (n <= 5 at 95%) gives no bound at all
-(-inf, +inf). The interval excludes 0 exactly when p <= alpha.
-
-**More seeds: the paired t-test** (``scipy.stats.ttest_1samp`` of the differences),
-
-    interval  d +- t_{0.975, n-1} s_d / sqrt(n),   p = 2 P(T_{n-1} > |d| sqrt(n) / s_d),
-
-never below the sign-flip floor 2^(1-n). A difference without spread (the same d on every
-seed) gives a zero-width interval, which decides nothing (:func:`degenerate`).
-
-The p-values of the methods compared with the baseline on one metric and (epsilon, alpha) form
-a family ("is any method different?"), adjusted by Holm's step-down rule: with the m p-values
-sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) is max_{j <= i} min(1, (m - j + 1) p_(j)).
-The verdict is "better" or "worse" (by the metric's direction) when the adjusted p is at most
-0.05, else "not distinguishable"; with fewer than two paired seeds nothing is tested.
-
-:func:`seeds_needed` is the number of seeds at which a two-sided paired t-test at 5% detects an
-effect of a given size with 80% power, given the observed spread (noncentral t), and never
-fewer than the sign-flip test needs to reach 5% at all.
+methods compared: up to :data:`EXACT_UP_TO` paired seeds the exact sign-flip test and the
+interval that inverts it, beyond them the paired t-test; Holm's step-down correction; the
+verdicts; and :func:`seeds_needed`, the seeds a claim needs at 80% power. The formulas:
+docs/statistics.md, "How the tests are computed".
 """
 
 from __future__ import annotations
@@ -90,7 +55,7 @@ def mean_interval(values, confidence: float = CONFIDENCE,
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm's step-down adjusted p-values (module docstring); NaN stays NaN and is not counted
+    """Holm's step-down adjusted p-values (docs/statistics.md); NaN stays NaN and is not counted
     in the family."""
     p = np.asarray(pvalues, dtype=float)
     adjusted = np.full_like(p, np.nan)
@@ -137,7 +102,7 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
                       confidence: float = CONFIDENCE) -> pd.DataFrame:
     """One row per (target epsilon, alpha, method other than ``baseline``, judged metric): the
     paired seeds, the mean difference (method - baseline) with its interval, the paired t-test's
-    p, Holm's adjusted p over the methods, and the verdict (module docstring)."""
+    p, Holm's adjusted p over the methods, and the verdict (docs/statistics.md)."""
 
     table = with_headline(table)
     rows = []
@@ -172,7 +137,7 @@ def paired_comparison(table: pd.DataFrame, baseline: str = BASELINE,
 
 def sign_flip_test(d, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(p, lower, upper): the exact two-sided sign-flip test of "no shift" and the interval it
-    inverts to (module docstring), for n = len(d) <= :data:`EXACT_UP_TO` differences. The
+    inverts to (docs/statistics.md), for n = len(d) <= :data:`EXACT_UP_TO` differences. The
     bounds are -inf / +inf when n is too small for any bound at this confidence."""
     d = np.asarray(d, dtype=float)
     n = len(d)
@@ -232,15 +197,12 @@ def minimum_exact_seeds(confidence: float = CONFIDENCE, family: int = 1) -> int:
 
 def seeds_needed(spread: float, effect: float, confidence: float = CONFIDENCE,
                  power: float = POWER, family: int = 1) -> int | None:
-    """The smallest n >= :func:`minimum_exact_seeds` at which the test the verdicts use rejects
-    "no difference" at level (1 - confidence) / ``family`` (Bonferroni over ``family``
-    configurations, as the rule that reads it is corrected) with probability ``power`` when
-    the true mean difference is ``effect`` and the differences' standard deviation is
-    ``spread``. Up to :data:`EXACT_UP_TO` seeds that test is the exact sign-flip test, whose
-    power (below the t-test's at small n) is :func:`sign_flip_power`; beyond, the paired
-    t-test's, P(|T'| > t_{1-a/2, n-1}) with T' ~ noncentral t(n - 1, effect sqrt(n) / spread).
-    None when the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed; the exact
-    minimum when the observed spread is 0."""
+    """The smallest n >= :func:`minimum_exact_seeds` at which the verdicts' test (sign-flip up to
+    :data:`EXACT_UP_TO` seeds, :func:`sign_flip_power`; paired t beyond) rejects "no difference" at
+    level (1 - confidence) / ``family`` with probability ``power``, for a true mean difference
+    ``effect`` of standard deviation ``spread``. None when the effect is 0 or more than
+    :data:`MAX_SEEDS` seeds would be needed; the exact minimum when the spread is 0.
+    docs/statistics.md, "How many seeds a claim needs"."""
     from scipy import stats
 
     confidence = 1 - (1 - confidence) / max(1, family)  # the level each configuration gets

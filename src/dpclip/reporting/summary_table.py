@@ -1,14 +1,7 @@
 """The short comparison a person reads first: one row per configuration (method, target epsilon,
 alpha) over its seeds, with the numbers a choice of DP method rests on, at most
-:data:`MAX_WIDTH` characters wide. ``make run`` prints it last, the Prefect flow shows it first,
-MLflow keeps it beside the parent run; the full table (every column, every run) stays in
-``reports/comparison.csv`` / ``comparison.md``.
-
-Columns: the spent epsilon (the largest over seeds; "—" without a DP claim), the accuracy's mean
-and the half-width of its 95% Student t interval over seeds (with two or more), ECE, the
-attack chosen in advance (``attack.headline``) with its AUC and its TPR at the honest low FPR,
-the audited lower bound on epsilon (the range over seeds: a mean of lower bounds is no bound),
-and the paired verdicts against ``dp_sgd`` (:mod:`dpclip.reporting.seed_stats`) that reach 5%.
+:data:`MAX_WIDTH` characters wide; the full table stays in ``reports/comparison.csv`` /
+``comparison.md``. Its columns: docs/pipeline.md, "The short summary table".
 """
 
 from __future__ import annotations

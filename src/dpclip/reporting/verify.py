@@ -1,25 +1,10 @@
 """``dpclip verify``: does a fresh run reproduce the committed results?
 
-Git tracks each run's summary (``summary/<run>.json``, DVC's metrics). After ``make run`` on
-another machine, this compares every configured run's summary in the workspace with the one in
-a commit (HEAD by default) and says, per run, "identical", "within tolerance" or "differs"
-(naming each metric beyond its tolerance, with both values); the exit status is 1 when a run
-differs or is missing.
-
-What the tolerances mean (:data:`TOLERANCES`, absolute):
-
-* the epsilon must be the same number: it is the accountant's function of the plan, not of the
-  data (up to 1e-9 relative, the last bits of its floating-point arithmetic);
-* accuracy may move by one record of the target holdout (1/n, a record classified the other
-  way) or by 0.005, whichever is larger: the smallest difference a reader of a three-decimal
-  table would see; the report says how many holdout records a difference is;
-* the other metrics by the amounts below, which are well inside the spread of one method over
-  seeds (docs/measurements.md, "Results across machines").
-
-A value that appears or goes (NaN, absent) is a difference. With the default pinned kernels
-(:mod:`dpclip.numerics`) and ``train.threads`` fixed, runs on one CPU vendor's machines are
-identical; across vendors (an Intel and an AMD machine) the gradient methods agree within
-tolerance and ``sanitize``, which amplifies rounding, can differ by several holdout records.
+Compares every configured run's git-tracked summary (``summary/<run>.json``) in the workspace
+with the one in a commit (HEAD by default) and says, per run, "identical", "within tolerance"
+or "differs" (naming each metric beyond its absolute tolerance, :data:`TOLERANCES`, with both
+values); the exit status is 1 when a run differs or is missing. What the tolerances mean, and
+what agrees across machines: docs/dvc.md, "Results on another machine: dpclip verify".
 """
 
 from __future__ import annotations

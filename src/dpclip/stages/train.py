@@ -1,16 +1,10 @@
 """train: one configuration (method, target epsilon, alpha, seed) on its partition.
 
-Writes ``runs/<run>/model.pt`` (weights and architecture), ``runs/<run>/record.json`` (privacy
-record, training facts), ``runs/<run>/provenance.json`` (the inputs it was made from,
-:mod:`dpclip.pipeline.provenance`) and ``traces/<run>.csv`` (one row per step: C_t, loss, epsilon
-spent, method signals). Wall-clock times go to ``timings/<run>.json``, outside DVC's outputs:
-the record, trace and model are the same bytes whenever the inputs are (``dvc.lock`` stays put),
-a time never is. The trace's loss and batch-size columns are diagnostics for the data
-owner, computed from the private batch without noise: they are not part of the DP release (the
-weights and C_t are) and reach MLflow only with ``tracking.private_diagnostics: true``.
-
-The record's ``privacy`` states the neighbouring notion (``adjacency``), how the noise was
-seeded (``secure_noise``) and which data each component saw (``data_use``).
+Writes ``runs/<run>/model.pt``, ``record.json`` (the privacy record: epsilon, ``adjacency``,
+``secure_noise``, ``data_use``) and ``provenance.json`` (:mod:`dpclip.pipeline.provenance`),
+and ``traces/<run>.csv`` (per step; its loss and batch-size columns come from the private batch
+without noise and reach MLflow only with ``tracking.private_diagnostics``); wall-clock times go
+to ``timings/<run>.json``, outside DVC's outputs. docs/pipeline.md, "Reproducible outputs".
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """tune: the same hyperparameter search for every method, on public data only.
 
-For each configured method and target epsilon, Optuna's TPE sampler (seeded by ``tune.seed``)
-runs ``tune.trials`` trials over the method's tuning space
-(:meth:`dpclip.methods.base.Method.tuning_space`: the learning rate, C or C_0, and the method's
-own knobs). The first trial is always params.yaml's own values, so the search reports what
-tuning gained over them on the same footing.
-
-With ``tune.shared: true`` the learning rate and C are one schedule for every method, as a
-paper that tunes its baseline and gives every method its schedule does: ``dp_sgd`` is searched
-first at each target epsilon, every other private method trains with the learning rate and C
-(C_0) it chose and searches only its own knobs (one trial, scoring the shared values, when it
-has none), so a difference between methods is not a difference of tuning.
-
-A trial trains the method, with its real DP mechanism at the run's target epsilon, on the
-public ``shadow_train`` split standing in for the members, and scores the model's accuracy on
-a quarter of the public ``shadow_holdout`` split (the selection quarter: the search maximises
-it). Another quarter, never seen by the search, scores the chosen values and params.yaml's
-(``heldout_accuracy``, ``default_heldout_accuracy``): the best of many trials on the records
-that picked it is biased upward, so the gain is measured on these. A method that reads public
-data of its own (sanitize's encoder pre-training, early stopping) gets the other half (three
-quarters to train on, one quarter as its held-out check), so no trial sees its validation
-records outside the DP step. No private record is read, so the search costs no privacy budget
-(the public-data assumption, docs/tuning.md); tuning on the members would have to be paid for
-(Papernot and Steinke 2022).
-
-Writes ``tuned/tuned.json`` (the chosen values per method and epsilon, the default's and the
-best trial's accuracy, and the fingerprint of the parameters searched under; read by the train,
-audit and reference stages through :mod:`dpclip.pipeline.tuned`) and ``tuned/trials.csv`` (every trial).
-Wall-clock times go to ``timings/tune.json``, outside DVC's outputs. With ``tune.trials: 0`` the
-file says so and nothing is searched.
+Optuna's TPE sampler runs ``tune.trials`` trials per method and target epsilon over the
+method's tuning space, trial 0 being params.yaml's values; each trial trains with the real DP
+mechanism on the public ``shadow_train`` split and is scored on a quarter of ``shadow_holdout``,
+the gain on another quarter the search never sees. No private record is read, so the search
+costs no privacy. Writes ``tuned/tuned.json`` and ``tuned/trials.csv``. docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -144,18 +120,10 @@ def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int,
                         trial_epochs: int | None = None) -> TrainConfig:
     """A trial on ``n_public`` public records that takes the steps of the run on ``members``
     records (``tune.match: steps``): the run's batch size B, number of steps T and noise
-    multiplier sigma.
-
-    The run: q = B / members, T = epochs * floor(members / B), sigma the noise that reaches
-    the target epsilon at (q, T). The trial: batches of B of the n_public records
-    (q' = B / n_public) for epochs' = round(T / floor(n_public / B)) epochs, about T steps,
-    with the target epsilon' = epsilon(sigma; q', T'), at which the noise search finds sigma
-    again (to within its tolerance, from above). So each step's update has the run's noise
-    against its clipped sum (sigma C / B) and the run's number of updates. At the run's q
-    instead, a batch would hold q n_public records and that noise be members / n_public times
-    the run's. ``trial_epochs`` (``tune.epochs``) shortens the trial to T * trial_epochs /
-    epochs steps at the same sigma. A method without noise (or with its own mechanism) gets
-    the steps only."""
+    multiplier sigma, at the epsilon for which the noise search finds sigma again.
+    ``trial_epochs`` (``tune.epochs``) shortens it to T * trial_epochs / epochs steps at the same
+    sigma; a method without noise (or with its own mechanism) gets the steps only. The derivation:
+    docs/tuning.md, "How a trial is scored"."""
     train = cfg.train
     if members < train.batch_size:
         raise ConfigError([f"tune.members: {members} is smaller than train.batch_size "
