@@ -53,7 +53,8 @@ def test_a_folder_dependency_reads_the_outputs_inside_it():
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
 def test_every_declared_stage_has_the_functions_its_scope_needs(stage):
-    """The contract of :mod:`dpclip.catalog`'s docstring, for every declared stage."""
+    """The stage-module contract (docs/api/pipeline.md, beside :mod:`dpclip.catalog`), for every
+    declared stage."""
     module = importlib.import_module(stage.module)
     assert callable(getattr(module, stage.name)) and callable(module.describe)
     assert stage.scope in (ONCE, PER_ALPHA, PER_RUN)
