@@ -1,53 +1,10 @@
 """The verdict report: each paper claim of ``presets/claims.yaml`` against the preset runs.
 
-For each claim: the claim in one sentence, its source, the paper's numbers (quoted in the claims
-file: its effect, and its own baseline), ours with intervals (from each preset run's
-``reports/comparison.csv``, which the report stage makes from the metrics files), and one of
-four verdicts. Seeds pair the runs (same seed: same partition, initialisation and sampling where
-the method allows); each configuration (target epsilon, alpha, variant, and baseline where a
-claim names several) is the paired test of :func:`dpclip.reporting.seed_stats.paired_test` (the
-exact sign-flip test up to 16 seeds). In the claim's favourable orientation (a gain is positive: the
-method minus the baseline for a higher-is-better metric, the baseline minus the method
-otherwise), with [L, U] the 95% interval of the difference, e > 0 the paper's effect
-(``effect``) and m the number of configurations:
-
-* **setting not reproduced**: our baseline is more than ``reproduce.tolerance`` from the
-  paper's own baseline number (``reproduce``) in some configuration, either way: below it, the
-  runs test our stand-in; above it, another regime, a stronger baseline than the paper's; in
-  neither is it the paper's setting (both numbers are shown). A configuration whose baseline does
-  reproduce is a fair comparison, so a contradiction there still contradicts a claim about
-  every configuration (the others are named as not judged); held needs them all;
-* **held**: significant in the paper's direction in *every* configuration: L > 0 (``better``,
-  ``lowest``, ``smaller_spread``) or L > -margin (``within``: non-inferiority, whose "no effect"
-  is a loss of exactly the margin). ``at_most`` compares one method with a fixed ``bound`` (a
-  level the paper's words set, as "generally low"): its "difference" is the method's value
-  minus the bound on each seed, held when the interval lies below 0. All must pass (an intersection-union test), so each
-  configuration is tested at 5% as it is, with no correction;
-* **contradicted**: in *some* configuration the interval at level 1 - 0.05 / m (Bonferroni: any
-  one of m may contradict) lies below the paper's effect, U' < e (which includes significantly
-  the other way, U' < 0), for a configuration not held; for ``within``, U' < -margin; for
-  ``at_most``, the method's value is significantly above the bound;
-* **not testable at this scale**: a ``preconditions`` entry of the claim fails: the mechanism
-  the claim is about cannot act in these runs (:data:`PRECONDITIONS`: the method's clip threshold
-  barely moves, a model without noise does not leak, another neighbouring notion than the
-  paper's), so whatever the comparison says is not about the claim;
-* **inconclusive**: neither: the interval contains both no effect and the paper's effect. The
-  report says how many seeds would decide it at 80% power from the observed spread
-  (:func:`dpclip.reporting.seed_stats.seeds_needed`): to hold, the effect to detect is e (e +
-  margin for ``within``) at 5%; to contradict, the distance from the observed difference to e
-  (to -margin) at 5% / m, never fewer than the exact test needs to reach that level at all (6
-  seeds at 5%; 7 at 5% / 2 or 3, 8 at 5% / 4 to 6); the smaller of the two is the seeds
-  needed, and the report says when an outcome cannot be reached at the seeds run.
-
-A claim with ``reference_variant`` compares the method's runs in that one variant with the
-baseline's runs in each other variant (the full method against each ablation:
-:func:`against_reference`), seed by seed; under ``within`` the roles swap: each variant's
-method runs against the baseline's runs of the reference (a change that should cost at most
-the margin). A zero-width interval (the same difference on every
-seed) decides nothing in a comparison of two methods; for ``at_most`` it does when it is
-finite (a share of 0 on every seed is the outcome the claim expects, and the sign-flip test's
-p-value is exact there). A claim is "not testable here" when it says why (``untestable``),
-when its preset has not been run, or when fewer than two seeds pair the runs.
+For each claim: the claim in one sentence, its source, the paper's numbers (quoted in the
+claims file), ours with intervals (from each preset run's ``reports/comparison.csv``), and a
+verdict from paired tests over seeds (:func:`dpclip.reporting.seed_stats.paired_test`). What
+each verdict requires, with the corrections for several configurations: docs/statistics.md,
+"How a claim is judged".
 """
 
 from __future__ import annotations
