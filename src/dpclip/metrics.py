@@ -142,26 +142,11 @@ ADJACENCIES = ("add_remove", "replace_one_features")
 
 def membership_game_bound(adjacency: str | None, epsilon: float, delta: float
                           ) -> tuple[float, float]:
-    """(eps', delta') that bound the membership game this project plays, for a run whose
-    (eps, delta) guarantee holds for the neighbouring notion ``adjacency``.
-
-    The game is fixed-size: members are the training set D, non-members are other records
-    (class-matched, so of the same labels) scored on the same model. By exchangeability, a
-    non-member x' sees the world "D with x replaced by x'", so the attack distinguishes D from
-    a replace-one neighbour D' = D - x + x'. Any test S (a threshold on a score) then obeys
-        TPR <= e^eps' FPR + delta'   and   1 - FPR <= e^eps' (1 - TPR) + delta'.
-
-    * ``replace_one_features`` (the sanitization-layer method: one record's features
-      replaced, labels public): D' is a neighbour, and the matched non-member has a member's
-      label, so (eps', delta') = (eps, delta).
-    * ``add_remove`` (gradient methods, Opacus accounting under Poisson sampling): D -> D - x
-      -> D - x + x' is two add/remove steps; group privacy composes them:
-          P[M(D) in S] <= e^eps P[M(D - x) in S] + delta
-                       <= e^eps (e^eps P[M(D') in S] + delta) + delta
-                        = e^(2 eps) P[M(D') in S] + (1 + e^eps) delta,
-      so (eps', delta') = (2 eps, (1 + e^eps) delta).
-
-    A missing adjacency (records written before it was recorded) is treated as add_remove.
+    """(eps', delta') that bound the membership game this project plays (fixed-size: non-members
+    scored on the same model, so one record replaced) for a run whose (eps, delta) holds under
+    ``adjacency``: (eps, delta) for ``replace_one_features``; (2 eps, (1 + e^eps) delta), group
+    privacy over two steps, for ``add_remove`` and for None (records from before it was
+    recorded). Derivation: docs/api/metrics.md.
     """
     adjacency = adjacency or "add_remove"
     if adjacency == "replace_one_features":
@@ -174,41 +159,12 @@ def membership_game_bound(adjacency: str | None, epsilon: float, delta: float
 def dp_bound_check(fpr: np.ndarray, tpr: np.ndarray, n_members: int, n_nonmembers: int,
                    epsilon: float, delta: float, adjacency: str | None = "add_remove",
                    confidence: float = 0.95) -> dict:
-    """Certify violations of the DP bound by an attack's empirical ROC, both directions.
-
-    With (eps', delta') = :func:`membership_game_bound` (adjacency, eps, delta), every test
-    must satisfy, at each ROC point j with true rates (FPR_j, TPR_j),
-        (1)  TPR_j     <= e^eps' FPR_j       + delta'
-        (2)  1 - FPR_j <= e^eps' (1 - TPR_j) + delta'.
-    The empirical point counts k_T = TPR_j n_members and k_F = FPR_j n_nonmembers are treated
-    as binomial (records exchangeable given the model; at a threshold placed at the k-th
-    largest non-member score the true FPR is Beta(k, n - k + 1), which the exact upper limit for
-    k of n covers too, so thresholds read off the data are covered). A violation is certified
-    only when it survives the sampling error of every point simultaneously: with the one-sided
-    exact (Clopper-Pearson) limits TPR_lo_j and FPR_hi_j, the margins are
-        margin1_j = TPR_lo_j - (e^eps' FPR_hi_j + delta')
-        margin2_j = (1 - FPR_hi_j) - (e^eps' (1 - TPR_lo_j) + delta')
-    (lower-confidence LHS minus upper-confidence RHS), and worst_margin = max_j max(margin1_j,
-    margin2_j) > 0 certifies a violation.
-
-    Why the band is simultaneous, and why Bonferroni + Clopper-Pearson: both directions at all
-    ROC points use only one-sided limits {TPR_lo_j, FPR_hi_j}. A score ROC has at most
-    m = n_members + n_nonmembers + 1 distinct thresholds, so there are at most 2m such limits
-    whatever points the curve shows; each is taken at level alpha / (2m), alpha = 1 -
-    confidence, so by the union bound all of them hold together with probability >= 1 - alpha,
-    and then a true rate pair inside the bound can never show a positive margin (both margins
-    increase with TPR and decrease with FPR). The count m is fixed by the set sizes, not read
-    off the data (how many corners the empirical ROC happens to have), so the level holds
-    however the curve comes out: the chance of crying wolf on an attack that respects the bound
-    is <= alpha. The alternative, a DKW band over the whole curve, has the same additive width
-    sqrt(log(2/alpha') / 2n) at every FPR; violations live at the ends of the ROC (tiny FPR for
-    (1), tiny 1 - TPR for (2)), where exact binomial limits are far tighter (a count of 0 of n
-    has an upper limit of about log(2m/alpha)/n, not a constant), so Bonferroni-CP finds real
-    violations with fewer records.
-
-    Several checks of one run (the loss attack and each IR layer) each get ``confidence`` =
-    1 - alpha_run / checks (:func:`family_confidence`), so the run's flag, the OR of its
-    checks, cries wolf with probability <= alpha_run.
+    """Certify violations of the DP bound by an attack's empirical ROC, in both directions:
+    TPR <= e^eps' FPR + delta' and 1 - FPR <= e^eps' (1 - TPR) + delta', with (eps', delta') =
+    :func:`membership_game_bound`. Certified (``worst_margin`` > 0) only beyond one-sided
+    Clopper-Pearson limits at level (1 - ``confidence``) / (2m) each, m = n_members +
+    n_nonmembers + 1, so a run within its bound is flagged with probability <= 1 - confidence.
+    Derivation: docs/api/metrics.md.
     """
     fpr, tpr = np.asarray(fpr, dtype=np.float64), np.asarray(tpr, dtype=np.float64)
     eps_used, delta_used = membership_game_bound(adjacency, epsilon, delta)

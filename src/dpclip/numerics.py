@@ -1,22 +1,9 @@
-"""CPU kernels chosen so that a run gives the same numbers on any x86-64 machine with AVX2.
-
-torch, MKL and oneDNN pick their CPU kernels by the instruction set the processor has: on an
-AVX-512 machine a reduction or a matrix product runs other code, summing in another order, than
-on an AVX2 machine, so the same configuration trains to other weights; an adaptive method
-then amplifies the rounding difference (docs/measurements.md). Each library can
-be told the instruction set to use:
-
-* ``ATEN_CPU_CAPABILITY=avx2``: torch's own vectorised kernels (reductions, elementwise);
-* ``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility, the same results on every
-  processor with AVX2 for a given number of threads;
-* ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's convolutions and matrix products.
-
-:func:`pin_cpu_kernels` sets the three (a value already in the environment wins) unless
-``DPCLIP_CPU_KERNELS=native``. The variables are read when each library starts, so this runs
-when ``dpclip`` is imported, before torch: a process that imported torch before dpclip keeps
-its native kernels, and each run records the capability torch actually used
-(:func:`kernels_in_use`), which ``dpclip verify`` shows for a run that differs. The thread
-count matters as well (``train.threads``). The cost in speed is measured in docs/measurements.md.
+"""CPU kernels chosen so that a run gives the same numbers on any x86-64 machine with AVX2:
+torch, MKL and oneDNN otherwise pick kernels by the processor's instruction set, which sum in
+another order (docs/measurements.md, "Results across machines"). :func:`pin_cpu_kernels` sets
+``ATEN_CPU_CAPABILITY=avx2``, ``MKL_CBWR=AVX2`` and ``ONEDNN_MAX_CPU_ISA=AVX2`` (a value already
+in the environment wins) unless ``DPCLIP_CPU_KERNELS=native``. It runs when ``dpclip`` is
+imported, before torch; each run records the kernels torch actually used (:func:`kernels_in_use`).
 """
 
 from __future__ import annotations

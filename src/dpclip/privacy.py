@@ -1,13 +1,7 @@
-"""Privacy accounting: Opacus accountants, target epsilon -> noise, the sigma split, the guard.
-
-Every DP step is accounted as one sampled Gaussian mechanism with (sigma_eff, q). When a step
-releases extra Gaussian queries on the same batch (query k with L2 sensitivity Delta_k and noise
-std s_k), the step is still one Gaussian mechanism with
-
-    sigma_eff = ( sigma_T^-2 + sum_k (Delta_k / s_k)^2 )^(-1/2),
-
-and for a target sigma_eff the gradient noise is
-    sigma_T = ( sigma_eff^-2 - sum_k (Delta_k / s_k)^2 )^(-1/2)   (docs/privacy.md).
+"""Privacy accounting: Opacus accountants, target epsilon -> noise, the sigma split, the guard,
+and the odometer of early-stopped runs. Every DP step is accounted as one sampled Gaussian
+mechanism with (sigma_eff, q), extra Gaussian queries on the same batch included
+(docs/privacy.md, "Extra noisy queries: the sigma split").
 """
 
 from __future__ import annotations
@@ -116,25 +110,10 @@ ODOMETER_ORDERS = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0,
 
 
 def stopped_epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
-    """Epsilon of a run that stopped at a data-dependent time (an RDP privacy odometer).
-
-    Early stopping decides when to stop from released quantities that depend on the private
-    data, so the usual conversion at the stopping step does not apply: the number of
-    compositions is itself random. For each order a, with rho_t(a) the RDP of the first t
-    steps and L_t the privacy-loss random variable, M_t = exp((a - 1)(L_t - rho_t(a))) is a
-    non-negative supermartingale with M_0 = 1 (each step's conditional Renyi divergence is at
-    most its RDP), so Ville's inequality gives, for every stopping time tau,
-
-        P(L_tau >= rho_tau(a) + log(1/delta') / (a - 1)) <= delta'.
-
-    A union bound over the |A| orders of ``ODOMETER_ORDERS`` (delta' = delta / |A|) lets the
-    best order be chosen after stopping:
-
-        epsilon = min_a  rho_tau(a) + log(|A| / delta) / (a - 1).
-
-    It is larger than the fixed-horizon epsilon of tau steps (that conversion assumes tau was
-    fixed in advance); see Whitehouse et al., "Fully-adaptive composition in differential
-    privacy" (ICML 2023), and Feldman & Zrnic (NeurIPS 2021).
+    """Epsilon of a run that stopped at a data-dependent time: the RDP privacy odometer
+    min_a rho_tau(a) + log(|A| / delta) / (a - 1) over the orders A = :data:`ODOMETER_ORDERS`
+    (Ville's inequality per order, a union bound over them; Whitehouse et al., ICML 2023),
+    larger than the fixed-horizon epsilon of tau steps (docs/privacy.md, "Early-stopped runs").
     """
     history = [entry for entry in history if entry[2] > 0]
     if not history:
@@ -164,17 +143,11 @@ def early_stop_privacy(planned_epsilon: float, odometer_epsilon: float) -> dict:
 @functools.lru_cache(maxsize=64)
 def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                       kind: str, tolerance: float = 0.01) -> float:
-    """Smallest-found sigma whose epsilon after ``steps`` is <= target (Opacus binary search).
-
-    Opacus returns the upper end of its bracket, so epsilon(sigma) <= target; the bracket is
-    narrowed until epsilon is within ``tolerance`` of the target. The search takes seconds,
-    and its result depends on the arguments and the versions of Opacus, numpy
-    and scipy only, so it is remembered: in this process (the runs of one stage that share (epsilon, delta, q, steps)
-    search once) and across processes, in a memo file in the user's cache folder
-    (:func:`noise_memo_path`: the train, audit and reference stages and their workers each
-    searched for the same sigma). A remembered sigma is taken only when Opacus's accountant
-    gives it the two properties the search ends on, epsilon <= target and within
-    ``tolerance`` of it: a stale or edited memo costs a search, never a weaker guarantee.
+    """Smallest-found sigma whose epsilon after ``steps`` is <= target and within ``tolerance``
+    of it (Opacus's binary search), remembered in this process and in a memo file
+    (:func:`noise_memo_path`). A remembered sigma is taken only when the accountant confirms
+    both properties: a stale or edited memo costs a search, never a weaker guarantee
+    (docs/privacy.md, "The noise multiplier and the budget guard").
     """
     from opacus.accountants.utils import get_noise_multiplier
 
@@ -244,11 +217,8 @@ def _remember(key: str, sigma: float) -> None:
 @dataclass
 class BudgetGuard:
     """Tracks the accountant's history and refuses a step that would pass the target epsilon.
-
-    :meth:`allows` asks whether one more step with (sigma, q) keeps epsilon <= target. Epsilon
-    only grows with more steps, so when a whole ``horizon`` of identical steps fits, all of them
-    are approved at once and the accountant is not asked again until they are used up (one PRV
-    call per run instead of one per step).
+    :meth:`allows`: whether one more step with (sigma, q) keeps epsilon <= target; a whole
+    ``horizon`` of identical steps that fits is approved at once (docs/privacy.md).
     """
 
     kind: str

@@ -1,37 +1,11 @@
-"""Every random draw of a training run comes from generators the run owns (docs/privacy.md,
-"Randomness"), on every device, so a resumed run never repeats a draw.
-
-Three streams, each its own ``torch.Generator``:
-
-* ``sampling`` (CPU): Poisson sampling of the batches and the shuffles of epochs;
-* ``noise`` (the run's device): gradient noise, sanitization noise and dropout masks, and
-  extra answers drawn on the device (lm_dp_sgd's noisy layer shares);
-* ``extras`` (CPU): small extra answers drawn on the CPU (DC-SGD's noisy histogram, AdaClip's
-  noisy count), on a GPU run too. Before, a GPU run drew these from torch's global CPU
-  generator, which a resumed run re-seeded from ``train.seed``: step k*S + j then repeated the
-  draws of step j, and differences of traced noisy answers revealed private counts.
-
-Reproducible runs (``privacy.secure_noise: false``, the default) derive the seeds from
-``train.seed`` and the run's identity (its method, options, target epsilon, training settings,
-dataset and partition: :meth:`dpclip.train.setup.TrainConfig.stream_key`), so two runs that
-differ in anything draw independent streams: the difference of two released models holds the
-noise of both, as composition assumes. The generators' states are checkpointed, so a resumed
-run continues each stream where it stopped and equals an uninterrupted run. Anyone who knows
-the seed and the other records can replay such a run: the model is for research, not for
-release.
-
-Common random numbers (``privacy.common_random_numbers: true``) derive the seeds from
-``train.seed`` alone, so runs of one seed share their batches and noise: methods with the same
-noise scale add the very same noise at every step, which sharpens paired comparisons and
-cancels in the difference of their models (``W_a - W_b`` is then noise-free). Such models must
-never be released together; the record says ``noise_shared_across_runs: true``.
-
-Secure runs (``privacy.secure_noise: true``) seed every stream from the operating system's
-entropy (:func:`os.urandom`, 64 bits a stream). The seeds and generator states are never
-written to a checkpoint, a record, MLflow or a log; a resumed run draws fresh seeds, which is
-as private (fresh independent noise) but not reproducible. torch's generators themselves are not
-cryptographic (MT19937 on the CPU, Philox on CUDA), and floating-point attacks on Gaussian
-sampling are out of scope.
+"""Every random draw of a training run comes from three generators the run owns
+(:class:`NoiseSources`: ``sampling`` and ``extras`` on the CPU, ``noise`` on the run's device),
+checkpointed on every device, so a resumed run continues each stream and never repeats a draw.
+Their seeds come from ``train.seed`` and the run's identity (the default: runs that differ in
+anything draw independent noise), from ``train.seed`` alone (``privacy.common_random_numbers``:
+runs of one seed share noise, never to be released together), or from the operating system's
+entropy (``privacy.secure_noise``: written nowhere, not reproducible). What each stream draws
+and what each mode guarantees: docs/privacy.md, "Randomness".
 """
 
 from __future__ import annotations

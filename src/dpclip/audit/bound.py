@@ -1,23 +1,8 @@
 """The one-run audit's lower bound on epsilon (Steinke, Nasr and Jagielski 2023, "Privacy
-auditing with one (1) training run", Theorem 3.1 and its delta > 0 form, Proposition 5.2).
-
-The game: m canaries, each included in training independently with probability 1/2. After
-training the auditor scores every canary, guesses IN for the k+ highest scores and OUT for the
-k- lowest, and abstains on the rest: r = k+ + k- guesses, v of them correct. If training is
-(eps, delta)-DP, then for every v
-
-    P[V >= v] <= beta(eps) + 2 m delta alpha(eps),  with q = e^eps / (1 + e^eps),
-    beta  = P[Binomial(r, q) >= v],
-    alpha = max_{1 <= i <= v}  P[v - i <= Binomial(r, q) < v] / i.
-
-This p-value grows with eps. The audit rejects "the mechanism is (eps, delta)-DP" when it is
-below 1 - confidence, so the lower bound at that confidence is the largest eps rejected:
-every eps below it is refuted by the observed guesses. A bound above the claimed epsilon is a
-privacy bug (up to the 1 - confidence chance of a false alarm).
-
-The guess sizes are fixed before the run (:data:`GUESS_FRACTIONS`: r / m, split evenly
-between IN and OUT guesses); taking the best of several costs a Bonferroni split of the
-confidence, so the maximum stays a valid bound.
+auditing with one (1) training run", Theorem 3.1 and its delta > 0 form, Proposition 5.2):
+from r guesses of which canaries were included, v of them right, the largest epsilon whose
+p-value (:func:`p_value`) is below 1 - confidence. The guess sizes are fixed before the run
+(:data:`GUESS_FRACTIONS`, Bonferroni over them). The game and the p-value: docs/api/audit.md.
 """
 
 from __future__ import annotations
@@ -31,8 +16,8 @@ GUESS_FRACTIONS = (0.1, 0.2, 0.5, 1.0)  # r / m: the guess sizes tried (Bonferro
 
 
 def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P[at least v of r guesses correct] under (epsilon, delta)-DP, m canaries (the bound
-    above, capped at 1)."""
+    """P[at least v of r guesses correct] under (epsilon, delta)-DP, m canaries (the bound of
+    docs/api/audit.md, capped at 1)."""
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got v={v}, r={r}, m={m}")
     q = 1.0 / (1.0 + math.exp(-epsilon))

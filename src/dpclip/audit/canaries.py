@@ -1,25 +1,10 @@
 """Canaries of the one-run audit (:mod:`dpclip.audit.bound`): m of them, each included in
-training independently with probability 1/2, scored after training.
-
-* :class:`GradientCanaries` (white-box): canary i is a record whose gradient is zero except at
-  a few coordinates of the model (a "Dirac" canary, Nasr et al. 2023; distinct coordinates, so
-  canaries do not interfere), with a norm far above any clip threshold. An included canary
-  joins the DP step like a record: Poisson-sampled with the run's rate q at every step, its
-  per-layer norms seen by the method's scaling rule and extra queries, its clipped gradient
-  added to the clipped sum before the noise. This audits the DP step itself: sampling,
-  clipping, the method's rule and the noise. Two shapes (``span``):
-
-  - ``one_layer``: one coordinate j in one layer; score -(theta_T - theta_0)[j]. Under a
-    whole-record clip the canary is clipped to C, its full sensitivity.
-  - ``every_layer``: one coordinate j_l in each of the L layer groups, raw norm R / sqrt(L)
-    in each. A per-layer rule (LM-DP-SGD's C w_l per layer) clips a one-layer canary to
-    C w_l < C, which would audit it below its sensitivity; this canary is clipped to
-    (C w_l)_l, of norm C. Its score is the movement projected on the direction the mechanism
-    adds it in, sum_l a_l (-(theta_T - theta_0)[j_l]), with a_l the summed per-layer factors
-    the method's rule gives a canary at every step (from the rule's state, a function of what
-    the run released; the same for every canary, so it reveals no inclusion).
-* :func:`input_canaries` (black-box): public records with a wrong label, added to the members
-  when included; scored by minus their loss under the trained model.
+training independently with probability 1/2, scored after training. :class:`GradientCanaries`
+(white-box "Dirac" canaries: a gradient at one coordinate, or with ``span: every_layer`` one
+per layer group so that a per-layer rule clips them to norm C) join the DP step like records,
+auditing sampling, clipping, the method's rule and the noise. :func:`input_canaries`
+(black-box) are public records with a wrong label, scored by minus their loss. How each is
+clipped and scored: docs/api/audit.md.
 """
 
 from __future__ import annotations

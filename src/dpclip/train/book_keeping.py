@@ -69,14 +69,9 @@ def sequence_advice(module: nn.Module) -> str:
 
 class BookKeeping(nn.Module):
     """The model, with forward hooks on its parameterised layers that keep, during a DP step's
-    forward pass, each layer's input activations a and where its output z enters the autograd
-    graph (a gradient edge: not z itself, whose memory the next op may then free, as in a
-    non-private step). The step then asks autograd for dL/dz of every layer at once
-    (``torch.autograd.grad``), which is the one backward pass minus the weight gradients (no
-    parameter is among the requested inputs, so the engine skips them: the DP step would throw
-    them away), and forms the per-sample norms and the scaled sums from (a, dL/dz)
-    (book-keeping, Bu et al. 2023). The edge is the layer's own output slot, so an in-place op
-    on z afterwards (``ReLU(inplace=True)``) does not change which gradient comes back."""
+    forward pass, each layer's input activations a and the gradient edge where its output z
+    enters the autograd graph (not z itself; an in-place op on z afterwards changes nothing),
+    for one backward pass that asks for dL/dz only (docs/privacy.md, "The DP step")."""
 
     def __init__(self, model: nn.Module, groups: LayerGroups):
         super().__init__()
@@ -132,17 +127,11 @@ class BookKeeping(nn.Module):
 
 
 class StateBeforeStep:
-    """Every parameter, buffer and plain attribute (a tensor, a number, a string) of a model's
-    modules as a DP step's forward pass finds them, put back once the step's sums exist
-    (:meth:`restore`), before the noise and the optimizer: whatever the forward or backward
-    pass writes into the model from the batch (running statistics, an EMA, a renormalisation
-    such as ``Embedding(max_norm=...)``, a copy of a record, a buffer or attribute it creates)
-    never outlives the step, so the only thing a step releases is the noisy update. Values are
-    compared, not version counters: a write through ``.data`` leaves the counter as it was.
-    The model check refuses models that write them (:meth:`changed`); this is the step's own
-    guarantee for what a test cannot see (a write every k-th call, or only on rare records).
-    Lists, tuples, dicts and numpy arrays a module holds count as attributes too (a list a
-    forward appends a record to); other objects a module holds are not covered."""
+    """Every parameter, buffer and plain attribute (a tensor, number or string, or a list,
+    tuple, dict or numpy array of them) of a model's modules as a DP step's forward pass finds
+    them, put back by :meth:`restore` once the step's sums exist, before the noise: nothing the
+    batch writes into the model outlives the step. Values are compared, not version counters;
+    :meth:`changed` names what moved (docs/privacy.md, "Models that are refused")."""
 
     def __init__(self, model: nn.Module):
         self.parameters = [(name, p, p.detach().clone()) for name, p in model.named_parameters()]

@@ -1,25 +1,10 @@
 """Early-stopping rules on a per-epoch series s_1, s_2, ... (the sanitization-layer paper,
-Monir et al., "An Adaptive Technique for Neural Network Training with Private Features and
-Public Labels", Algorithms 2 and 4).
-
-The series is the mean, over records, of each record's standard deviation of a released
-representation: by default the head's input on the public shadow split under the released
-weights (:func:`public_representation_std`); a run kind with a released series of its own
-(the sanitization layer's noisy outputs of the epoch's batches) watches that instead. No rule
-ever reads private data directly. Both rules
-look at a window of the last ``window`` epochs:
-
-* ``slope`` (fixed C, Algorithm 2): gamma = (s_e - s_{e-window+1}) / (window - 1), the slope of
-  the line through the window's first and last epoch; stop when gamma <= T_s. The sign is kept,
-  as the paper writes the rule: a series still rising faster than T_s per epoch never stops.
-* ``linear_trend`` (adaptive C, Algorithm 4): fit a least-squares line to each window of
-  ``window`` epochs; stop when the slopes of the last two (overlapping) windows differ by at
-  most tau, i.e. the series has settled into a linear trend (with C = t ||W|| the std follows C
-  linearly once every unit is clipped).
-
-Each rule returns the epoch's signal (gamma, or the slope difference) and the flag, so both are
-traced; the signal is NaN until enough epochs exist (``window`` for ``slope``, ``window + 1``
-for ``linear_trend``).
+Monir et al., Algorithms 2 and 4), over the last ``window`` epochs: ``slope`` stops when the
+endpoint slope (s_e - s_{e-window+1}) / (window - 1) is <= T_s (sign kept), ``linear_trend``
+when the least-squares slopes of the last two overlapping windows differ by <= tau. The series
+is a released representation's mean per-record std (:func:`public_representation_std`, or a
+run kind's own released series): no rule reads private data. Each rule returns its signal
+(NaN until enough epochs) and the flag. docs/privacy.md, "The stopping rules".
 """
 
 from __future__ import annotations

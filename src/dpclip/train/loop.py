@@ -1,15 +1,11 @@
-"""The training entry point: build a run of the method's kind, train it, and collect what it
-produced.
-
-:func:`build_run` seeds, builds the model and the method, plans the steps and hands them to the
-run kind the method names (``Method.run_kind``, :mod:`dpclip.train.runs`); :func:`train_model`
-resumes from a checkpoint when there is one and returns the model, its trace and its privacy
-record. Every random draw comes from the run's :class:`~dpclip.randomness.NoiseSources`,
-checkpointed with the rest of the state.
-
-The trace's ``train_loss`` and ``batch_size`` columns are computed from the private batch
-without noise (:data:`~dpclip.trace_columns.PRIVATE_DIAGNOSTICS`): they stay in the local trace
-and reach MLflow only when ``tracking.private_diagnostics`` asks for it.
+"""The training entry point: :func:`build_run` seeds, builds the model and the method, plans
+the steps and hands them to the run kind the method names (``Method.run_kind``,
+:mod:`dpclip.train.runs`); :func:`train_model` resumes from a checkpoint when there is one and
+returns the model, its trace and its privacy record. Every random draw comes from the run's
+:class:`~dpclip.randomness.NoiseSources`, checkpointed with the rest of the state. The trace's
+``train_loss`` and ``batch_size`` are computed from the private batch without noise
+(:data:`~dpclip.trace_columns.PRIVATE_DIAGNOSTICS`): local, in MLflow only under
+``tracking.private_diagnostics``.
 """
 
 from __future__ import annotations
@@ -88,11 +84,9 @@ def _public_init(model: nn.Module, cfg: TrainConfig, public, device) -> dict:
 
 
 def with_records_in_stream_key(cfg: TrainConfig, x: np.ndarray, y: np.ndarray) -> TrainConfig:
-    """``cfg`` whose noise streams also depend on the records it trains on: the same
-    configuration retrained after a record was deleted (or on any other data) draws fresh
-    noise, so the two models' difference is not noise-free (a re-audit: RMS 0.08 against
-    about 0.6). The key stays unreleased (like the seed); with shared or OS-entropy streams
-    nothing changes."""
+    """``cfg`` whose noise streams also depend on the records it trains on, so that a retrain
+    after a record was deleted draws fresh noise (docs/privacy.md, "Independent noise across
+    runs"); unchanged with shared or OS-entropy streams."""
     if cfg.stream_key() is None or cfg.privacy.secure_noise:
         return cfg
     return replace(cfg, data_label=f"{cfg.data_label} records={records_digest(x, y)}")

@@ -1,43 +1,11 @@
-"""Before a private run trains: the DP step's per-sample gradients of the model, checked
-against float64 autograd, so that a model the step would get wrong is refused with the layer
-named instead of being trained on wrong (or unclipped) gradients.
-
-For a few records x_i, on a float64 copy of the model in eval mode (no dropout, no random
-number drawn):
-
-1. one at a time, the step's gradient of each parameter (its per-sample paths, weighted sum at
-   weight 1) must equal autograd's gradient of the record's loss, ||g_step - g_autograd|| <=
-   1e-6 ||g_autograd|| (+ 1e-12). Autograd sees every use of a parameter; the step sees its
-   layer's calls. This catches what no layer-local rule can: a weight also used directly
-   (``F.linear(x, layer.weight)``), a layer whose output is changed by a hook, a custom layer
-   whose functorch gradient differs;
-2. all together in one batch, what the step adds for each record must be what it added for
-   the record alone: an operation across the batch (``x - x.mean(0)``, a functional batch
-   norm) makes a record's clipped gradient depend on the others, and the sum's sensitivity
-   is then no longer C.
-
-Then as the step runs it: on a copy in the model's own dtype and device, in training mode
-(dropout, a functional batch norm, a mixup that runs only while training), on batches of the
-step's expected size, one more, twice and four times it, the forward pass's random draws
-replayed from each of :data:`REPLAY_SEEDS`:
-
-3. what the step adds for a record (its block of the weighted sum, the same bits on the CPU;
-   the records at the batch's first, middle and last positions) must not change when every
-   *other* record of its batch changes (replaced by other records, and, for real-valued
-   inputs, scaled by :data:`PROBE_SCALES`), nor when the batch holds one record more (within
-   :data:`TRAIN_MODE_TOLERANCE`: other kernels may sum in another order), since neighbouring
-   datasets give Poisson batches one record apart: batch mixing is measured as contribution,
-   whatever layer or function does it, and the first module whose output for the record
-   changes is named;
-4. the forward and backward passes must leave every parameter and buffer as they were (an
-   in-place renormalisation such as ``Embedding(max_norm=...)`` moves the released weights,
-   running statistics or an EMA hold the data, with no clipping and no noise). The step itself
-   puts them back after every step (:class:`dpclip.train.book_keeping.StateBeforeStep`), whatever
-   this test saw; a model that writes them is refused here because it would not train as its
-   author expects.
-
-The records stay on the data owner's machine: a refusal names the layer, parameter or buffer
-and prints nothing computed from the records.
+"""Before a private run trains: the DP step's per-sample gradients of the model, checked so
+that a model the step would get wrong (or leave unclipped) is refused with the layer named.
+Eval mode, on a float64 copy: each record alone against float64 autograd, then each record's
+part of a batch against its part alone. Training mode, as the step runs it: each followed
+record's part must not change when the other records of its batch change or one more joins,
+and the passes must leave the model's parameters and buffers as they were. What each check
+catches and its tolerances: docs/privacy.md, "Models that are refused". A refusal names the
+layer, parameter or buffer and prints nothing computed from the records.
 """
 
 from __future__ import annotations
@@ -82,7 +50,8 @@ def check_model(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
 
 def check_in_eval_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                        records: int = RECORDS_CHECKED) -> None:
-    """Checks 1 and 2 of the module note, on a float64 copy in eval mode."""
+    """The eval-mode checks, on a float64 copy: each record's step gradient against autograd's,
+    then each record's part of a batch against its part alone."""
     twin = copy.deepcopy(model).to(torch.float64).eval()
     device = x.device  # the model's: the step's weights must sit beside its gradients
     groups = LayerGroups.of(twin)
@@ -166,7 +135,7 @@ def checked_positions(size: int) -> list[int]:
 
 def check_in_train_mode(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
                         batch_size: int, records: int = TRAIN_MODE_RECORDS) -> None:
-    """Checks 3 and 4 of the module note: a copy of ``model`` as the step runs it, the records
+    """The training-mode checks: a copy of ``model`` as the step runs it, the records
     at :func:`checked_positions` each checked with every other record of its batch changed,
     and with its batch one record longer (neighbouring datasets give batches whose sizes
     differ by one: what the other records add must not depend on it)."""

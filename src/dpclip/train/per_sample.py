@@ -1,43 +1,11 @@
 """One layer's per-sample gradient norms and weighted gradient sum, from what the DP step's
 single backward pass leaves: the layer's input activations a_i and its output gradients
-delta_i = dL/dz_i (book-keeping, Bu et al. 2023). Each record's gradient of a layer is linear
-in delta_i, so no second backward pass is needed.
-
-The contract every path keeps (``tests/train/test_contribution_bound.py``): for each record i,
-the vector the weighted sum adds for it, ``weighted_sum(e_i)``, has a norm of at most the norm
-``norms()`` returned for it (up to float32 rounding of that vector, a relative 1e-7). A clip
-factor s_i <= C / n_i therefore bounds what the record contributes by C, whatever the input.
-Each norm is one of:
-
-* an upper bound within a relative (d + 2) eps of exact where nothing cancels (``Linear`` on
-  vectors: ||g_i|| = ||delta_i|| ||a_i||, sums of squares, :func:`squares_upward`);
-* the exact norm of the very per-sample gradient that the weighted sum adds (instantiated
-  gradients, accumulated in float64 and rounded upwards);
-* a proven upper bound (the ghost norm over positions, below): its float64 value plus the
-  worst-case rounding error of that computation and of the float64 weighted sum.
-
-Per layer type (B records; a layer applied at T positions, a sequence Linear's tokens or a
-convolution's output positions; p = output features or channels, d = input features, or in
-channels / groups x kernel size):
-
-* ``Linear`` on vectors (B, d): the ghost norm above; the weighted sum (w * delta)^T a is one
-  float64 matrix product, in which each record's term is a single product per entry.
-* ``Linear`` on (B, ..., d) and zero-padded convolutions: the mixed rule of Bu, Mao & Xu
-  (2022) picks by the layer's dimensions. The ghost norm ``||g_i||^2 = <A_i^T A_i, D_i^T D_i>``
-  (A_i: T x d inputs or unfolded patches, D_i: T x p output gradients) costs B T^2 (p + d) and
-  is taken iff 2 T^2 < p d and the per-sample gradients would exceed
-  :data:`INSTANTIATION_BUDGET` numbers (below it instantiating is the faster way on the CPU:
-  docs/measurements.md); otherwise the per-sample gradients D_i^T A_i (B p d) are instantiated and kept for
-  the weighted sum sum_i w_i g_i. The ghost norm's sum over pairs of
-  positions cancels when inputs are alike and output gradients alternate in sign (in float32 a
-  true norm of 0.01 came out as 0.000), so it is computed in float64 with the error bound of
-  :func:`ghost_norm_upper_bound`, and the ghost path's weighted sum is taken in float64 too.
-* Other layers: Opacus's per-sample gradients (its registered grad samplers, else functorch),
-  kept for the weighted sum in the same way (``Embedding(padding_idx=k)``: row k's gradient is
-  zero, as in autograd).
-
-Layers whose gradient these paths would get wrong are refused before training by
-:func:`refusal`, which names the layer and the reason.
+delta_i = dL/dz_i (book-keeping). The contract every path keeps: for each record i, what the
+weighted sum adds for it, ``weighted_sum(e_i)``, has a norm of at most the norm ``norms()``
+returned for it (up to float32 rounding of that vector, a relative 1e-7), so a clip factor
+s_i <= C / n_i bounds the record's contribution by C. How each layer kind's norm is computed
+and why it bounds (``tests/train/test_contribution_bound.py`` checks it), and what
+:func:`refusal` turns away: docs/privacy.md, "The contribution bound, for any model".
 """
 
 from __future__ import annotations
@@ -167,10 +135,8 @@ class LayerTerms:
 
     def weighted_sum(self, weights: torch.Tensor) -> dict:
         """{parameter: sum_i w_i g_i} for the layer's trainable parameters, accumulated and
-        returned in float64 whatever the model's dtype (a bfloat16 sum of records pointing the
-        same way reached 9.2 C at B = 4096, a float32 one 1.00016 C): the DP step bounds the
-        float64 sum's worst-case rounding in its noise (:func:`dpclip.train.step.rounding_slack`).
-        Lets go of the output gradients (they are not needed after the sum)."""
+        returned in float64 whatever the model's dtype (docs/privacy.md; the step's noise covers
+        its rounding: :func:`dpclip.train.step.rounding_slack`). Lets go of the output gradients."""
         module = self.module
         if self.per_sample is not None:
             return {p: torch.tensordot(weights.to(torch.float64), g.to(torch.float64), dims=1)
@@ -209,10 +175,9 @@ def _rows(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 def round_upward(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A ``dtype`` number >= x for each x >= 0 (x in float64, or already in ``dtype``, then
-    returned as it is): x (1 + 2 eps) + the smallest subnormal, rounded to nearest, cannot fall
-    below x (half a unit in the last place is at most x eps / 2 for normal numbers, half the
-    smallest subnormal below them). So a float32 norm never stands below the float64 one it
-    stands for, and is 0 only where that is 0."""
+    returned as it is), 0 only where x is: x (1 + 2 eps) + the smallest subnormal, rounded to
+    nearest (half a unit in the last place is at most x eps / 2 for normal numbers, half the
+    smallest subnormal below them)."""
     if dtype == x.dtype:
         return x
     info = torch.finfo(dtype)
@@ -246,14 +211,10 @@ def exact_norm_upward(g: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_norms(layer: nn.Linear, a: torch.Tensor, backprops: torch.Tensor) -> dict:
-    """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias) from row sums of squares
-    (Opacus's norm sampler runs a B-fold batched einsum of 1 x d by d x 1 products instead).
-    A sum of k squares, all positive, is within k + 1 roundings of its true value whatever the
-    order the kernel adds in, and the product, root and scaling add three more: the result
-    times (1 + (p + d + 10) eps) bounds the true norm (eps: the dtype's machine epsilon, twice
-    its unit roundoff), as long as nothing underflowed. A float32 square of 1e-20 (the output
-    gradient of a confident head) is 0: where a row's sum is below :data:`UNDERFLOW_RISK`, or
-    above its inverse, the norms are taken in float64 and rounded upwards instead."""
+    """||g_i|| = ||delta_i|| ||a_i|| (weight) and ||delta_i|| (bias) from row sums of squares,
+    times (1 + (p + d + 10) eps) to bound every rounding (eps: the dtype's machine epsilon);
+    where a row's sum is below :data:`UNDERFLOW_RISK` or above its inverse, in float64 and
+    rounded upwards instead (docs/privacy.md, "The contribution bound, for any model")."""
     delta_sq, a_sq = row_squares(backprops), row_squares(a)
     low, high = torch.aminmax(torch.cat([delta_sq, a_sq]))
     if backprops.dtype != torch.float64 and \
@@ -350,16 +311,9 @@ def _unfold(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
 
 def ghost_norm_upper_bound(patches: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
     """An upper bound on ||g_i|| = ||D_i^T A_i||_F (float64, shape (B,)) from A_i (T x d) and
-    D_i (T x p) without forming g_i:
-
-        ||g_i||^2 = sum_{t,s} <a_t, a_s> <delta_t, delta_s>
-
-    computed in float64, where the terms can cancel almost completely. With M_i = sum_t
-    ||a_t|| ||delta_t||, each Gram entry is off by at most d u ||a_t|| ||a_s|| (p u ||delta_t||
-    ||delta_s||) and the products and the T^2-term sum add (T^2 + 2) u, so the computed sum is
-    within (d + p + T^2 + 2) u M_i^2 of the true one (u = 2^-53; EPS64 = 2u covers the
-    higher-order terms). That is added under the root; (T + 2) EPS64 M_i outside it bounds the
-    rounding of the float64 weighted sum, whose record-i part sums the same T products."""
+    D_i (T x p) without forming g_i: the float64 sum_{t,s} <a_t, a_s> <delta_t, delta_s> plus
+    its worst-case rounding (d + p + T^2 + 2) EPS64 M_i^2 under the root, and (T + 2) EPS64 M_i for
+    the float64 weighted sum, M_i = sum_t ||a_t|| ||delta_t|| (docs/privacy.md derives it)."""
     a = patches.to(torch.float64, memory_format=torch.contiguous_format)
     d = outputs.to(torch.float64, memory_format=torch.contiguous_format)
     positions, width, features = a.shape[1], a.shape[2], d.shape[2]
@@ -430,12 +384,9 @@ def grad_sampler(layer: nn.Module):
 
 
 def refusal(module: nn.Module) -> str | None:
-    """Why the DP step cannot give this module's per-sample gradients exactly (None: it can).
-    Refused: a parametrized weight (``torch.nn.utils.parametrize``: the trained parameters sit
-    in a child module that the layer calls with no input, so no path sees them), the old
-    ``torch.nn.utils.weight_norm`` (its weight_g and weight_v are not the weight the fast paths
-    differentiate), and any other module of a type with a fast path whose trainable parameters
-    are not its own ``weight`` and ``bias``."""
+    """Why the DP step cannot give this module's per-sample gradients exactly (None: it can):
+    a parametrized or weight-normed weight, a layer type with a fast path whose trainable
+    parameters are not its own ``weight`` and ``bias``, and the others docs/privacy.md lists."""
     from torch.nn.utils import parametrize
     from torch.nn.utils.weight_norm import WeightNorm
 

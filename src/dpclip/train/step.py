@@ -1,22 +1,10 @@
-"""The one DP-SGD step shared by every gradient method (docs/privacy.md, "The DP step").
-
-    gbar_i^(l) = s_i^(l) g_i^(l)                    (method's scaling rule, ||gbar_i|| <= C_t)
-    G          = ( sum_i gbar_i + N(0, sigma_T^2 C_t^2 I) ) / B      (B = q N, the expected
-                                                                      batch size, not |L_t|)
-    theta     <- optimizer(theta, G)
-    state     <- controller(released quantities)
-
-One forward pass keeps each parameterised layer's input activations a_i and output z_i
-(:class:`~dpclip.train.book_keeping.BookKeeping`); one backward pass asks autograd for dL/dz of every layer (delta_i) and
-for no weight gradient, which the DP step would throw away. Each layer's per-sample norms and
-its weighted sum sum_i s_i^(l) g_i^(l) come from (a, delta) (:mod:`dpclip.train.per_sample`:
-ghost norms for Linear layers, the cheaper of ghost norms and instantiated per-sample gradients
-for convolutions, Opacus's per-sample gradients for the others), for per-sample and per-layer
-factors alike. No second backward pass is needed. A "layer" is one module that owns parameters
-(its weight and bias together).
-
-The book-keeping's names (``BookKeeping``, ``LayerGroups``, ``wrap_for_dp``, ...) live in
-:mod:`dpclip.train.book_keeping` and are importable from here too.
+"""The one DP-SGD step shared by every gradient method (docs/privacy.md, "The DP step"): the
+method scales each record's per-layer gradients so that ||gbar_i|| <= C_t, the step adds
+N(0, sigma_T^2 C_t^2 I) to their sum, divides by the expected batch size B = q N (not the
+batch's actual size) and steps the optimizer, and the method's controller then reads only
+released quantities. One forward and one backward pass (no weight gradients) give every
+layer's per-sample norms and weighted sum (:mod:`dpclip.train.book_keeping`,
+:mod:`dpclip.train.per_sample`), whose names are importable from here too.
 """
 
 from __future__ import annotations
@@ -39,15 +27,11 @@ NOISE_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
 
 
 def add_noise(total: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
-    """``total + N(0, std^2 I)``, in place in ``total``, drawn in ``total``'s dtype (float64
-    for the step's sums: torch's float32 normal on the CPU is Box-Muller on 24-bit uniforms,
-    so its draws never exceed 5.77 sigma, and an output beyond that from the neighbouring
-    data set would be impossible, a delta the accountant does not count; float64's reach
-    8.57 sigma with mass 2^-53 beyond), a chunk at a time
-    (:data:`NOISE_CHUNK`) so that the step never holds a second tensor of the largest layer's
-    size beside the sums. On the CPU the chunks are exactly the numbers one draw of the whole
-    tensor gives: torch fills blocks of 16 and redraws a ragged last block, so every chunk but
-    the last is a multiple of 16 and a last one shorter than 16 joins the one before it."""
+    """``total + N(0, std^2 I)``, in place, drawn in ``total``'s dtype (float64 for the step's
+    sums: docs/privacy.md), a chunk at a time (:data:`NOISE_CHUNK`). On the CPU the chunks give
+    exactly the numbers of one draw of the whole tensor: torch fills blocks of 16 and redraws a
+    ragged last block, so every chunk but the last is a multiple of 16 and a last one shorter
+    than 16 joins the one before it."""
     flat = total.view(-1) if total.is_contiguous() else total.contiguous().view(-1)
     chunk = NOISE_CHUNK.get(flat.device.type, NOISE_CHUNK["cuda"])
     starts = list(range(0, flat.numel(), chunk))
@@ -61,11 +45,9 @@ def add_noise(total: torch.Tensor, std: float, generator: torch.Generator) -> to
 
 def rounding_slack(records: int) -> float:
     """eta such that the float64 sum of at most ``records`` vectors, each of norm at most C,
-    changes by at most C (1 + eta) when one record joins or leaves, rounding included: any
-    order of summation is within gamma_{n} sum_i |v_i| of the exact sum (Higham, Accuracy and
-    Stability of Numerical Algorithms, 2002, eq. 4.4; each entry is a dot product over the
-    records), so the two sums' errors add at most 2 gamma_{n} n C, with gamma_n = n u /
-    (1 - n u) and u = 2^-53. The noise is scaled by (1 + eta): 8e-7 for n = 60,000."""
+    changes by at most C (1 + eta) when one record joins or leaves, rounding included:
+    2 n gamma_n, gamma_n = n u / (1 - n u), u = 2^-53 (Higham 2002; docs/privacy.md). The
+    noise is scaled by (1 + eta): 8e-7 for n = 60,000."""
     unit = 2.0 ** -53
     n = max(int(records), 1) + 1
     return 2 * n * (n * unit / (1 - n * unit))
@@ -75,25 +57,14 @@ def dp_step(model: nn.Module, groups: LayerGroups, loss_fn, x: torch.Tensor, y: 
             method: Method, sigma_train: float, expected_batch: float,
             optimizer: torch.optim.Optimizer, rng: NoiseSources, step: int,
             canaries=None, *, most_records: int) -> tuple[float, StepRelease]:
-    """One DP step on Poisson batch (x, y); returns (mean batch loss, the release).
-
-    A model that :func:`dpclip.train.model_check.check_model` has not passed (``model.checked``)
-    is checked on the first batch of two or more records before anything is computed.
-
-    An empty batch is a full step, as the accountant models it and as Opacus does: the clipped
-    sum is zero, so the update is the noise alone, the extra queries release their noise, and
-    the controller reads those releases as usual (skipping the step would reveal that the batch
-    was empty). Its loss is NaN. Noise comes from ``rng.noise``, extra answers from the method.
-
-    ``canaries`` (the audit's :class:`~dpclip.audit.canaries.GradientCanaries`, never in a
-    released run): the included canaries sampled into this batch join it as records, after
-    the real ones: the method scales them and counts them in its extra queries.
-
-    The clipped sum is accumulated in float64 and the noise added to it there, with its
-    standard deviation scaled by 1 + :func:`rounding_slack` of ``most_records`` (the most
-    records a batch can hold: the data set's size, public, plus the audit's canaries), so the
-    sensitivity the noise is calibrated to holds with the rounding included.
-    """
+    """One DP step on Poisson batch (x, y); returns (mean batch loss, the release). A model not
+    yet passed by :func:`~dpclip.train.model_check.check_model` (``model.checked``) is checked
+    on its first batch of four or more records. An empty batch is a full step (the update is
+    the noise alone; its loss is NaN). Noise comes from ``rng.noise``, extra answers from the
+    method. ``canaries`` (the audit's :class:`~dpclip.audit.canaries.GradientCanaries`, never in
+    a released run): those sampled join the batch as records, after the real ones. The noise's
+    std is scaled by 1 + :func:`rounding_slack` of ``most_records`` (the most records a batch
+    can hold: the data set's size, public; the canaries are added here)."""
     if not model.checked and len(x) >= CHECKED_RECORDS + 2:
         # a model wrapped by hand: the check runs on the first batch that lets it change the
         # other records of a batch around the ones it checks
