@@ -16,6 +16,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.models import build_model
 from dpclip.run_keys import alpha_tag
+from dpclip.train.runs import run_class
 
 POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
                      "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
@@ -93,20 +94,20 @@ def load_signals(layout: Layout, run: str) -> dict | None:
 
 
 def load_model(layout: Layout, run: str) -> torch.nn.Module:
-    """The trained model of ``run`` for evaluation, as its method rebuilds it
-    (``Method.rebuild_for_evaluation``)."""
+    """The trained model of ``run`` for evaluation, as its run kind rebuilds it
+    (``Run.rebuild_for_evaluation``)."""
     checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
                             weights_only=True)
     return evaluation_model(checkpoint, read_json(layout.run_dir(run) / "record.json")["method"])
 
 
 def evaluation_model(checkpoint: dict, method_name: str) -> torch.nn.Module:
-    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its method rebuilds
-    it (``Method.rebuild_for_evaluation``)."""
+    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its run kind rebuilds
+    it (``Run.rebuild_for_evaluation``)."""
     arch = checkpoint["architecture"]
     method = get_method(method_name)
     model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
                         list(arch["hidden"]))
-    model = method.rebuild_for_evaluation(model, arch)
+    model = run_class(method.run_kind).rebuild_for_evaluation(model, arch)
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval()

@@ -77,3 +77,42 @@ def test_a_plugin_cannot_replace_a_registered_method_or_run_kind():
     fake_run = type("PrivateRun", (Run,), {"kind": "private", "__module__": "plugin.fake"})
     with pytest.raises(ValueError, match="already registered"):
         register_run_kind(fake_run)
+
+
+OPACUS_KIND_WITHOUT_ITS_FUNCTIONS = '''
+from dpclip.methods.base import Method, clip_factors, register
+
+
+@register
+class HalfOpacus(Method):
+    name = "half_opacus"
+    run_kind = "opacus_optimizer"
+
+    def scale(self, layer_norms):
+        return clip_factors(layer_norms, self.clip_threshold)
+'''
+
+
+def test_the_model_a_run_trains_belongs_to_its_run_kind_not_to_the_method(plugin):
+    """The method's contract is its rule and the data beside it: the model's widths, a public
+    pre-training and the evaluated model's rebuild are the run kind's (sanitize's inserts its
+    layer there); Opacus's optimizer functions are the opacus_optimizer kind's demand of its
+    method, refused by name when a method of that kind lacks them."""
+    from conftest import gaussian_records, tiny_train_config
+    from dpclip.methods.base import Method
+    from dpclip.train import build_run
+    from dpclip.train.runs import run_class
+
+    for hook in ("model_hidden", "needs_public_data", "rebuild_for_evaluation", "attach",
+                 "opacus_step"):
+        assert not hasattr(Method, hook), hook
+    sanitize = run_class(get_method("sanitize").run_kind)
+    options = get_method("sanitize").default_options()
+    assert sanitize.model_hidden(options, [32]) == [8 * options.n, 4 * options.n,
+                                                    2 * options.n, options.n]
+    assert sanitize.needs_public_data(options) == (options.encoder == "frozen")
+    name = plugin("dpclip.methods", "half_opacus", OPACUS_KIND_WITHOUT_ITS_FUNCTIONS)
+    x, _ = gaussian_records(20)
+    with pytest.raises(DpclipError, match=r"'half_opacus'.*needs attach\(\) and "
+                                          r"opacus_step\(\)"):
+        build_run(x.shape[1:], 3, len(x), tiny_train_config(name))

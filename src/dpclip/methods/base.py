@@ -108,8 +108,8 @@ class Method:
     OPTIONS: ClassVar[dict[str, Option]] = {}  # params.yaml methods.<name>.<option>
     # How the method's training runs (dpclip.train.runs.RUN_KINDS): "private" = the shared DP
     # step (dpclip.train.step); "plain" = no privacy; "opacus_optimizer" = the method brings an
-    # Opacus DPOptimizer of its own through attach() and opacus_step(); a method with a
-    # mechanism of its own names the run kind that implements it.
+    # Opacus DPOptimizer of its own (dpclip.train.runs.opacus_optimizer); a method with a
+    # mechanism of its own names the run kind that implements it (and the model it trains).
     run_kind: ClassVar[str] = "private"
     needs_shadow_risk: ClassVar[bool] = False  # True: trains only after the shadow stage
     # The neighbouring notion of the epsilon reported (privacy.adjacency): add_remove (one
@@ -150,17 +150,6 @@ class Method:
             raise TypeError(f"{cls.name}: options must be a {model.__name__} (validated by "
                             f"{cls.__name__}.options_model()), not {type(options).__name__}")
         return options
-
-    @classmethod
-    def model_hidden(cls, options: BaseModel, hidden) -> list[int]:
-        """The hidden widths of the model this method trains (``train.hidden`` by default)."""
-        return list(hidden)
-
-    @classmethod
-    def needs_public_data(cls, options: BaseModel) -> bool:
-        """True: training needs the public shadow train split (e.g. to pre-train a frozen
-        encoder on it)."""
-        return False
 
     def data_use(self) -> dict[str, str]:
         """Which data each component of this method saw (the record's ``privacy.data_use``),
@@ -230,12 +219,6 @@ class Method:
         return space
 
     @classmethod
-    def rebuild_for_evaluation(cls, model: nn.Module, architecture: dict) -> nn.Module:
-        """The evaluated model from the plain one and the saved ``architecture`` (what the
-        run's ``architecture()`` added): a method that inserted a layer puts it back here."""
-        return model
-
-    @classmethod
     def step_metrics(cls, columns) -> list[str]:
         """The trace columns this method adds that MLflow logs per step."""
         return [c for c in columns if c in cls.STEP_METRICS]
@@ -244,18 +227,6 @@ class Method:
         """``dpclip bench``: a periodic probe's cost so far, ``{"every": K steps,
         "seconds": s}``; None for a method without one."""
         return None
-
-    def attach(self, model: nn.Module, optimizer, noise_generator: torch.Generator):
-        """Run kind ``opacus_optimizer``: (wrapped model, Opacus DPOptimizer) drawing its
-        noise from ``noise_generator``."""
-        raise NotImplementedError(f"method {self.name!r} has run kind {self.run_kind!r}; "
-                                  f"attach() belongs to the opacus_optimizer kind")
-
-    def opacus_step(self, model, loss_fn, x, y, optimizer) -> float:
-        """Run kind ``opacus_optimizer``: one step on the batch (possibly empty, then a
-        noise-only step); returns the mean loss."""
-        raise NotImplementedError(f"method {self.name!r} has run kind {self.run_kind!r}; "
-                                  f"opacus_step() belongs to the opacus_optimizer kind")
 
     def bind_noise(self, sigma_eff: float, sigma_train: float) -> None:
         """Told once, after the sigma split: the step's overall and gradient multipliers."""

@@ -291,20 +291,6 @@ class Sanitize(Method):
                         f"record) and their labels in the clear (public by the threat model)",
                 "clip_threshold": clip}
 
-    @classmethod
-    def model_hidden(cls, options, hidden) -> list[int]:
-        return funnel_widths(int(options.n))
-
-    @classmethod
-    def rebuild_for_evaluation(cls, model, architecture: dict):
-        """The sanitization layer as clip-only (no noise) at evaluation."""
-        sanitizer = architecture["sanitizer"]
-        return with_sanitizer(model, sanitizer["after"], SanitizationLayer(sanitizer["clip"]))
-
-    @classmethod
-    def needs_public_data(cls, options) -> bool:
-        return options.encoder == "frozen"
-
 
 def poisson_amplification(spec: dict) -> Check:
     """The sanitization layer's Table 2, an accounting check (``presets/claims.yaml``): the sigma

@@ -19,6 +19,7 @@ from dpclip.methods import get_method
 from dpclip.models import layer_names
 from dpclip.run_keys import RunKey
 from dpclip.train import PublicData, TrainConfig
+from dpclip.train.runs import run_class
 from dpclip.pipeline.tuned import tuned_values, with_values
 
 
@@ -88,7 +89,8 @@ def needs_public(cfg: TrainConfig) -> bool:
     """Whether the run reads public data: a method's own use (a public pre-training) or early
     stopping's watched series."""
     method = get_method(cfg.method)
-    return method.needs_public_data(method.typed_options(cfg.method_options)) or \
+    return run_class(method.run_kind).needs_public_data(
+        method.typed_options(cfg.method_options)) or \
         cfg.train.early_stopping.rule != "none" or cfg.train.public_init
 
 

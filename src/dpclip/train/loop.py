@@ -36,22 +36,23 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
               model: nn.Module | None = None) -> Run:
     """Seed, build the model and method, plan the steps, and build the run of the method's
     kind (a private kind finds the noise). ``public``: the public data (:class:`PublicData`,
-    or an (x, y) pair) a method may need (``Method.needs_public_data``) or early stopping
+    or an (x, y) pair) a run kind may need (``Run.needs_public_data``) or early stopping
     watches. ``model``: a model of the caller's own (:mod:`dpclip.api`) instead of
     ``train.model``."""
     method_cls = get_method(cfg.method)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.train.device)
     options = method_cls.typed_options(cfg.method_options)
+    kind = run_class(method_cls.run_kind)
     if model is None:
-        hidden = method_cls.model_hidden(options, cfg.train.hidden)
+        hidden = kind.model_hidden(options, cfg.train.hidden)
         model = build_model(cfg.train.model, feature_shape, n_classes, hidden)
     else:
         hidden = []
     model = model.to(device)
     # a method that pre-trains on public data itself (sanitize's frozen encoder) is not
     # pre-trained twice: both then have the same public pre-training
-    own = method_cls.needs_public_data(options)
+    own = kind.needs_public_data(options)
     public_fit = _public_init(model, cfg, public, device) \
         if cfg.train.public_init and not own else {}
     q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size,
@@ -61,7 +62,7 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
                                       q * n_records, options, model,
                                       cfg.shadow_risk))
     loss_fn = nn.CrossEntropyLoss(reduction="none")
-    run = run_class(method_cls.run_kind)(RunSetup(
+    run = kind(RunSetup(
         model=model, groups=groups, method=method, cfg=cfg, device=device, loss_fn=loss_fn,
         n_records=n_records, q=q, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
         hidden=list(hidden), public=public))

@@ -39,6 +39,26 @@ class Run:
 
     kind: str = ""  # the name a method's run_kind uses
 
+    # the model a run of this kind trains: its hidden widths, whether its own training needs
+    # the public split, and the evaluated model rebuilt from what architecture() saved
+    @classmethod
+    def model_hidden(cls, options, hidden) -> list[int]:
+        """The hidden widths of the model (``train.hidden`` by default); ``options``: the
+        method's validated options."""
+        return list(hidden)
+
+    @classmethod
+    def needs_public_data(cls, options) -> bool:
+        """True: the run's own training reads the public shadow train split (e.g. to pre-train
+        a frozen encoder on it)."""
+        return False
+
+    @classmethod
+    def rebuild_for_evaluation(cls, model: nn.Module, architecture: dict) -> nn.Module:
+        """The evaluated model from the plain one and the saved :meth:`architecture`: a kind
+        that inserted a layer puts it back here."""
+        return model
+
     def __init__(self, setup: RunSetup):
         self.model, self.groups, self.method = setup.model, setup.groups, setup.method
         self.cfg = setup.cfg

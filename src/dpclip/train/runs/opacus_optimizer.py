@@ -1,12 +1,17 @@
 """The ``opacus_optimizer`` run kind: a private run whose method brings an Opacus
-``DPOptimizer`` of its own (:meth:`dpclip.methods.Method.attach` and
-:meth:`~dpclip.methods.Method.opacus_step`) instead of the shared DP step. Sampling, the
-budget guard, the trace and the privacy record are those of :class:`PrivateRun`."""
+``DPOptimizer`` of its own instead of the shared DP step. Sampling, the budget guard, the trace
+and the privacy record are those of :class:`PrivateRun`. Its method defines
+
+* ``attach(model, optimizer, noise_generator)``: (the wrapped model, the DPOptimizer drawing
+  its noise from ``noise_generator``);
+* ``opacus_step(model, loss_fn, x, y, optimizer)``: one step on the batch (possibly empty, then
+  a noise-only step), returning the mean loss."""
 
 from __future__ import annotations
 
 import torch
 
+from dpclip.errors import DpclipError
 from dpclip.train.runs.base import register_run_kind
 from dpclip.train.runs.private import PrivateRun
 
@@ -16,6 +21,12 @@ class OpacusOptimizerRun(PrivateRun):
     kind = "opacus_optimizer"
 
     def attach(self) -> None:
+        missing = [f for f in ("attach", "opacus_step") if not callable(getattr(self.method, f,
+                                                                               None))]
+        if missing:
+            raise DpclipError(f"method {self.method.name!r}: run kind {self.kind!r} needs "
+                              f"{' and '.join(f + '()' for f in missing)} "
+                              f"(dpclip.train.runs.opacus_optimizer)")
         self.model, self.optimizer = self.method.attach(self.model, self.optimizer,
                                                         self.rng.noise)
 

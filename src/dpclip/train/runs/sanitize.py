@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from dpclip.errors import DpclipError
-from dpclip.methods.sanitize import (ClassMeans, SanitizationLayer, noise_for_record_epsilon,
-                                     record_epsilon, with_sanitizer)
+from dpclip.methods.sanitize import (ClassMeans, SanitizationLayer, funnel_widths,
+                                     noise_for_record_epsilon, record_epsilon, with_sanitizer)
 from dpclip.privacy import early_stop_privacy, stopped_epsilon
 from dpclip.pretraining import accuracy_on, held_out_check, pretrain
 from dpclip.train.runs.base import Run, register_run_kind
@@ -27,6 +27,20 @@ from dpclip.train.step import plain_step
 @register_run_kind
 class SanitizeRun(Run):
     kind = "sanitize"
+
+    @classmethod
+    def model_hidden(cls, options, hidden) -> list[int]:
+        return funnel_widths(int(options.n))
+
+    @classmethod
+    def needs_public_data(cls, options) -> bool:
+        return options.encoder == "frozen"
+
+    @classmethod
+    def rebuild_for_evaluation(cls, model, architecture: dict):
+        """The sanitization layer as clip-only (no noise) at evaluation."""
+        sanitizer = architecture["sanitizer"]
+        return with_sanitizer(model, sanitizer["after"], SanitizationLayer(sanitizer["clip"]))
 
     def __init__(self, setup: RunSetup):
         method, n_records = setup.method, setup.n_records
