@@ -931,3 +931,14 @@ def test_a_claim_contradicted_under_one_reading_only_is_listed_apart_with_each_r
             "contradicted (1):\n\n- **c** (") in text
     assert "contradicted under c; not testable here under c-est." in text
     assert "**Multiplicity.**" in text and "p from" in text
+
+
+def test_evidence_outside_a_project_names_the_missing_claims_file(tmp_path, capsys):
+    """It ended in a FileNotFoundError traceback; now one line naming the file, exit 2, and
+    nothing written."""
+    from dpclip.cli import main
+
+    assert main(["--root", str(tmp_path), "evidence"]) == 2
+    err = capsys.readouterr().err
+    assert f"no claims file {tmp_path / 'presets' / 'claims.yaml'}" in err
+    assert list(tmp_path.iterdir()) == []

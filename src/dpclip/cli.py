@@ -215,7 +215,7 @@ def _dispatch(args, params, layout) -> int:
 
 
 def run_stage(stage: Stage, args, params, layout) -> int:
-    """Run one declared stage as its subcommand asks (:mod:`dpclip.pipeline.runner`); print
+    """Run one declared stage as its subcommand asks (:mod:`dpclip.runner`); print
     what its ``describe`` says. Only this stage's module is imported: its command executes no
     other stage's code."""
     runner = importlib.import_module("dpclip.runner")  # its code: dpclip.pipeline.dvc_yaml

@@ -7,16 +7,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
 
 from dpclip.config import Params
 from dpclip.errors import DpclipError
 from dpclip.files import read_json
 from dpclip.layout import Layout
-from dpclip.methods import get_method
-from dpclip.models import build_model
 from dpclip.run_keys import alpha_tag
-from dpclip.train.runs import run_class
 
 POPULATION_SPLITS = {"public": ("shadow_train", "shadow_holdout"),
                      "shadow_train": ("shadow_train",), "shadow_holdout": ("shadow_holdout",)}
@@ -91,23 +87,3 @@ def load_signals(layout: Layout, run: str) -> dict | None:
     with np.load(path) as signals:
         arrays = {name: signals[name] for name in signals.files}
     return {**arrays, "facts": read_json(layout.references(run) / "reference.json")}
-
-
-def load_model(layout: Layout, run: str) -> torch.nn.Module:
-    """The trained model of ``run`` for evaluation, as its run kind rebuilds it
-    (``Run.rebuild_for_evaluation``)."""
-    checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
-                            weights_only=True)
-    return evaluation_model(checkpoint, read_json(layout.run_dir(run) / "record.json")["method"])
-
-
-def evaluation_model(checkpoint: dict, method_name: str) -> torch.nn.Module:
-    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its run kind rebuilds
-    it (``Run.rebuild_for_evaluation``)."""
-    arch = checkpoint["architecture"]
-    method = get_method(method_name)
-    model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
-                        list(arch["hidden"]))
-    model = run_class(method.run_kind).rebuild_for_evaluation(model, arch)
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval()

@@ -26,7 +26,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from dpclip.stage_outputs import load_model, load_split
+from dpclip.pipeline.inputs import load_model
+from dpclip.stage_outputs import load_split
 from dpclip.attacks import available_attacks, get_attack
 from dpclip.config import Params
 from dpclip.data.sources import dataset_label
@@ -238,8 +239,8 @@ NOTE = ("**Model training, not GenAI**: switch the sidebar to *Model training* (
         "configurations with accuracy, ECE, epsilon and the headline attack's AUC and TPR at "
         "low FPR, and charts them. One parent run per pipeline execution (its artifacts hold "
         "the tables summary.json and comparison.json), one child per trained configuration, "
-        "named `<method>-eps<target>-<alpha>-seed<seed>@<DVC experiment or input hash>`, its "
-        "model named the same.")
+        "named `<DVC experiment or input hash> · <method>-eps<target>-<alpha>-seed<seed>`, "
+        "its model named alike.")
 
 
 def _view_version(stored: str | None) -> int | None:

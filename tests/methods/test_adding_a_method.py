@@ -116,3 +116,16 @@ def test_the_model_a_run_trains_belongs_to_its_run_kind_not_to_the_method(plugin
     with pytest.raises(DpclipError, match=r"'half_opacus'.*needs attach\(\) and "
                                           r"opacus_step\(\)"):
         build_run(x.shape[1:], 3, len(x), tiny_train_config(name))
+
+
+def test_a_method_that_defines_what_its_run_kind_owns_is_refused_by_name():
+    """A method written as if it chose its model's widths would train train.hidden without a
+    word: the class is refused where it is defined, naming the hook and where it belongs."""
+    from dpclip.methods.base import Method
+
+    with pytest.raises(TypeError, match=r"Wide defines model_hidden \(the model a run trains "
+                                        r"is its run kind's"):
+        type("Wide", (Method,), {"model_hidden": classmethod(lambda cls, o, h: [64])})
+    with pytest.raises(TypeError, match=r"Typed defines Options \(a method's options are its "
+                                        r"OPTIONS\)"):
+        type("Typed", (Method,), {"Options": object})

@@ -97,6 +97,10 @@ class MethodContext:
 
 
 CONSTANT_CLIP = "nothing: C is constant"  # the controller_data of a method without a controller
+# what a method does not define, and where it belongs: refused rather than silently ignored
+OWNED_ELSEWHERE = {name: "the model a run trains is its run kind's (dpclip.train.runs)"
+                  for name in ("model_hidden", "needs_public_data", "rebuild_for_evaluation")}
+OWNED_ELSEWHERE["Options"] = "a method's options are its OPTIONS"
 
 
 class Method:
@@ -129,6 +133,11 @@ class Method:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        misplaced = [f"{name} ({why})" for name, why in OWNED_ELSEWHERE.items()
+                     if name in cls.__dict__]
+        if misplaced:
+            raise TypeError(f"method class {cls.__name__} defines {'; '.join(misplaced)}: "
+                            f"docs/adding-a-method.md")
         cls._options_model = None
         cls.options_model()  # built with the class: unpickling an options instance needs it
 

@@ -3,20 +3,23 @@
 stages that train the run's configuration again (audit, reference) and provenance all take
 this one resolution (:func:`run_inputs`); ``tuned/tuned.json`` is read once per run. The
 training library (:mod:`dpclip.train`) gets only the :class:`~dpclip.train.TrainConfig` and
-arrays, and reads no file."""
+arrays, and reads no file. What the stages after training read of a run, its trained model
+(:func:`load_model`), is here too: the stages before training import none of the training
+code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from dpclip.stage_outputs import load_partition, load_risk, load_split
 from dpclip.config import Params
 from dpclip.files import read_json
 from dpclip.layout import Layout
 from dpclip.methods import get_method
-from dpclip.models import layer_names
+from dpclip.models import build_model, layer_names
 from dpclip.run_keys import RunKey
 from dpclip.train import PublicData, TrainConfig
 from dpclip.train.runs import run_class
@@ -100,3 +103,23 @@ def checkpoint_of(result, cfg: TrainConfig, meta: dict) -> dict:
             "architecture": {"model": cfg.train.model, "feature_shape": meta["feature_shape"],
                              "n_classes": meta["n_classes"], "hidden": list(cfg.train.hidden),
                              **result.architecture}}
+
+
+def load_model(layout: Layout, run: str) -> torch.nn.Module:
+    """The trained model of ``run`` for evaluation, as its run kind rebuilds it
+    (``Run.rebuild_for_evaluation``)."""
+    checkpoint = torch.load(layout.run_dir(run) / "model.pt", map_location="cpu",
+                            weights_only=True)
+    return evaluation_model(checkpoint, read_json(layout.run_dir(run) / "record.json")["method"])
+
+
+def evaluation_model(checkpoint: dict, method_name: str) -> torch.nn.Module:
+    """A checkpoint's model (:func:`checkpoint_of`) in evaluation mode, as its run kind rebuilds
+    it (``Run.rebuild_for_evaluation``)."""
+    arch = checkpoint["architecture"]
+    method = get_method(method_name)
+    model = build_model(arch["model"], tuple(arch["feature_shape"]), int(arch["n_classes"]),
+                        list(arch["hidden"]))
+    model = run_class(method.run_kind).rebuild_for_evaluation(model, arch)
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval()

@@ -4,7 +4,8 @@ A claim with ``rule: benchmark`` names a check (:data:`CHECKS`: ``probe_share``,
 probe time over its training time; ``step_ratio``, a method's median step over a baseline's)
 and the ``bench.json`` it reads (``file``, relative to the project root);
 :func:`dpclip.reporting.evidence.judge` turns it into "held by the benchmark" or "contradicted
-by the benchmark". A timing is one machine's. The checks: docs/presets.md, "Claims about cost".
+by the benchmark". A timing is one machine's. The checks: docs/presets.md,
+"Claims about cost: measured by `dpclip bench`, not run".
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _setting(bench: dict) -> str:
 
 def probe_share(spec: dict, project: Path) -> Check:
     """The method's probe time over its training time against the paper's overhead, a
-    fraction below 1 (docs/presets.md, "Claims about cost")."""
+    fraction below 1 (docs/presets.md, "Claims about cost: measured by `dpclip bench`, not
+    run")."""
     what = "benchmark check 'probe_share'"
     bench = _bench(spec, project)
     method, model = spec.get("method"), spec.get("model")

@@ -110,6 +110,9 @@ class Finding:
 
 
 def load_claims(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise DpclipError(f"--root: no claims file {path} (dpclip evidence runs in the project "
+                          f"folder, which holds presets/claims.yaml)")
     claims = (yaml.safe_load(path.read_text()) or {}).get("claims") or []
     for claim in claims:
         if "untestable" in claim:

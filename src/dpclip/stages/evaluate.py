@@ -19,8 +19,9 @@ import pandas as pd
 import torch
 
 from dpclip.summaries import filed
-from dpclip.stage_outputs import (load_model, load_partition, load_signals, load_split,
-                              population_source, public_population)
+from dpclip.pipeline.inputs import load_model
+from dpclip.stage_outputs import (load_partition, load_signals, load_split, population_source,
+                                  public_population)
 from dpclip.attacks import (AttackEvidence, ReferenceEvidence, baseline_attack, get_attack,
                             headline_attack)
 from dpclip.attacks import build as build_attack

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dpclip.stage_outputs import evaluation_model, load_split
+from dpclip.stage_outputs import load_split
 from dpclip.config import Params
 from dpclip.errors import ConfigError
 from dpclip.hashing import file_hash
@@ -31,7 +31,7 @@ from dpclip.code_closure import PACKAGE, closure_files
 from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
-from dpclip.pipeline.inputs import checkpoint_of, needs_public, train_config
+from dpclip.pipeline.inputs import checkpoint_of, evaluation_model, needs_public, train_config
 from dpclip.pipeline.tuned import fingerprint, with_values
 
 OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"
@@ -305,8 +305,9 @@ def _search_order(params: Params) -> list[str]:
     """The configured methods, the baseline first under ``tune.shared`` (the others take its
     learning rate and C)."""
     methods = list(params.train.methods)
-    if not params.tune.shared:  # then dp_sgd is configured (dpclip.pipeline.params)
+    if not params.tune.shared:
         return methods
+    # shared: the parameters' check made sure dp_sgd is configured (dpclip.pipeline.params)
     return [BASELINE, *(m for m in methods if m != BASELINE)]
 
 

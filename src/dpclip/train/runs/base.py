@@ -34,8 +34,8 @@ register_run_kind = RUN_KINDS.register  # the class decorator of every run-kind 
 
 class Run:
     """State shared by every run kind. Early stopping watches :meth:`epoch_std` once an epoch
-    (docs/methods.md, "Early stopping"); a run kind that releases a series of its own overrides
-    :meth:`epoch_std` and :meth:`watch_public`."""
+    (docs/methods.md, "Early stopping (every method)"); a run kind that releases a series of
+    its own overrides :meth:`epoch_std` and :meth:`watch_public`."""
 
     kind: str = ""  # the name a method's run_kind uses
 
