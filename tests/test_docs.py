@@ -85,3 +85,36 @@ def test_the_layout_table_names_every_top_level_module_and_package():
                if (p.suffix == ".py" or (p / "__init__.py").exists())
                and not re.search(rf"`(src/dpclip/)?{re.escape(p.name)}/?`", table)]
     assert not missing, f"docs/development.md's layout table leaves out {missing}"
+
+
+# a pointer from the code to the docs: docs/<page>.md, "<heading>" (a docstring may wrap it)
+POINTER = re.compile(r'docs/([a-z_/-]+\.md),\s*(?:#\s*)?"([^"]+)"')
+
+
+def pointers(text: str) -> list[tuple[str, str]]:
+    """(page, heading) of every pointer in ``text``, a heading wrapped over lines joined and
+    its code marks left out, as the docstrings write them."""
+    return [(page, " ".join(heading.replace("`", "").split()))
+            for page, heading in POINTER.findall(text)]
+
+
+def headings(page: Path) -> set[str]:
+    return {line.lstrip("#").strip().replace("`", "") for line in page.read_text().splitlines()
+            if line.startswith("#")}
+
+
+def test_every_pointer_from_the_code_names_a_heading_of_its_page():
+    """The code's long explanations live in the docs, and its docstrings point to them by page
+    and heading: a heading renamed or shortened would leave a reader looking for it."""
+    broken = []
+    for path in (PROJECT / "src").rglob("*.py"):
+        for page, heading in pointers(path.read_text()):
+            target = PROJECT / "docs" / page
+            if not target.is_file() or heading not in headings(target):
+                broken.append(f"{path.relative_to(PROJECT)}: docs/{page}, {heading!r}")
+    assert broken == []
+
+
+def test_the_pointer_check_finds_a_wrapped_pointer():
+    assert pointers('see docs/privacy.md, "The DP\n    step" and docs/a.md, "B"') == \
+        [("privacy.md", "The DP step"), ("a.md", "B")]
