@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dpclip.advise import answer, candidates, seeds_for
+from dpclip.tools.advise import answer, candidates, seeds_for
 from dpclip.cli import main
 from dpclip.errors import DpclipError
 

@@ -150,7 +150,7 @@ def test_bench_reports_ratios_to_dp_sgd(tmp_path, tiny_raw, write_params, capsys
         asked.append((name, steps, model))
         return measured[name]
 
-    monkeypatch.setattr("dpclip.bench.peak_memory", peak_memory)
+    monkeypatch.setattr("dpclip.tools.bench.peak_memory", peak_memory)
     code = main([*base, "bench", "--methods", "dp_sgd", "ww_dp_sgd", "sanitize", "--steps", "2",
                  "--rounds", "2", "--epoch"])
     assert code == 0, capsys.readouterr().err
@@ -195,7 +195,7 @@ def test_peak_memory_is_what_the_steps_add_to_a_fresh_process(tmp_path, tiny_raw
     the tiny MLP."""
     import time
 
-    from dpclip.bench import _RssPeak, peak_memory
+    from dpclip.tools.bench import _RssPeak, peak_memory
 
     with _RssPeak() as peak:
         held = np.ones(64 * 2 ** 20 // 8)  # written, so resident

@@ -61,7 +61,7 @@ def forbidden_pointers(path: Path) -> list[str]:
 
 def test_nothing_points_outside_the_repository():
     files = shipped_files()
-    assert PROJECT / "src" / "dpclip" / "presets.py" in files
+    assert PROJECT / "src" / "dpclip" / "tools" / "presets.py" in files
     found = [hit for path in files for hit in forbidden_pointers(path)]
     assert not found, "pointers to files users do not have:\n" + "\n".join(found)
 

@@ -15,7 +15,7 @@ from dpclip.cli import main
 from dpclip.pipeline.params import parse_params
 from dpclip.errors import DpclipError
 from dpclip.files import read_json
-from dpclip.presets import available_presets, load_preset, variant_params
+from dpclip.tools.presets import available_presets, load_preset, variant_params
 from dpclip.reporting.seed_stats import minimum_exact_seeds, seeds_needed
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_variants_side_by_side_give_the_numbers_one_after_another_gives(tmp_path
         pd.testing.assert_frame_equal(tables[1, variant][columns], tables[2, variant][columns])
     assert not tables[1, "C1"]["accuracy"].equals(tables[1, "C2"]["accuracy"])
     with pytest.raises(DpclipError, match="--jobs: 0 must be at least 1"):
-        from dpclip.presets import run_preset
+        from dpclip.tools.presets import run_preset
         run_preset("tiny", project=tmp_path / "jobs1", jobs=0)
 
 
@@ -119,7 +119,7 @@ def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
     """With one variant there is nothing to put beside it: its runs go side by side instead,
     ``--jobs`` at a time (tests/pipeline/test_side_by_side.py: the same numbers); variants one
     after another (``--jobs 1``) keep their runs in one process."""
-    from dpclip import presets
+    from dpclip.tools import presets
 
     calls = []
     monkeypatch.setattr(presets, "run_in_folder", lambda raw, root, track=False, progress=True,
@@ -138,7 +138,7 @@ def test_one_variant_runs_its_runs_side_by_side(tmp_path, monkeypatch):
 def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, capsys):
     from dpclip.pipeline.params import load_params
     from dpclip.layout import Layout
-    from dpclip.folder_run import expected_cost
+    from dpclip.tools.folder_run import expected_cost
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_project_params()))
     (tmp_path / "presets").mkdir()
@@ -163,7 +163,7 @@ def test_a_preset_states_its_expected_training_time_before_it_trains(tmp_path, c
 
 def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
         tmp_path, tiny_raw, write_params):
-    from dpclip.cost import cost_text, training_cost
+    from dpclip.tools.cost import cost_text, training_cost
     from dpclip.layout import Layout
     from dpclip.run_keys import configured_runs
     from dpclip.pipeline.params import load_params
@@ -238,7 +238,7 @@ def _power_project(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("budget_s, expected_capped", [(10_000, False), (120, True)])
 def test_seeds_by_power_runs_what_the_claims_need_within_the_budget(
         tmp_path, monkeypatch, budget_s, expected_capped):
-    from dpclip import presets
+    from dpclip.tools import presets
 
     project = _power_project(tmp_path)
     calls: list[int] = []
@@ -332,7 +332,7 @@ def test_a_preset_that_takes_tuned_values_keeps_the_tuning_split_and_the_values(
     """A review: tuned values are copied into another preset by hand, and with another data
     section (Fashion-MNIST as public data) the same fractions put all 10,000 tuning records of
     table10_fair_tune among the test records. `dpclip preset` refuses such a preset."""
-    from dpclip.presets import run_preset, tuned_values, tuning_problems
+    from dpclip.tools.presets import run_preset, tuned_values, tuning_problems
 
     good = _tuning_project(tmp_path / "good", {"lr": 0.3142, "clip_norm": 1.5})
     assert tuned_values("tuner", "eps1", good) == {"train.lr": 0.3142, "train.clip_norm": 1.5}
@@ -353,7 +353,7 @@ def test_every_committed_preset_with_tuned_values_matches_its_tuning():
     for name in available_presets(PROJECT / "presets"):
         preset = load_preset(name, PROJECT / "presets")
         if preset.get("tuned_by"):
-            from dpclip.presets import tuning_problems
+            from dpclip.tools.presets import tuning_problems
             assert tuning_problems(preset, PROJECT) == [], name
 
 

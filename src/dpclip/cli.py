@@ -1,7 +1,7 @@
 """The ``dpclip`` command: one subcommand per pipeline stage, and the tools around them.
 
 The stages' subcommands (what dvc.yaml calls) are built from their declarations
-(:mod:`dpclip.catalog`); the tools that are no stage live in :mod:`dpclip.commands`.
+(:mod:`dpclip.catalog`); the tools that are no stage live in :mod:`dpclip.tools.commands`.
 
 Every subcommand validates ``params.yaml`` first; a bad value stops it before any work with one
 message naming the key and the value, and exit status 2.
@@ -151,8 +151,8 @@ def _load(module: str, name: str):
 
 
 def _tool(command: str):
-    """The function of a command that is no pipeline stage (:mod:`dpclip.commands`)."""
-    return _load("dpclip.commands", command)
+    """The function of a command that is no pipeline stage (:mod:`dpclip.tools.commands`)."""
+    return _load("dpclip.tools.commands", command)
 
 
 def _check_choice(key: str, value, allowed: list) -> None:

@@ -31,7 +31,7 @@ from dpclip.models import build_model
 from dpclip.pipeline.params import load_params
 from dpclip.train import build_run
 from dpclip.train.runs import run_class
-from dpclip.cost import bench_config, poisson_batches, step_function, target_data
+from dpclip.tools.cost import bench_config, poisson_batches, step_function, target_data
 
 
 # the anchors: timed with the methods, not methods themselves
@@ -183,7 +183,7 @@ def _has_probe(method: str) -> bool:
 def peak_memory(params_path: str, root: str, name: str, steps: int, model: str,
                 hidden: list[int], batch_size: int) -> float:
     """Peak memory (MiB) of ``steps`` steps of one method or anchor, in a fresh process."""
-    code = ("import sys, json; from dpclip.bench import _child_memory; "
+    code = ("import sys, json; from dpclip.tools.bench import _child_memory; "
             "print(json.dumps(_child_memory(*sys.argv[1:])))")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(16 * 1024)}
     spec = json.dumps({"model": model, "hidden": hidden, "batch_size": batch_size})

@@ -12,7 +12,7 @@ from dpclip.run_keys import configured_runs
 
 def preset(args) -> int:
     """``dpclip preset``: list the presets, or run one (its variants and seeds)."""
-    from dpclip.presets import (available_presets, load_preset, run_preset, seeds_by_power,
+    from dpclip.tools.presets import (available_presets, load_preset, run_preset, seeds_by_power,
                                 write_variants)
 
     root = Path(args.root)
@@ -45,7 +45,7 @@ def preset(args) -> int:
 
 def advise(args, params, layout) -> int:
     """``dpclip advise``: the ranked answer to "which method?" on the user's data."""
-    from dpclip.advise import run_advice
+    from dpclip.tools.advise import run_advice
 
     print(run_advice(Path(args.params), layout.root / args.out, seeds=args.seeds,
                      methods=args.methods, progress=not args.quiet, rank_on=args.rank_on))
@@ -78,8 +78,8 @@ def evidence(args) -> int:
 
 
 def bench(args, params, layout) -> int:
-    """``dpclip bench``: the step times of the methods (:mod:`dpclip.bench`)."""
-    from dpclip.bench import bench as measure
+    """``dpclip bench``: the step times of the methods (:mod:`dpclip.tools.bench`)."""
+    from dpclip.tools.bench import bench as measure
 
     table = measure(params, layout, args.params, args.methods, args.steps, args.rounds,
                     args.models, args.hidden, args.batch_size, memory=not args.no_memory,

@@ -17,7 +17,7 @@ import yaml
 from dpclip.config import with_overrides
 from dpclip.errors import DpclipError
 from dpclip.files import read_json, write_json, write_text
-from dpclip.folder_run import run_in_folder
+from dpclip.tools.folder_run import run_in_folder
 from dpclip.pipeline.params import load_params, parse_params
 from dpclip.reporting.evidence import INCONCLUSIVE, evidence
 from dpclip.reporting.seed_stats import minimum_exact_seeds
@@ -231,7 +231,7 @@ PROGRESS_LOG = "preset.log"  # in a variant's folder: its progress when run side
 
 
 def _run_variant_logged(raw: dict, root: Path, track: bool, progress: bool) -> float:
-    """:func:`~dpclip.folder_run.run_in_folder` with its output (stage lines, progress bars) written to
+    """:func:`~dpclip.tools.folder_run.run_in_folder` with its output (stage lines, progress bars) written to
     ``root/preset.log`` instead of the terminal it would share with the other variants."""
     import contextlib
 

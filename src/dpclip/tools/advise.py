@@ -52,7 +52,7 @@ def run_advice(params_path: Path, root: Path = DEFAULT_ROOT, seeds: int | None =
     """Train what the question needs into ``root`` and return the answer's text. In a folder
     without runs, seed 0 of every method runs first, through every stage, and its measured wall
     time states the other seeds' time before they start (seed 0's runs are then reused)."""
-    from dpclip.folder_run import run_in_folder
+    from dpclip.tools.folder_run import run_in_folder
 
     if not params_path.is_file():
         raise DpclipError(f"--params: {str(params_path)!r} does not exist")

@@ -1,5 +1,5 @@
 """The whole pipeline in a project folder of its own, from a parameters mapping: a preset's
-variant (:mod:`dpclip.presets`) and ``dpclip advise``'s project stand on it side by side."""
+variant (:mod:`dpclip.tools.presets`) and ``dpclip advise``'s project stand on it side by side."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from dpclip.catalog import BY_NAME
-from dpclip.cost import cost_text, training_cost
+from dpclip.tools.cost import cost_text, training_cost
 from dpclip.files import write_text
 from dpclip.layout import Layout
 from dpclip.pipeline.params import load_params
@@ -19,7 +19,7 @@ from dpclip.runner import run_stages
 
 
 def expected_cost(params, layout: Layout) -> dict:
-    """The expected training time of the runs that are not up to date (:mod:`dpclip.bench`)."""
+    """The expected training time of the runs that are not up to date (:mod:`dpclip.tools.bench`)."""
     stale = [key for key in configured_runs(params)
              if not is_current(BY_NAME["train"], params, key, layout)]
     return training_cost(params, layout, stale) if stale else {
