@@ -107,6 +107,13 @@ def test_missing_csv_file_names_data_path(tmp_path, tiny_raw, write_params, caps
     assert not (tmp_path / "data").exists()
 
 
+def test_validate_names_the_file_it_read(tmp_path, tiny_raw, write_params, capsys):
+    """It said "params.yaml is valid" of any --params file."""
+    params = write_params(tiny_raw(), name="tiny.yaml")
+    assert main(["--params", str(params), "validate"]) == 0
+    assert capsys.readouterr().out.strip() == f"{params} is valid"
+
+
 def test_missing_params_file(tmp_path, capsys):
     assert main(["--params", str(tmp_path / "nope.yaml"), "validate"]) == 2
     assert "does not exist" in capsys.readouterr().err

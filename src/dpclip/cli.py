@@ -207,7 +207,7 @@ def _schema(out: str | None) -> int:
 
 def _dispatch(args, params, layout) -> int:
     if args.command == "validate":
-        print("params.yaml is valid")
+        print(f"{args.params} is valid")
         return 0
     if args.command in ("bench", "verify", "advise"):
         return _tool(args.command)(args, params, layout)

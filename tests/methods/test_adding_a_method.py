@@ -120,12 +120,56 @@ def test_the_model_a_run_trains_belongs_to_its_run_kind_not_to_the_method(plugin
 
 def test_a_method_that_defines_what_its_run_kind_owns_is_refused_by_name():
     """A method written as if it chose its model's widths would train train.hidden without a
-    word: the class is refused where it is defined, naming the hook and where it belongs."""
+    word: the class is refused where it is defined, naming the hook and where it belongs; from
+    a plugin module, the command prints that one line (no traceback) and exits 2."""
     from dpclip.methods.base import Method
 
-    with pytest.raises(TypeError, match=r"Wide defines model_hidden \(the model a run trains "
+    with pytest.raises(DpclipError, match=r"Wide defines model_hidden \(the model a run trains "
                                         r"is its run kind's"):
         type("Wide", (Method,), {"model_hidden": classmethod(lambda cls, o, h: [64])})
-    with pytest.raises(TypeError, match=r"Typed defines Options \(a method's options are its "
+    with pytest.raises(DpclipError, match=r"Typed defines Options \(a method's options are its "
                                         r"OPTIONS\)"):
         type("Typed", (Method,), {"Options": object})
+
+
+
+WIDE_METHOD = '''
+from dpclip.methods.base import Method, clip_factors, register
+
+
+@register
+class Wide(Method):
+    name = "wide"
+
+    @classmethod
+    def model_hidden(cls, options, hidden):
+        return [64]
+
+    def scale(self, layer_norms):
+        return clip_factors(layer_norms, self.clip_threshold)
+'''
+
+
+def test_a_method_module_that_defines_what_its_run_kind_owns_stops_the_command_in_one_line(
+        tmp_path, write_params, tiny_raw):
+    """A user's module in src/dpclip/methods/ is imported when params.yaml is read: the refusal
+    is the command's one error line and exit 2, not a traceback (a newcomer met one)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import PROJECT
+
+    src = tmp_path / "src"
+    shutil.copytree(PROJECT / "src", src, ignore=shutil.ignore_patterns("__pycache__",
+                                                                        "*.egg-info"))
+    (src / "dpclip" / "methods" / "wide.py").write_text(WIDE_METHOD)
+    params = write_params(tiny_raw())
+    done = subprocess.run([sys.executable, "-m", "dpclip.cli", "--params", str(params),
+                           "validate"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(src)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "dpclip: error: method class Wide defines model_hidden (the model a run trains is its "
+        "run kind's (dpclip.train.runs)): docs/adding-a-method.md"]

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 from torch import nn
 
-from dpclip.errors import bad_value
+from dpclip.errors import DpclipError, bad_value
 from dpclip.param_types import NUMBER, problems_of, unknown_key
 from dpclip.privacy import ExtraQuery
 from dpclip.randomness import NoiseSources
@@ -136,8 +136,8 @@ class Method:
         misplaced = [f"{name} ({why})" for name, why in OWNED_ELSEWHERE.items()
                      if name in cls.__dict__]
         if misplaced:
-            raise TypeError(f"method class {cls.__name__} defines {'; '.join(misplaced)}: "
-                            f"docs/adding-a-method.md")
+            raise DpclipError(f"method class {cls.__name__} defines {'; '.join(misplaced)}: "
+                              f"docs/adding-a-method.md")
         cls._options_model = None
         cls.options_model()  # built with the class: unpickling an options instance needs it
 
