@@ -13,6 +13,29 @@ def test_only_add_remove_claims_are_audited():
     assert why_not_audited("lm_dp_sgd") is None
     assert why_not_audited("non_private") == "no DP claim"
     assert why_not_audited("sanitize").startswith("replace_one_features adjacency")
+    assert why_not_audited("adaclip_opacus", kind="whitebox") == \
+        "run kind 'opacus_optimizer' has no shared DP step"
+    assert why_not_audited("adaclip_opacus", kind="blackbox") is None
+
+
+def test_the_reason_follows_the_runs_options_as_its_record_does():
+    """sanitize under the paper's accounting claims add/remove adjacency (its record says so):
+    a black-box audit tests that claim, and the white-box audit has no DP step to use. The
+    reason once came from the class and named replace_one_features for every run."""
+    from dpclip.methods import get_method
+
+    sanitize = get_method("sanitize")
+    paper = sanitize.parse_options({"accounting": "paper"})
+    assert sanitize.privacy_claim(paper).adjacency == "add_remove"
+    assert sanitize.privacy_claim(paper).dp_guarantee is False
+    assert why_not_audited("sanitize", paper, "blackbox") is None
+    assert why_not_audited("sanitize", paper, "whitebox") == \
+        "run kind 'sanitize' has no shared DP step"
+    assert why_not_audited("sanitize", sanitize.default_options(), "blackbox").startswith(
+        "replace_one_features adjacency")
+    lm = get_method("lm_dp_sgd")
+    assert lm.privacy_claim(lm.parse_options({"weights": "batch"})).dp_guarantee is False
+    assert lm.privacy_claim().dp_guarantee is True
 
 
 def test_canary_seeds_are_fixed_and_distinct(tiny_raw):

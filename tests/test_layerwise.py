@@ -103,7 +103,8 @@ def test_private_mode_declares_its_query_and_reads_only_the_noisy_release():
 def test_only_the_literal_batch_mode_is_flagged(tmp_path):
     for mode in MODES:
         method = _lm(mode, ["a"])
-        assert method.dp_guarantee is (mode != "batch")
+        assert method.claim.dp_guarantee is (mode != "batch")
+        assert type(method).privacy_claim(method.options) == method.claim
         extras = method.extra_queries(1.0)
         assert (len(extras) == 1) is (mode == "private")
 

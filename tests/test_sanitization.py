@@ -155,6 +155,7 @@ def test_paper_accounting_runs_at_the_methods_batch_and_is_flagged():
                                                       batch_size=8), progress=False)
     record = result.privacy
     assert record["dp_guarantee"] is False and record["sample_rate"] == pytest.approx(0.1)
+    assert record["adjacency"] == "add_remove"  # the notion the paper's accounting claims
     assert "nothing the run gives" in record["epsilon_covers"]
     assert record["steps"] == 4 * 10
     assert record["epsilon"] == pytest.approx(

@@ -18,14 +18,13 @@ import torch
 
 from dpclip.audit.bound import audit
 from dpclip.audit.canaries import GradientCanaries, input_canaries
+from dpclip.audit.status import WHITEBOX_KINDS
 from dpclip.train import build_run
 from dpclip.train.runs import Run
 from dpclip.train.setup import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# the run kinds whose DP step takes gradient canaries (the shared step)
-WHITEBOX_KINDS = ("private",)
 
 
 def not_applicable(kind: str, reason: str) -> dict:
@@ -73,8 +72,8 @@ def audit_whitebox(run: Run, x: np.ndarray, y: np.ndarray, m: int, seed: int,
     """Fit ``run`` (built by :func:`dpclip.train.build_run`, not yet trained) on ``x, y`` with
     at most ``m`` gradient canaries of ``span`` (:func:`canary_span`) in its DP step; the
     bound from their movement."""
-    if run.kind not in WHITEBOX_KINDS:
-        return not_applicable("whitebox", f"run kind {run.kind!r} has no shared DP step")
+    if run.kind not in WHITEBOX_KINDS:  # the audit stage asks why_not_audited first
+        raise ValueError(f"run kind {run.kind!r} has no shared DP step for gradient canaries")
     span = canary_span(run, span)
     canaries = GradientCanaries(run.groups, canaries_that_fit(run, m, span), run.q, seed, span)
     run.canaries = canaries

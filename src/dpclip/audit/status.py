@@ -1,20 +1,29 @@
 """What a run's audit record says in a few words: audited (and with which canaries), or why
-it has no bound. Read by the report's table and the claimed-vs-audited plot's table."""
+it has no bound. Read by the audit stage, ``dpclip cost``, the report's table and the
+claimed-vs-audited plot's table."""
 
 from __future__ import annotations
 
+# the run kinds whose DP step takes gradient canaries (the shared step)
+WHITEBOX_KINDS = ("private",)
 
-def why_not_audited(method: str) -> str | None:
-    """Why a method's runs get no audit (None: they do): no DP claim, or another
-    neighbouring notion than the whole records the canaries add or remove."""
+
+def why_not_audited(method: str, options=None, kind: str | None = None) -> str | None:
+    """Why a method's runs with ``options`` (None: the defaults) get no audit of ``kind``
+    (None: of any kind); None when they do. No DP claim, a neighbouring notion other than the
+    whole records the canaries add or remove, or (white-box) no shared DP step to put gradient
+    canaries in."""
     from dpclip.methods import get_method
 
     method_cls = get_method(method)
+    claim = method_cls.privacy_claim(options)
     if not method_cls.private:
         return "no DP claim"
-    if method_cls.adjacency != "add_remove":
-        return (f"{method_cls.adjacency} adjacency (the canaries are added or removed whole "
+    if claim.adjacency != "add_remove":
+        return (f"{claim.adjacency} adjacency (the canaries are added or removed whole "
                 "records)")
+    if kind == "whitebox" and method_cls.run_kind not in WHITEBOX_KINDS:
+        return f"run kind {method_cls.run_kind!r} has no shared DP step"
     return None
 
 

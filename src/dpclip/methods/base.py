@@ -38,6 +38,17 @@ class StepRelease:
 
 
 @dataclass(frozen=True)
+class PrivacyClaim:
+    """What a run's epsilon is, fixed by its method and options before any training: a DP
+    guarantee or not (``privacy.dp_guarantee``), and under which neighbouring notion
+    (``privacy.adjacency``: add_remove, replace_one_features, None for no DP claim). The run's
+    record, the audit stage and ``dpclip cost`` all read it here."""
+
+    dp_guarantee: bool
+    adjacency: str | None
+
+
+@dataclass(frozen=True)
 class Option:
     """One method parameter in params.yaml (``methods.<method>.<option>``) and its range."""
 
@@ -144,9 +155,16 @@ class Method:
     def __init__(self, context: MethodContext):
         self.context = context
         self.options = self.typed_options(context.options)
+        self.claim = self.privacy_claim(self.options)
         self.clip_threshold = float(context.clip_norm)  # C_t, read before each step
         self.layer_names = list(context.layer_names)
         self.sigma_eff = self.sigma_train = None
+
+    @classmethod
+    def privacy_claim(cls, options: BaseModel | None = None) -> PrivacyClaim:
+        """What a run with ``options`` (None: the defaults) claims: the class's
+        ``dp_guarantee`` and ``adjacency``, unless an option of the method changes them."""
+        return PrivacyClaim(cls.dp_guarantee, cls.adjacency)
 
     @classmethod
     def typed_options(cls, options: BaseModel | None) -> BaseModel:

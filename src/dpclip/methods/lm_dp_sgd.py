@@ -16,8 +16,8 @@ import torch
 
 from dpclip.claim_checks import Check, accounting_numbers
 from dpclip.errors import DpclipError
-from dpclip.methods.base import (Method, MethodContext, Option, StepRelease, Tunable, register,
-                                 rounded, total_norms)
+from dpclip.methods.base import (Method, MethodContext, Option, PrivacyClaim, StepRelease,
+                                 Tunable, register, rounded, total_norms)
 from dpclip.privacy import ExtraQuery, noise_for_epsilon
 from dpclip.randomness import NoiseSources
 
@@ -85,8 +85,12 @@ class LMDPSGD(Method):
         self.public_shares = [float(risk["layers"][n]["norm_share"]) for n in self.layer_names]
         self._risk = risk_factors(self.error_rates, self.options.r)
         self.source = self.options.weights
-        self.dp_guarantee = self.source != "batch"
         self._set_weights(self.public_shares)
+
+    @classmethod
+    def privacy_claim(cls, options=None) -> PrivacyClaim:
+        # batch: w_base from the members' norms of the batch, without noise
+        return PrivacyClaim(cls.typed_options(options).weights != "batch", cls.adjacency)
 
     def data_use(self) -> dict[str, str]:
         base = {"private": "the noisy sum of members' per-layer norm shares (accounted)",

@@ -21,7 +21,7 @@ from torch import nn
 from dpclip.claim_checks import Check, accounting_numbers
 from dpclip.config import BUILT_IN_MODELS
 from dpclip.errors import bad_value
-from dpclip.methods.base import CONSTANT_CLIP, Method, Option, Tunable, register
+from dpclip.methods.base import CONSTANT_CLIP, Method, Option, PrivacyClaim, Tunable, register
 from dpclip.models import per_record_std
 from dpclip.pretraining import PUBLIC_PRETRAINING
 
@@ -270,12 +270,15 @@ class Sanitize(Method):
     def __init__(self, context):
         super().__init__(context)
         self.clip_threshold = float(self.options.clip)
+
+    @classmethod
+    def privacy_claim(cls, options=None) -> PrivacyClaim:
+        options = cls.typed_options(options)
         # joint: the encoder sees raw private features; paper accounting: amplification that
         # shuffled batches do not give. Either way the epsilon is not one the run gives.
-        self.dp_guarantee = (self.options.encoder == "frozen"
-                             and self.options.accounting == "releases")
-        if self.options.accounting == "paper":  # the notion the paper's accounting claims
-            self.adjacency = "add_remove"
+        # The paper's accounting claims add/remove adjacency.
+        return PrivacyClaim(options.encoder == "frozen" and options.accounting == "releases",
+                            "add_remove" if options.accounting == "paper" else cls.adjacency)
 
     def data_use(self) -> dict[str, str]:
         encoder = ("the public shadow_train split (pre-trained without noise, stopped on the "

@@ -44,20 +44,15 @@ def audit(params: Params, method: str, epsilon, alpha, seed: int, layout: Layout
     key = RunKey(method, epsilon, alpha, int(seed))
     run = key.name
     a = params.audit
-    reason = why_not_audited(method)
+    reasons = {kind: "not in audit.kinds" if kind not in a.kinds else
+               why_not_audited(method, params.method_options(method), kind) for kind in KINDS}
     # what the run's training reads, resolved once for every kind and the provenance
-    data = run_inputs(params, key, layout) if reason is None and a.kinds else None
+    data = run_inputs(params, key, layout) if None in reasons.values() else None
     inputs = provenance.inputs(STAGE, params, key, layout,
                           **({} if data is None else {"tuned": data.tuned}))
     use_threads(params.train.threads)
-    results = {}
-    for kind in KINDS:
-        if kind not in a.kinds:
-            results[kind] = not_applicable(kind, "not in audit.kinds")
-        elif reason is not None:
-            results[kind] = not_applicable(kind, reason)
-        else:
-            results[kind] = _audit_kind(params, key, kind, layout, data)
+    results = {kind: not_applicable(kind, reason) if reason is not None else
+               _audit_kind(params, key, kind, layout, data) for kind, reason in reasons.items()}
     write_json(layout.audit(run), results)
     provenance.record(STAGE, layout, key, inputs)
     return results

@@ -97,7 +97,9 @@ def training_cost(params: Params, layout: Layout, keys: list, steps: int = 3) ->
             tic = time.perf_counter()
             step(batch)
             times.append(time.perf_counter() - tic)
-        audits = len(params.audit.kinds) if why_not_audited(method) is None else 0
+        options = params.method_options(method)
+        audits = sum(why_not_audited(method, options, kind) is None
+                     for kind in params.audit.kinds)
         methods[method] = {"runs": sum(key.method == method for key in keys),
                            "steps_per_run": int(run.total_steps),
                            "step_s": float(np.median(times)), "setup_s": setup_s,

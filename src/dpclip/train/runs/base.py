@@ -126,7 +126,7 @@ class Run:
 
     def randomness_record(self) -> dict:
         """The neighbouring notion, how the noise was seeded, and which data each part saw."""
-        return {"adjacency": self.method.adjacency, "secure_noise": self.rng.secure,
+        return {"adjacency": self.method.claim.adjacency, "secure_noise": self.rng.secure,
                 "reproducible": not self.rng.secure,
                 "noise_shared_across_runs": self.cfg.stream_key() is None and not self.rng.secure,
                 "data_use": self.method.data_use()}

@@ -113,7 +113,7 @@ class PrivateRun(Run):
 
     def privacy_record(self) -> dict:
         p = self.cfg.privacy
-        record = {"dp_guarantee": bool(self.method.dp_guarantee), "accountant": p.accountant,
+        record = {"dp_guarantee": bool(self.method.claim.dp_guarantee), "accountant": p.accountant,
                   "target_epsilon": self.cfg.target_epsilon,
                   "epsilon": epsilon_of(p.accountant, self.guard.history, p.delta),
                   "delta": p.delta, "sample_rate": self.q,

@@ -191,7 +191,7 @@ class SanitizeRun(Run):
         epochs, planned = self.epochs_run(), self.cfg.train.epochs
         epsilon = self._epsilon(epochs)
         paper = self.method.options.accounting == "paper"
-        record = {"dp_guarantee": bool(self.method.dp_guarantee),
+        record = {"dp_guarantee": bool(self.method.claim.dp_guarantee),
                   "accountant": "rdp-poisson-as-the-paper" if paper else "rdp-per-record",
                   "target_epsilon": self.cfg.target_epsilon,
                   "epsilon": epsilon, "delta": self.cfg.privacy.delta,
@@ -200,7 +200,7 @@ class SanitizeRun(Run):
                   "releases_per_record": epochs, "epsilon_bound": "fixed_horizon",
                   **self.randomness_record(),
                   "epsilon_covers": "the model (frozen public encoder, head on sanitized "
-                                    "activations)" if self.method.dp_guarantee else
+                                    "activations)" if self.method.claim.dp_guarantee else
                                     "the sanitized activations only (joint encoder)"}
         if paper:  # what the releases give without the claimed amplification
             record["epsilon_of_the_releases"] = record_epsilon(self.sigma, epochs,
