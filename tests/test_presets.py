@@ -168,7 +168,8 @@ def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
     from dpclip.run_keys import configured_runs
     from dpclip.pipeline.params import load_params
 
-    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd"], "seeds": [0, 1]},
+    raw = tiny_raw(train={"methods": ["non_private", "dp_sgd", "adaclip_opacus"],
+                          "seeds": [0, 1]},
                    audit={"kinds": ["whitebox", "blackbox"]}, attack={"references": 4})
     prepared_project(tmp_path, raw, write_params)
     params = load_params(tmp_path / "params.yaml")
@@ -176,13 +177,15 @@ def test_the_stated_time_counts_the_audit_and_reference_models_each_run_trains(
     # the target, one model per audit kind for a run with a DP claim, and the references
     assert cost["methods"]["dp_sgd"]["models_per_run"] == 1 + 2 + 4
     assert cost["methods"]["non_private"]["models_per_run"] == 1 + 0 + 4
+    # no shared DP step for gradient canaries: the black-box audit alone
+    assert cost["methods"]["adaclip_opacus"]["models_per_run"] == 1 + 1 + 4
     per_run = {name: m["steps_per_run"] * m["step_s"] + m["setup_s"]
                for name, m in cost["methods"].items()}
-    assert cost["seconds"] == pytest.approx(2 * per_run["dp_sgd"] + 2 * per_run["non_private"])
-    assert cost["seconds_all"] == pytest.approx(14 * per_run["dp_sgd"]
-                                                + 10 * per_run["non_private"])
+    assert cost["seconds"] == pytest.approx(2 * sum(per_run.values()))
+    assert cost["seconds_all"] == pytest.approx(14 * per_run["dp_sgd"] + 10 * per_run[
+        "non_private"] + 12 * per_run["adaclip_opacus"])
     text = cost_text(cost)
-    assert "(5/7 models a run in all)" in text and text.endswith("evaluation not included)")
+    assert "(5/6/7 models a run in all)" in text and text.endswith("evaluation not included)")
 
 
 # --- seeds by power --------------------------------------------------------------------------
