@@ -96,3 +96,16 @@ def test_the_attacks_tpr_names_the_fpr_it_is_read_at():
     rows = [{**_run("dp_sgd", s, 0.9), "attack_low_fpr": 10 / 357} for s in range(2)]
     text = text_table(_summary(rows))
     assert "lira 0.550 / 0.010 @2.8%" in text and "attack AUC / TPR @FPR" in text
+
+
+def test_a_dash_in_the_attack_or_audit_column_is_explained_below_the_table():
+    """An attack that did not run (no reference models yet) and a run without an audit show
+    "—"; a reader once found the audit's dash explained and the attack's not."""
+    from dpclip.reporting.summary_table import legend
+
+    rows = [_run("adaclip_opacus", s, 0.9, auc=None, audit=None) for s in range(2)]
+    row = text_table(_summary(rows)).splitlines()[1]
+    assert row.count("—") >= 2  # the attack and the audit
+    text = " ".join(legend().split())
+    assert "— = it did not run: the metrics' mia.not_run says why" in text
+    assert "no audit kind that fits the method" in text

@@ -133,6 +133,30 @@ def test_a_method_that_defines_what_its_run_kind_owns_is_refused_by_name():
 
 
 
+MISSPELT_RUN_KIND = '''
+from dpclip.methods.base import Method, clip_factors, register
+
+
+@register
+class Misspelt(Method):
+    name = "misspelt"
+    run_kind = "privat"
+
+    def scale(self, layer_norms):
+        return clip_factors(layer_norms, self.clip_threshold)
+'''
+
+
+def test_a_misspelt_run_kind_is_refused_when_the_parameters_are_read(plugin, tiny_raw):
+    """Once it passed validate and stopped the train stage, after prepare, partition and
+    shadow had run."""
+    name = plugin("dpclip.methods", "misspelt", MISSPELT_RUN_KIND)
+    with pytest.raises(ConfigError, match=r"train.methods: 'misspelt' .*run_kind 'privat' is "
+                                          r"not one of \['opacus_optimizer', 'plain', "
+                                          r"'private', 'sanitize'\]"):
+        parse_params(tiny_raw(train={"methods": [name]}))
+
+
 WIDE_METHOD = '''
 from dpclip.methods.base import Method, clip_factors, register
 

@@ -59,7 +59,7 @@ def parse_params(raw: dict | None) -> Params:
                                   f"rate and C, but train.methods {params.train.methods} has "
                                   f"no dp_sgd"))
     options, method_problems = methods.read_params(methods_raw, params)
-    problems += method_problems + _device_problems(params)
+    problems += method_problems + _run_kind_problems(params) + _device_problems(params)
     if problems:  # a shared old section is read by several methods: its problems once
         raise ConfigError(list(dict.fromkeys(problems)))
     return params.model_copy(update={"methods": options})
@@ -90,6 +90,18 @@ def load_params(path: str | Path = "params.yaml", overrides: dict | None = None)
     if overrides and isinstance(raw, dict):
         raw = with_overrides(raw, overrides)
     return parse_params(raw)
+
+
+def _run_kind_problems(params: Params) -> list[str]:
+    """A configured method whose ``run_kind`` names no run kind (a plugin's misspelling),
+    refused when the parameters are read rather than when the run trains."""
+    from dpclip.train.runs import RUN_KINDS
+
+    kinds = {name: methods.get_method(name).run_kind for name in params.train.methods
+             if name in methods.available_methods()}
+    return [bad_value("train.methods", name, f"names a method whose run_kind {kind!r} is not "
+                                             f"one of {RUN_KINDS.names()} (dpclip.train.runs)")
+            for name, kind in kinds.items() if kind not in RUN_KINDS]
 
 
 def _device_problems(params: Params) -> list[str]:

@@ -182,9 +182,10 @@ LEGEND = (f"target: the target epsilon; eps: the epsilon spent (the largest over
           f"as the same number), ! = no DP guarantee (a paper's literal rule). accuracy: mean over seeds ± half the 95% interval (two or more seeds). attack: the "
           f"attack chosen in advance (attack.headline), its AUC and its TPR at the FPR shown "
           f"(@: the lowest FPR that allows 10 false positives among the holdout records; a "
-          f"smaller holdout gives a larger one). audit eps>=: the one-run audit's lower bound on "
-          f"epsilon (the range over seeds; — = no audit: no DP claim or another neighbouring "
-          f"notion). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction over "
+          f"smaller holdout gives a larger one; — = it did not run: the metrics' mia.not_run "
+          f"says why, e.g. no reference models yet). audit eps>=: the one-run audit's lower "
+          f"bound on epsilon (the range over seeds; — = no audit: no DP claim, another "
+          f"neighbouring notion, or no audit kind that fits the method). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction over "
           f"the methods compared (acc, ECE, AUC, TPR; else \"not distinguishable\"); the exact "
           f"test needs {minimum_exact_seeds()} seeds to decide anything for one method, "
           f"{minimum_exact_seeds(family=8)} for eight.")
