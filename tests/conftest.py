@@ -145,10 +145,11 @@ def gaussian_records(n: int, seed: int = 0) -> tuple:
     return rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 3, size=n)
 
 
-def docs_example(page: str) -> str:
-    """The first Python block of a documentation page (``adding-a-method.md``)."""
+def docs_example(page: str, index: int = 0) -> str:
+    """A Python block of a documentation page (``adding-a-method.md``): the first, or the
+    ``index``-th counted from 0 (``adding-a-run-kind.md``'s method is its second)."""
     text = (PROJECT / "docs" / page).read_text()
-    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    return re.findall(r"```python\n(.*?)```", text, re.S)[index]
 
 
 @pytest.fixture
