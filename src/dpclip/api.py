@@ -23,8 +23,8 @@ from dpclip.models import as_model_input, last_hidden_linear
 from dpclip.train import TrainConfig, TrainResult, train_model
 from dpclip.trace_columns import PRIVATE_DIAGNOSTICS
 from dpclip.train.book_keeping import LayerGroups
+from dpclip.train.runs import run_class
 
-RUN_KINDS = ("private", "plain")  # the run kinds that train a model of the caller's own
 
 
 @dataclass
@@ -69,7 +69,7 @@ def train_private(model: nn.Module, optimizer: torch.optim.Optimizer,
     the OS's entropy (false: from ``seed``, reproducible, and the epsilon protects nothing);
     ``device``: the model's own by default. Every argument: docs/python-api.md."""
     method_cls = get_method(method)
-    if method_cls.run_kind not in RUN_KINDS:
+    if not run_class(method_cls.run_kind).takes_users_model:
         raise DpclipError(f"method: {method!r} cannot take a model of yours: its run "
                           f"({method_cls.run_kind!r}) builds or wraps the model itself; run it "
                           f"through the pipeline with a built-in train.model")

@@ -33,15 +33,8 @@ ROWS = 100  # gaussian_records: 6 features, 3 classes
 
 
 @pytest.fixture
-def dp_gd(plugin, monkeypatch):
-    """The documented run kind and method, each dropped into a folder its package searches.
-    The run kinds' package imports its modules once, when it is imported, and has neither the
-    ``REGISTRY`` nor the ``discover()`` of the other registries' packages, which the plugin
-    fixture calls: they are lent to it here (undone after the plugin fixture's own cleanup)."""
-    import dpclip.train.runs as runs
-
-    monkeypatch.setattr(runs, "REGISTRY", RUN_KINDS, raising=False)
-    monkeypatch.setattr(runs, "discover", RUN_KINDS.discover, raising=False)
+def dp_gd(plugin):
+    """The documented run kind and method, each dropped into a folder its package searches."""
     plugin("dpclip.train.runs", "full_batch", docs_example(PAGE))
     return plugin("dpclip.methods", "dp_gd", docs_example(PAGE, 1))
 
@@ -153,26 +146,31 @@ def test_the_documented_method_keeps_the_contract(dp_gd, monkeypatch, tmp_path):
     check_resume(dp_gd, monkeypatch, tmp_path)
 
 
-def test_what_the_guide_says_a_new_kind_does_not_get(dp_gd, tmp_path):
-    """No white-box audit (the black-box one runs), no noise matched by the tuning trials, no
-    model of the user's own; docs/adding-a-run-kind.md says so."""
+def test_what_the_guide_says_a_new_kind_gets_and_does_not_get(dp_gd, tmp_path):
+    """Both audits (the kind runs the shared DP step, and says so by inheriting
+    takes_gradient_canaries), no noise matched by the tuning trials, no model of the user's
+    own; docs/adding-a-run-kind.md says so. The kinds' answers were once name lists in three
+    modules, and the white-box audit refused this kind although it runs the shared step."""
     from dpclip import api
-    from dpclip.audit.run import audit_blackbox
+    from dpclip.audit.run import audit_blackbox, audit_whitebox
     from dpclip.audit.status import why_not_audited
     from dpclip.stages.tune import with_the_runs_steps
+    from dpclip.train import build_run
 
-    assert why_not_audited(dp_gd, kind="whitebox") == "run kind 'full_batch' has no shared DP step"
+    assert why_not_audited(dp_gd, kind="whitebox") is None
     assert why_not_audited(dp_gd, kind="blackbox") is None
     x, y = gaussian_records(ROWS)
     px, py = gaussian_records(40, seed=2)
-    verdict = audit_blackbox(x, y, px, py, (6,), 3, tiny_train_config(dp_gd), m=20, seed=0)
+    cfg = tiny_train_config(dp_gd)
+    verdict = audit_whitebox(build_run((6,), 3, ROWS, cfg), x, y, m=50, seed=0)
+    assert verdict["applicable"] and not verdict["violated"] and verdict["canaries"] == 50
+    verdict = audit_blackbox(x, y, px, py, (6,), 3, cfg, m=20, seed=0)
     assert verdict["applicable"] and not verdict["violated"]
     assert verdict["claimed_epsilon"] <= 4.0
 
-    cfg = tiny_train_config(dp_gd)
     assert with_the_runs_steps(cfg, 50, ROWS).target_epsilon == cfg.target_epsilon
     assert with_the_runs_steps(tiny_train_config("dp_sgd"), 50, ROWS).target_epsilon != \
-        cfg.target_epsilon  # a calibrated kind's trial gets the run's noise
+        cfg.target_epsilon  # a Poisson kind's trial gets the run's noise
     with pytest.raises(DpclipError, match=r"'dp_gd' cannot take a model of yours"):
         api.train_private(torch.nn.Linear(6, 3), None, None, method=dp_gd)
 
@@ -195,3 +193,27 @@ def test_the_documented_method_runs_through_the_stages(dp_gd, tiny_raw, tmp_path
     assert 8.0 - 0.1 <= privacy["epsilon"] <= 8.0
     evaluate(params, dp_gd, 8, "iid", 0, layout)
     assert np.isfinite(privacy["noise_multiplier"])
+
+
+def test_a_run_kind_installed_as_a_plugin_is_found(tmp_path):
+    """A package of the user's own that declares the ``dpclip.run_kinds`` entry point, as the
+    methods', attacks' and sources' plugins do: once, nothing loaded that group, and only a
+    module saved in src/dpclip/train/runs/ was a run kind."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_kinds.py").write_text(docs_example(PAGE).replace(
+        '"full_batch"', '"my_full_batch"'))
+    info = tmp_path / "my_kinds-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kinds\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[dpclip.run_kinds]\nmy_full_batch = my_kinds\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "from dpclip.train.runs import run_class; "
+                               "print(run_class('my_full_batch').__module__)"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "my_kinds"

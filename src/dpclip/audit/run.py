@@ -18,7 +18,6 @@ import torch
 
 from dpclip.audit.bound import audit
 from dpclip.audit.canaries import GradientCanaries, input_canaries
-from dpclip.audit.status import WHITEBOX_KINDS
 from dpclip.train import build_run
 from dpclip.train.runs import Run
 from dpclip.train.setup import TrainConfig
@@ -72,7 +71,7 @@ def audit_whitebox(run: Run, x: np.ndarray, y: np.ndarray, m: int, seed: int,
     """Fit ``run`` (built by :func:`dpclip.train.build_run`, not yet trained) on ``x, y`` with
     at most ``m`` gradient canaries of ``span`` (:func:`canary_span`) in its DP step; the
     bound from their movement."""
-    if run.kind not in WHITEBOX_KINDS:  # the audit stage asks why_not_audited first
+    if not run.takes_gradient_canaries:  # the audit stage asks why_not_audited first
         raise ValueError(f"run kind {run.kind!r} has no shared DP step for gradient canaries")
     span = canary_span(run, span)
     canaries = GradientCanaries(run.groups, canaries_that_fit(run, m, span), run.q, seed, span)

@@ -4,16 +4,13 @@ claimed-vs-audited plot's table."""
 
 from __future__ import annotations
 
-# the run kinds whose DP step takes gradient canaries (the shared step)
-WHITEBOX_KINDS = ("private",)
-
-
 def why_not_audited(method: str, options=None, kind: str | None = None) -> str | None:
     """Why a method's runs with ``options`` (None: the defaults) get no audit of ``kind``
     (None: of any kind); None when they do. No DP claim, a neighbouring notion other than the
     whole records the canaries add or remove, or (white-box) no shared DP step to put gradient
     canaries in."""
     from dpclip.methods import get_method
+    from dpclip.train.runs import run_class
 
     method_cls = get_method(method)
     claim = method_cls.privacy_claim(options)
@@ -22,7 +19,7 @@ def why_not_audited(method: str, options=None, kind: str | None = None) -> str |
     if claim.adjacency != "add_remove":
         return (f"{claim.adjacency} adjacency (the canaries are added or removed whole "
                 "records)")
-    if kind == "whitebox" and method_cls.run_kind not in WHITEBOX_KINDS:
+    if kind == "whitebox" and not run_class(method_cls.run_kind).takes_gradient_canaries:
         return f"run kind {method_cls.run_kind!r} has no shared DP step"
     return None
 

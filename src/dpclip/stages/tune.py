@@ -31,6 +31,7 @@ from dpclip.code_closure import PACKAGE, closure_files
 from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
+from dpclip.train.runs import run_class
 from dpclip.pipeline.inputs import checkpoint_of, evaluation_model, needs_public, train_config
 from dpclip.pipeline.tuned import fingerprint, with_values
 
@@ -112,10 +113,6 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
     return float(np.mean(selection == data.val_y)), float(np.mean(held_out == data.test_y))
 
 
-# run kinds whose noise is calibrated to the target epsilon at Poisson rate q = B / n
-CALIBRATED_RUN_KINDS = ("private", "opacus_optimizer")
-
-
 def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int,
                         trial_epochs: int | None = None) -> TrainConfig:
     """A trial on ``n_public`` public records that takes the steps of the run on ``members``
@@ -132,7 +129,8 @@ def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int,
     _, per_epoch, _ = plan_steps(n_public, train.batch_size, 1)
     trial_steps = steps * (trial_epochs or train.epochs) / train.epochs
     trial = cfg.with_train(epochs=max(1, round(trial_steps / per_epoch)))
-    if cfg.target_epsilon is None or get_method(cfg.method).run_kind not in CALIBRATED_RUN_KINDS:
+    if cfg.target_epsilon is None or \
+            not run_class(get_method(cfg.method).run_kind).noise_for_poisson_plan:
         return trial
     privacy = cfg.privacy
     sigma = noise_for_epsilon(cfg.target_epsilon, privacy.delta, q, steps, privacy.accountant,

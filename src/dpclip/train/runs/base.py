@@ -38,6 +38,13 @@ class Run:
     its own overrides :meth:`epoch_std` and :meth:`watch_public`."""
 
     kind: str = ""  # the name a method's run_kind uses
+    # What the pipeline may do with a run of this kind: the kind says so here, and a subclass
+    # inherits its parent's answers (docs/adding-a-run-kind.md, "What a new kind gets")
+    takes_gradient_canaries: bool = False  # the white-box audit's canaries enter its DP step
+    # its sigma is searched for the target epsilon at the Poisson plan (q = B / n, T steps), so
+    # a tuning trial can run at the run's own noise (dpclip.stages.tune)
+    noise_for_poisson_plan: bool = False
+    takes_users_model: bool = False  # dpclip.api.train_private may train a caller's model
 
     # the model a run of this kind trains: its hidden widths, whether its own training needs
     # the public split, and the evaluated model rebuilt from what architecture() saved

@@ -19,6 +19,8 @@ from dpclip.train.runs.private import PrivateRun
 @register_run_kind
 class OpacusOptimizerRun(PrivateRun):
     kind = "opacus_optimizer"
+    # Opacus's optimizer, not the shared step, adds the noise; it wraps the model itself
+    takes_gradient_canaries = takes_users_model = False
 
     def attach(self) -> None:
         missing = [f for f in ("attach", "opacus_step") if not callable(getattr(self.method, f,

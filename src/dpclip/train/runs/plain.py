@@ -15,7 +15,7 @@ from dpclip.train.step import plain_step
 class PlainRun(Run):
     """Non-private: shuffled minibatches, mean loss, no clipping, no noise."""
     kind = "plain"
-
+    takes_users_model = True
 
     def run_epoch(self, x, y, epoch: int, bar) -> bool:
         n = len(x)

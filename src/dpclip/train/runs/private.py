@@ -26,7 +26,7 @@ PRV_TRACE_POINTS = 50
 class PrivateRun(Run):
     """DP run: Poisson batches, the shared DP step, accounting and the budget guard."""
     kind = "private"
-
+    takes_gradient_canaries = noise_for_poisson_plan = takes_users_model = True
 
     def __init__(self, setup: RunSetup):
         super().__init__(setup)
