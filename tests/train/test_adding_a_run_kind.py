@@ -108,6 +108,17 @@ def test_the_record_is_opacus_epsilon_for_every_record_in_every_step(dp_gd):
     assert result.trace[-1]["epsilon_spent"] == privacy["epsilon"]
 
 
+def test_the_method_is_told_the_batch_the_kind_plans(dp_gd):
+    """The kind plans before the method is built: a controller reading its context's expected
+    batch calibrates for the N records of every step (once it was told train.batch_size's B,
+    and a batch size above N was refused although this kind reads none)."""
+    from dpclip.train import build_run
+
+    run = build_run((6,), 3, ROWS, tiny_train_config(dp_gd, batch_size=ROWS + 50))
+    assert run.method.context.expected_batch == ROWS
+    assert (run.q, run.steps_per_epoch, run.total_steps) == (1.0, 1, run.cfg.train.epochs)
+
+
 def test_a_step_is_every_record_clipped_and_summed_with_noise_of_std_sigma_c(dp_gd):
     """The update of one epoch (one step, lr 1, no momentum) times N is the sum of the N
     clipped per-record gradients (computed apart here) plus noise of std sigma C: exactly the

@@ -26,8 +26,8 @@ from dpclip.models import as_model_input, build_model, count_parameters
 from dpclip.pretraining import PUBLIC_PRETRAINING, pretrain
 from dpclip.train.checkpoint import Checkpoint
 from dpclip.train.runs import Run, run_class
-from dpclip.train.setup import (PublicData, RunSetup, TrainConfig, TrainResult, plan_steps,
-                                resolve_device, seed_everything)
+from dpclip.train.setup import (PublicData, RunSetup, TrainConfig, TrainResult, resolve_device,
+                                seed_everything)
 from dpclip.train.book_keeping import LayerGroups
 
 
@@ -55,8 +55,7 @@ def build_run(feature_shape: tuple[int, ...], n_classes: int, n_records: int,
     own = kind.needs_public_data(options)
     public_fit = _public_init(model, cfg, public, device) \
         if cfg.train.public_init and not own else {}
-    q, steps_per_epoch, total_steps = plan_steps(n_records, cfg.train.batch_size,
-                                                 cfg.train.epochs, cfg.sample_rate)
+    q, steps_per_epoch, total_steps = kind.plan(n_records, cfg, options)
     groups = LayerGroups.of(model)
     method = method_cls(MethodContext(cfg.train.clip_norm, groups.names, count_parameters(model),
                                       q * n_records, options, model,

@@ -17,7 +17,7 @@ from dpclip.models import as_model_input
 from dpclip.randomness import NoiseSources
 from dpclip.registry import Registry
 from dpclip.train.early_stopping import decide, public_representation_std
-from dpclip.train.setup import RunSetup, make_optimizer
+from dpclip.train.setup import RunSetup, make_optimizer, plan_steps
 
 # the row of a run's progress bar on the terminal: each worker of runs going side by side
 # sets its own (dpclip.pipeline.side_by_side, which cannot import this module: it runs before
@@ -53,6 +53,13 @@ class Run:
         """The hidden widths of the model (``train.hidden`` by default); ``options``: the
         method's validated options."""
         return list(hidden)
+
+    @classmethod
+    def plan(cls, n_records: int, cfg, options) -> tuple[float, int, int]:
+        """(q, steps per epoch, total steps T) of a run on ``n_records``: Poisson sampling at
+        q = ``train.batch_size`` / n (or ``cfg.sample_rate``) by default. Planned before the
+        method is built, whose context's expected batch is q n."""
+        return plan_steps(n_records, cfg.train.batch_size, cfg.train.epochs, cfg.sample_rate)
 
     @classmethod
     def needs_public_data(cls, options) -> bool:

@@ -42,17 +42,23 @@ class SanitizeRun(Run):
         sanitizer = architecture["sanitizer"]
         return with_sanitizer(model, sanitizer["after"], SanitizationLayer(sanitizer["clip"]))
 
+    @classmethod
+    def plan(cls, n_records: int, cfg, options) -> tuple[float, int, int]:
+        """Shuffled batches of the method's own size and its own epochs: every record is in
+        every epoch (q = 1), one batch at a time."""
+        batch = min(options.batch_size or cfg.train.batch_size, n_records)
+        steps_per_epoch = math.ceil(n_records / batch)
+        return 1.0, steps_per_epoch, options.epochs * steps_per_epoch
+
     def __init__(self, setup: RunSetup):
         method, n_records = setup.method, setup.n_records
         opts = method.options
         cfg = setup.cfg.with_train(epochs=opts.epochs,  # the method's own epochs and batch
                                    batch_size=opts.batch_size or setup.cfg.train.batch_size)
-        batch = min(cfg.train.batch_size, n_records)
-        steps_per_epoch = math.ceil(n_records / batch)
         # the paper's accounting: one Poisson-subsampled use per step (not what the run gives)
         paper = opts.accounting == "paper"
-        self.sample_rate = batch / n_records if paper else 1.0
-        self.uses_per_epoch = steps_per_epoch if paper else 1
+        self.sample_rate = min(cfg.train.batch_size, n_records) / n_records if paper else 1.0
+        self.uses_per_epoch = setup.steps_per_epoch if paper else 1
         self.sigma = noise_for_record_epsilon(cfg.target_epsilon, cfg.privacy.delta,
                                               cfg.train.epochs * self.uses_per_epoch,
                                               cfg.privacy.epsilon_tolerance, self.sample_rate)
@@ -60,9 +66,8 @@ class SanitizeRun(Run):
         self.after = f"act{len(setup.hidden)}"  # the n-wide layer's ReLU
         self.san_layer = f"fc{len(setup.hidden)}"
         model = with_sanitizer(setup.model, self.after, self.sanitizer)
-        super().__init__(dataclasses.replace(
-            setup, model=model, groups=LayerGroups.of(model), cfg=cfg, q=1.0,
-            steps_per_epoch=steps_per_epoch, total_steps=cfg.train.epochs * steps_per_epoch))
+        super().__init__(dataclasses.replace(setup, model=model, groups=LayerGroups.of(model),
+                                             cfg=cfg))
         self.hidden = list(setup.hidden)
         self.epoch_stds: list[float] = []  # this epoch's batch means of sanitized stds
         self.public_pretrain_s = 0.0
