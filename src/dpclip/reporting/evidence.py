@@ -250,15 +250,18 @@ def _paired_row(key: dict, baseline: str, mine: pd.Series, theirs: pd.Series) ->
             "difference": mean, "difference_low": low, "difference_high": high, "p": p}
 
 
-def _comparisons(table: pd.DataFrame, method: str, baselines: list[str],
-                 metric: str) -> list[dict]:
-    """Per configuration and baseline: both means with intervals and the paired difference."""
+def _comparisons(table: pd.DataFrame, method: str, baselines: list[str], metric: str,
+                 bound: float | None = None) -> list[dict]:
+    """Per configuration and baseline: both means with intervals and the paired difference.
+    With ``bound`` (``at_most``, no baselines), the method's metric against that fixed number,
+    seed by seed: the "baseline" :data:`BOUND` is the bound on every seed."""
     rows = []
     for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
-        key = dict(zip(CONFIGURATION, values))
-        for baseline in baselines:
-            rows.append(_paired_row(key, baseline, _by_seed(group, method, metric),
-                                    _by_seed(group, baseline, metric)))
+        key, mine = dict(zip(CONFIGURATION, values)), _by_seed(group, method, metric)
+        for baseline in baselines or [BOUND]:
+            theirs = _by_seed(group, baseline, metric) if bound is None else \
+                pd.Series(float(bound), index=mine.index)
+            rows.append(_paired_row(key, baseline, mine, theirs))
     return rows
 
 
@@ -297,17 +300,6 @@ def _mark_fair(rows: list[dict], claim: dict, gate_table: pd.DataFrame, rule: st
     status = gate_status(claim, gate_table)
     for row in rows:
         row["gate_ok"] = status.get(_label(row), False)
-
-
-def _bound_rows(table: pd.DataFrame, method: str, metric: str, bound: float) -> list[dict]:
-    """Per configuration: the method's metric against a fixed bound, seed by seed (the
-    one-sample form of :func:`_paired_row`: the "baseline" is the bound on every seed)."""
-    rows = []
-    for values, group in table.groupby(CONFIGURATION, sort=True, dropna=False):
-        mine = _by_seed(group, method, metric)
-        rows.append(_paired_row(dict(zip(CONFIGURATION, values)), BOUND, mine,
-                                pd.Series(float(bound), index=mine.index)))
-    return rows
 
 
 def _spread_rows(table: pd.DataFrame, method: str, baseline: str, metric: str) -> list[dict]:
@@ -748,7 +740,7 @@ def _rows(claim: dict, runs: _Runs) -> tuple[list[dict], int, str]:
         rows = _spread_rows(runs.compared, method, baselines[0], metric)
         sign, metric_text = -1, f"range of {metric} over the variants"  # smaller is better
     elif rule == "at_most":
-        rows = _bound_rows(runs.compared, method, metric, claim["bound"])
+        rows = _comparisons(runs.compared, method, [], metric, claim["bound"])
         sign, metric_text = -1, metric
     else:
         rows = _comparisons(runs.compared, method, baselines, metric)
