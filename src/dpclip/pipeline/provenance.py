@@ -26,7 +26,7 @@ from dpclip.layout import Layout
 from dpclip.methods import get_method
 from dpclip.run_keys import RunKey, alpha_tag, configured_runs
 from dpclip.pipeline.side_by_side import run_side_by_side
-from dpclip.pipeline.tuned import tuned_values
+from dpclip.pipeline.tuned import tuned_values, value_at
 from dpclip.threads import thread_count
 
 READ = object()  # inputs(): read the run's tuned values (none were given)
@@ -79,19 +79,13 @@ def code_files(stage: Stage, method: str, params=None) -> dict[str, Path]:
     return files
 
 
-def _lookup(tree: dict, dotted: str):
-    for part in dotted.split("."):
-        tree = tree[part]
-    return tree
-
-
 def inputs(stage: Stage, params, key, layout: Layout, tuned=READ) -> dict:
     """The run's inputs: parameter values and file hashes (``key``: a
     :class:`~dpclip.run_keys.RunKey`). ``tuned``: the run's tuned values when the caller has
     resolved the run already (:func:`dpclip.pipeline.inputs.run_inputs`); read otherwise."""
     runs = stage.per_run
     tree = params.to_dict()
-    values = {k: _lookup(tree, k) for k in runs.params}
+    values = {k: value_at(tree, k) for k in runs.params}
     if "train.threads" in values:  # results depend on the count, not on the setting
         values["train.threads"] = thread_count(values["train.threads"])
     if runs.method_options:

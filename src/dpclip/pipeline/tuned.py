@@ -39,6 +39,13 @@ def with_values(params: Params, values: dict) -> Params:
     return parse_params(with_overrides(params.to_dict(), overrides))
 
 
+def value_at(tree: dict, dotted: str):
+    """The value of a dotted key (``train.lr``) in nested sections."""
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
 def fingerprint(params: Params, method: str) -> str:
     """SHA-256 of what a search for ``method`` depends on besides the data: the training and
     privacy settings, the method's options and the ``tune`` section."""

@@ -33,7 +33,7 @@ from dpclip.threads import use_threads
 from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
 from dpclip.train.runs import run_class
 from dpclip.pipeline.inputs import checkpoint_of, evaluation_model, needs_public, train_config
-from dpclip.pipeline.tuned import fingerprint, with_values
+from dpclip.pipeline.tuned import fingerprint, value_at, with_values
 
 OBJECTIVE = "accuracy on the selection quarter of the public shadow_holdout split"
 BASELINE = "dp_sgd"
@@ -146,13 +146,6 @@ def _suggest(trial, key: str, t: Tunable):
     return trial.suggest_float(key, t.low, t.high, log=t.log)
 
 
-def _current(params: Params, key: str):
-    node = params.to_dict()
-    for part in key.split("."):
-        node = node[part]
-    return node
-
-
 def tuning_space(params: Params, method: str) -> dict[str, Tunable]:
     """What a search for ``method`` varies (:meth:`dpclip.methods.base.Method.tuning_space`)."""
     cls = get_method(method)
@@ -178,7 +171,7 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
         params = with_values(params, given)
         space = {key: t for key, t in space.items() if key not in given}
     trials = tune.trials if space else 1
-    defaults = {key: _current(params, key) for key in space}
+    defaults = {key: value_at(params.to_dict(), key) for key in space}
     sampler = optuna.samplers.TPESampler(seed=tune.seed,
                                          n_startup_trials=min(10, max(2, tune.trials // 2)))
     study = optuna.create_study(direction="maximize", sampler=sampler)
