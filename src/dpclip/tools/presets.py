@@ -150,21 +150,16 @@ def write_variants(name: str, *, project: Path = Path("."), datasets: Path | Non
     return folders
 
 
-def default_jobs() -> int:
-    """One variant process per CPU this process may use."""
-    return cpu_count()
-
-
 def run_preset(name: str, *, variants: list[str] | None = None, project: Path = Path("."),
                datasets: Path | None = None, track: bool = False, progress: bool = True,
                seeds: int | None = None, jobs: int | None = None) -> dict:
     """Run the preset's variants (all by default), with seeds 0 .. ``seeds`` - 1 instead of the
     preset's own when given, ``jobs`` variants at a time in processes of their own (default:
-    :func:`default_jobs`); write and return ``preset.json``. Runs already done are not run
+    one per CPU); write and return ``preset.json``. Runs already done are not run
     again (the per-run provenance), so more seeds only train the new ones. A variant that fails
     stops no other: the others finish and are recorded, then the first failure is raised."""
     asked = jobs
-    jobs = default_jobs() if jobs is None else jobs
+    jobs = cpu_count() if jobs is None else jobs
     if jobs < 1:
         raise DpclipError(f"--jobs: {jobs} must be at least 1")
     preset = load_preset(name, project / PRESETS)
