@@ -154,12 +154,11 @@ def plan_steps(n_records: int, batch_size: int, epochs: int,
         if not 0 < sample_rate <= 1:
             raise DpclipError(f"sample_rate: {sample_rate} is not in (0, 1]")
         q = float(sample_rate)
-        steps_per_epoch = max(1, int(1 / q))
-        return q, steps_per_epoch, epochs * steps_per_epoch
-    if batch_size > n_records:
+    elif batch_size > n_records:
         raise DpclipError(f"train.batch_size: {batch_size} is larger than the training set "
                           f"({n_records} records)")
-    q = batch_size / n_records
+    else:
+        q = batch_size / n_records
     steps_per_epoch = max(1, int(1 / q))  # Opacus's sampler default: one pass in expectation
     return q, steps_per_epoch, epochs * steps_per_epoch
 
