@@ -378,8 +378,10 @@ def _log_pipeline(params: Params, layout: Layout, runs: list[RunKey], jobs: int,
                 example=splits.example())
             for _ in log_children(children, new, jobs):
                 pass
+        # the search (UI or search_runs) that lists every configuration of this execution,
+        # the reused ones included
         mlflow.set_tags({"dpclip.reused_runs": ",".join(reused)[:5000],
-                         "dpclip.children_filter": _children_filter(parent_id)})
+                         "dpclip.children_filter": f"tags.`{PIPELINES_TAG}` LIKE '%{parent_id}%'"})
         summary = {"parent_run_id": parent_id, "experiment": experiment_name(params),
                    "experiment_id": experiment_id,
                    "tracking_uri": mlflow.get_tracking_uri(),
@@ -539,12 +541,6 @@ def _unique_name(mlflow, experiment_id: str, run: str, name: str, fingerprint: s
 def model_name(run_name: str) -> str:
     """A logged model's name for a child run (MLflow refuses ``/ : . % " '`` in it)."""
     return run_name.translate(_MODEL_NAME_BAD)
-
-
-def _children_filter(parent_id: str) -> str:
-    """The search (UI or ``search_runs``) that lists every configuration of one pipeline
-    execution, the reused ones included."""
-    return f"tags.`{PIPELINES_TAG}` LIKE '%{parent_id}%'"
 
 
 def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:

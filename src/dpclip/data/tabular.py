@@ -48,9 +48,6 @@ class CsvTable:
         order = {label: code for code, label in enumerate(_class_order(self.labels))}
         return self.labels.map(order).to_numpy(dtype=np.int64)
 
-    def missing_counts(self) -> dict[str, int]:
-        return {col: int(n) for col, n in self.frame.isna().sum().items()}
-
 
 @dataclass(frozen=True)
 class CsvEncoder:
@@ -85,7 +82,7 @@ class CsvEncoder:
     def describe(self, table: CsvTable) -> dict:
         """The encoded columns, and the missing cells of ``table`` counted per column (a local
         diagnostic of the whole file; the encoding does not depend on it)."""
-        missing = table.missing_counts()
+        missing = {col: int(n) for col, n in table.frame.isna().sum().items()}
         return {"source": str(table.path), "feature_names": self.feature_names,
                 "numeric_columns": list(self.numeric), "categorical_columns": list(self.levels),
                 "missing_values": missing, "missing_total": int(sum(missing.values()))}

@@ -63,7 +63,9 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout,
     a = params.audit
     seed = canary_seed(params, key.name, kind)
     name = f"{key.name} ({kind} audit)"
-    confidence = kind_confidence(params)
+    # audit.confidence split (Bonferroni) over the kinds run, so the larger of their bounds
+    # (the summary's) holds at audit.confidence
+    confidence = 1.0 - (1.0 - a.confidence) / max(1, len(a.kinds))
     # the audit's own noise: trained with the released run's streams, its model would differ
     # from the released one by the canaries' effect alone (never released, but no reason to)
     cfg = replace(data.cfg, data_label=f"{data.cfg.data_label} audit={kind}")
@@ -74,12 +76,6 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout,
     px, py, _ = load_split(layout, "shadow_holdout")  # public, disjoint from the members
     return audit_blackbox(data.x, data.y, px, py, data.shape, data.n_classes, cfg,
                           min(a.input_canaries, len(px)), seed, confidence, name, data.public)
-
-
-def kind_confidence(params: Params) -> float:
-    """Each kind's confidence: ``audit.confidence`` split (Bonferroni) over the kinds run, so
-    the larger of their bounds (the summary's) holds at ``audit.confidence``."""
-    return 1.0 - (1.0 - params.audit.confidence) / max(1, len(params.audit.kinds))
 
 
 def describe(result: dict, layout: Layout) -> str:

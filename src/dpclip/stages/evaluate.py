@@ -57,11 +57,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return torch.softmax(torch.as_tensor(logits), dim=1).double().numpy()
 
 
-def _finite_or_none(value):
-    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) \
-        else value
-
-
 def public_accuracy(layout: Layout, model: torch.nn.Module) -> float | None:
     """Accuracy on the public shadow holdout when it is drawn from the same data set as the
     members (None otherwise, or when it is empty): a score a choice between runs can read
@@ -176,7 +171,8 @@ def evaluate(params: Params, method: str, epsilon, alpha, seed: int,
         "run": run, "dataset": record["dataset"],
         "dataset_id": read_json(layout.prepared_meta)["dataset_id"], "method": method,
         "alpha": record["alpha"], "seed": record["seed"],
-        "privacy": {k: _finite_or_none(v) for k, v in privacy.items()},
+        "privacy": {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                    for k, v in privacy.items()},
         "utility": utility, "mia": mia, "clip": clip_summary(trace),
         "training": record["training"], "device": record["device"],
     }

@@ -98,15 +98,6 @@ def table_schema(params: Params):
     return options_of(params.data, params.data.dataset)
 
 
-def _no_public_rows(params: Params) -> DpclipError:
-    return DpclipError(
-        f"data.split.shadow_train: {params.data.split.shadow_train!r} leaves the public "
-        f"shadow_train split empty, so there are no public rows to fit the CSV encoding "
-        f"(medians, means, stds, vocabularies, classes) on, and fitting it on the private rows "
-        f"would leak them; give data.split.shadow_train a larger fraction or name a public CSV "
-        f"in data.shadow_dataset / data.shadow_path")
-
-
 def _refuse_unknown_labels(params: Params, encoder, sources: dict[str, tuple]) -> None:
     """A record whose label is outside the class list cannot be encoded; a private one would
     otherwise teach the model a class that only members hold. The message names the labels of
@@ -134,7 +125,12 @@ def _csv(params: Params, sources: dict[str, tuple]) -> tuple[dict[str, Split], d
     their labels must lie in the public class list."""
     table, rows = sources["shadow_train"]
     if len(rows) == 0:
-        raise _no_public_rows(params)
+        raise DpclipError(
+            f"data.split.shadow_train: {params.data.split.shadow_train!r} leaves the public "
+            f"shadow_train split empty, so there are no public rows to fit the CSV encoding "
+            f"(medians, means, stds, vocabularies, classes) on, and fitting it on the private "
+            f"rows would leak them; give data.split.shadow_train a larger fraction or name a "
+            f"public CSV in data.shadow_dataset / data.shadow_path")
     encoder = fit_encoder(table, rows, table_schema(params).categories,
                           f"public shadow_train split of {table.path.name}")
     _refuse_unknown_labels(params, encoder, sources)

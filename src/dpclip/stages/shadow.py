@@ -86,11 +86,6 @@ def _at_most(positions: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
 STAGE = BY_NAME["shadow"]
 
 
-def methods_needing_risk(params: Params) -> list[str]:
-    """The configured methods that read the shadow stage's risk (``needs_shadow_risk``)."""
-    return [m for m in params.train.methods if get_method(m).needs_shadow_risk]
-
-
 def not_needed(layout: Layout) -> dict:
     """Write a risk file that says why there is no shadow model, and remove the outputs of an
     earlier one (nothing may pass for current). The record does not name the configured
@@ -110,7 +105,7 @@ def shadow(params: Params, layout: Layout = Layout(), progress: bool = True,
     """The shadow model's per-layer risk (module docstring), when a configured method reads
     it; else a risk file saying it was not needed. A shadow model made from the same inputs
     (its provenance: :mod:`dpclip.pipeline.provenance`) is kept unless ``force``."""
-    if not methods_needing_risk(params):
+    if not any(get_method(m).needs_shadow_risk for m in params.train.methods):
         return not_needed(layout)
     key = shadow_key(params)
     reused = None if force else provenance.reuse(STAGE, params, key, layout)

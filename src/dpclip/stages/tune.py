@@ -217,23 +217,19 @@ def search(params: Params, method: str, epsilon, data: TuningData, layout: Layou
     return entry, [{"method": method, "epsilon": epsilon_tag(epsilon), **r} for r in rows]
 
 
-def search_code() -> list[str]:
-    """What a search runs besides the parameters: the package files of this stage, of training
-    and of every method (paths under ``src/dpclip``)."""
-    return closure_files(["dpclip.stages.tune", "dpclip.stages.train",
-                          *(cls.__module__ for cls in REGISTRY.values())])
-
-
 def search_inputs(params: Params, layout: Layout) -> dict:
     """What the tuned record depends on: each configured method's fingerprint, the target
     epsilons, the public data, the shadow risks, a model file of the user's own and the code."""
     model = model_file(params.train.model)
+    # the code a search runs: the package files of this stage, of training and of every method
+    code = closure_files(["dpclip.stages.tune", "dpclip.stages.train",
+                          *(cls.__module__ for cls in REGISTRY.values())])
     return {"fingerprints": {m: fingerprint(params, m) for m in params.train.methods},
             "target_epsilons": [epsilon_tag(e) for e in params.privacy.target_epsilons],
             "files": {"data/prepared": file_hash(layout.prepared),
                       "shadow/risk.json": file_hash(layout.shadow_risk),
                       **({"train.model": file_hash(model)} if model else {}),
-                      **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in search_code()}}}
+                      **{f"src/dpclip/{p}": file_hash(PACKAGE / p) for p in code}}}
 
 
 def tune(params: Params, layout: Layout = Layout(), progress: bool = True,

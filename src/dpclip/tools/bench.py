@@ -176,10 +176,6 @@ def probe_share(params: Params, layout: Layout, method: str, steps: int) -> dict
             "share": probe / total if total else float("nan")}
 
 
-def _has_probe(method: str) -> bool:
-    return get_method(method).probe_cost is not Method.probe_cost
-
-
 def peak_memory(params_path: str, root: str, name: str, steps: int, model: str,
                 hidden: list[int], batch_size: int) -> float:
     """Peak memory (MiB) of ``steps`` steps of one method or anchor, in a fresh process."""
@@ -284,7 +280,7 @@ def bench(params: Params, layout: Layout, params_path: str, methods: list[str] |
                          "steps_timed": len(times[n])})
         for m in methods:
             share = probe_share(p, layout, m, steps=max(200, steps * rounds)) \
-                if _has_probe(m) else None
+                if get_method(m).probe_cost is not Method.probe_cost else None
             if share is not None:
                 probes[f"{model}/{m}"] = share
     table = pd.DataFrame(rows)
