@@ -114,67 +114,61 @@ def load_claims(path: Path) -> list[dict]:
         raise DpclipError(f"--root: no claims file {path} (dpclip evidence runs in the project "
                           f"folder, which holds presets/claims.yaml)")
     claims = (yaml.safe_load(path.read_text()) or {}).get("claims") or []
+
+    def bad(claim: dict, why: str) -> DpclipError:
+        return DpclipError(f"{path}: claim {claim.get('id')!r}: {why}")
+
     for claim in claims:
         if "untestable" in claim:
             continue
         if claim.get("rule") not in RULES:
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule {claim.get('rule')!r} "
-                              f"is not one of {list(RULES)}")
+            raise bad(claim, f"rule {claim.get('rule')!r} is not one of {list(RULES)}")
         computed = {"accounting": accounting.accounting_checks(), "benchmark": benchmarks.CHECKS}
         if claim["rule"] in computed:  # checked without runs: its spec names a known check
             rule, checks = claim["rule"], computed[claim["rule"]]
             if not isinstance(claim.get(rule), dict) or claim[rule].get("check") not in checks:
-                raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule {rule!r} needs "
-                                  f"{rule}: {{check: one of {list(checks)}, ...}}, not "
-                                  f"{claim.get(rule)!r}")
+                raise bad(claim, f"rule {rule!r} needs {rule}: {{check: one of {list(checks)}, "
+                                 f"...}}, not {claim.get(rule)!r}")
             continue
         if claim["rule"] == "at_most" and not isinstance(claim.get("bound"), (int, float)):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'at_most' needs a "
-                              f"numeric bound, not {claim.get('bound')!r}")
+            raise bad(claim, f"rule 'at_most' needs a numeric bound, not {claim.get('bound')!r}")
         if claim["rule"] == "within" and not isinstance(claim.get("margin"), (int, float)):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: rule 'within' needs a "
-                              f"numeric margin, not {claim.get('margin')!r}")
+            raise bad(claim, f"rule 'within' needs a numeric margin, not {claim.get('margin')!r}")
         reproduce = claim.get("reproduce")
         if reproduce is not None and not (isinstance(reproduce, dict) and
                                           {"method", "metric", "paper"} <= set(reproduce)):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reproduce needs method, "
-                              f"metric and paper (the paper's baseline numbers), not "
-                              f"{reproduce!r}")
+            raise bad(claim, f"reproduce needs method, metric and paper (the paper's baseline "
+                             f"numbers), not {reproduce!r}")
         for other in (reproduce or {}).get("also") or []:
             if not isinstance(other, dict) or not {"source", "paper"} <= set(other):
-                raise DpclipError(f"{path}: claim {claim.get('id')!r}: each reproduce.also "
-                                  f"entry needs a source and the paper's numbers, not "
-                                  f"{other!r}")
+                raise bad(claim, f"each reproduce.also entry needs a source and the paper's "
+                                 f"numbers, not {other!r}")
         variants = claim.get("variants")
         if variants is not None and not (isinstance(variants, list) and variants and
                                          all(isinstance(v, str) for v in variants)):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: variants must be a list of "
-                              f"the preset's variant names, not {variants!r}")
+            raise bad(claim, f"variants must be a list of the preset's variant names, not "
+                             f"{variants!r}")
         if "reading_of" in claim and claim["reading_of"] not in {c.get("id") for c in claims}:
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reading_of names no claim: "
-                              f"{claim['reading_of']!r}")
+            raise bad(claim, f"reading_of names no claim: {claim['reading_of']!r}")
         not_run = claim.get("readings_not_run")
         if not_run is not None and not (isinstance(not_run, list) and not_run and
                                         all(isinstance(r, str) and r.strip() for r in not_run)):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: readings_not_run must be a "
-                              f"list of texts (each reading and why it is not run), not "
-                              f"{not_run!r}")
+            raise bad(claim, f"readings_not_run must be a list of texts (each reading and why "
+                             f"it is not run), not {not_run!r}")
         reference = claim.get("reference_variant")
         if reference is not None and not isinstance(reference, str):
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: reference_variant must be "
-                              f"one variant's name, not {reference!r}")
+            raise bad(claim, f"reference_variant must be one variant's name, not {reference!r}")
         if reference is not None and len(claim.get("baselines") or [None]) > 1:
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: a reference_variant claim "
-                              f"compares one baseline, not {claim['baselines']!r}")
+            raise bad(claim, f"a reference_variant claim compares one baseline, not "
+                             f"{claim['baselines']!r}")
         for condition in claim.get("preconditions") or []:
             if not isinstance(condition, dict) or condition.get("kind") not in PRECONDITIONS \
                     or "method" not in condition:
-                raise DpclipError(f"{path}: claim {claim.get('id')!r}: a precondition needs a "
-                                  f"kind of {list(PRECONDITIONS)} and a method, not "
-                                  f"{condition!r}")
+                raise bad(claim, f"a precondition needs a kind of {list(PRECONDITIONS)} and a "
+                                 f"method, not {condition!r}")
         if claim.get("metric") not in HIGHER_IS_BETTER:
-            raise DpclipError(f"{path}: claim {claim.get('id')!r}: metric "
-                              f"{claim.get('metric')!r} is not one of {list(HIGHER_IS_BETTER)}")
+            raise bad(claim, f"metric {claim.get('metric')!r} is not one of "
+                             f"{list(HIGHER_IS_BETTER)}")
     return claims
 
 
