@@ -438,14 +438,11 @@ def _log_tuning(mlflow, experiment_id: str, layout: Layout) -> str | None:
         mlflow.log_params({"trials": record["trials"], "seed": record["seed"],
                            "sampler": record["sampler"], "objective": record["objective"]})
         for method, by_eps in record["runs"].items():
-            for tag, entry in by_eps.items():
-                mlflow.log_metric(f"{method}_{tag}_tuned_accuracy", entry["accuracy"])
-                if entry["default_accuracy"] is not None:
-                    mlflow.log_metric(f"{method}_{tag}_default_accuracy",
-                                      entry["default_accuracy"])
-                for key in ("heldout_accuracy", "default_heldout_accuracy"):  # the gain's
-                    if entry.get(key) is not None:
-                        mlflow.log_metric(f"{method}_{tag}_{key}", entry[key])
+            for tag, entry in by_eps.items():  # held out: the gain's
+                values = {"tuned_accuracy": entry["accuracy"], **{key: entry.get(key) for key in (
+                    "default_accuracy", "heldout_accuracy", "default_heldout_accuracy")}}
+                mlflow.log_metrics({f"{method}_{tag}_{name}": value
+                                    for name, value in values.items() if value is not None})
         mlflow.log_artifact(str(layout.tuned), artifact_path="tuning")
         mlflow.log_artifact(str(layout.tuning_trials), artifact_path="tuning")
         trials = pd.read_csv(layout.tuning_trials)
@@ -702,7 +699,7 @@ def _log_configuration(children: Children, key: RunKey) -> str:
             "noise_shared_across_runs": str(bool(privacy.get("noise_shared_across_runs"))).lower(),
             "dpclip.private_diagnostics": str(private_diagnostics).lower(),
             PIPELINES_TAG: parent_id}
-    timing = _timing(layout, run)
+    timing = _Timing(layout.timing(run))
     client = mlflow.tracking.MlflowClient()
     child_name = _unique_name(mlflow, experiment_id, run,
                               child_run_name(layout, key, fingerprint,
@@ -753,8 +750,8 @@ class _Timing:
     outside DVC's outputs): the child's start and end, and each step's timestamp. A run trained
     elsewhere without the file gets the logging time."""
 
-    def __init__(self, times: dict | None) -> None:
-        times = times or {}
+    def __init__(self, path: Path) -> None:
+        times = read_json(path) if path.exists() else {}
         now = int(dt.datetime.now().timestamp() * 1000)
         ended = [int(t * 1000) for t in times.get("step_ended_at") or []]
         started = times.get("started_at")
@@ -763,11 +760,6 @@ class _Timing:
                          if started is not None and "train_s" in times else None)
         self.step_ms = ended or None
         self.metrics = {name: float(times[name]) for name in TIMING_METRICS if name in times}
-
-
-def _timing(layout: Layout, run: str) -> _Timing:
-    path = layout.timing(run)
-    return _Timing(read_json(path) if path.exists() else None)
 
 
 def _log_model(mlflow, layout: Layout, run: str, example, model_format: str = "pt2",
