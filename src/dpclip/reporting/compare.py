@@ -14,6 +14,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from dpclip.errors import DpclipError
 from dpclip.reporting.epsilon_marks import LEGEND, epsilon_mark, summary_adjacency
 from dpclip.summaries import unfiled
@@ -38,16 +40,6 @@ class Experiment:
     data: str | None = None  # the data identities its summaries are filed under
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def experiment_from_row(row: dict, name: str | None = None) -> Experiment:
     """An :class:`Experiment` from one revision of ``dvc exp show --json``."""
     rev = str(row.get("rev") or "")
@@ -58,7 +50,8 @@ def experiment_from_row(row: dict, name: str | None = None) -> Experiment:
         if len(parts) == 2 and parts[0] == SUMMARY_DIR and path.endswith(".json"):
             identity, summaries[Path(path).stem] = unfiled((entry or {}).get("data") or {})
             identities.add(identity)
-    params = _flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
+    params = pd.json_normalize(((data.get("params") or {}).get("params.yaml") or {}).get(
+        "data") or {}).to_dict("records")[0]  # flattened: "train.lr"
     label = name or row.get("name") or (rev if rev == "workspace" else rev[:7])
     return Experiment(str(label), rev, summaries, params,
                       ", ".join(sorted(i for i in identities if i)) or None)
