@@ -607,16 +607,15 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
     if isinstance(runs, Finding):
         return runs
     rows, sign, metric_text = _rows(claim, runs)
+    reproduced, fidelity_lines, worst = fidelity(claim, runs.gate_table)
+    preconditions = [line for _, line, _ in runs.checked]
     if not rows or min(r["seeds"] for r in rows) < 2:  # the baseline and the means still show
-        _, fidelity_lines, worst = fidelity(claim, runs.gate_table)
         ours = [f"{_label(r)}: {runs.method} {r['method_mean'][0]:.4g} vs {r['baseline']} "
                 f"{r['baseline_mean'][0]:.4g} ({runs.metric}, {r['seeds']} seed)"
                 for r in rows if r["seeds"] == 1]
         return Finding(claim, UNTESTABLE, "fewer than two seeds pair the runs", ours=ours,
-                       fidelity=fidelity_lines, worst_baseline=worst,
-                       preconditions=[line for _, line, _ in runs.checked])
+                       fidelity=fidelity_lines, worst_baseline=worst, preconditions=preconditions)
     ours = [_describe(r, runs.method, metric_text) for r in rows]
-    reproduced, fidelity_lines, worst = fidelity(claim, runs.gate_table)
     failed = [line for holds, line, _ in runs.checked if holds is False]
     verdict, reason, needed = _verdict(claim, runs, rows, sign, reproduced, fidelity_lines,
                                        failed)
@@ -625,7 +624,7 @@ def judge(claim: dict, table: pd.DataFrame | None, project: Path | None = None) 
         reason += (f"; not testable at this scale in {', '.join(excluded)} (a precondition "
                    f"fails there)")
     return Finding(claim, verdict, reason, ours, rows, fidelity_lines, needed, worst,
-                   [line for _, line, _ in runs.checked], metric_text=metric_text,
+                   preconditions, metric_text=metric_text,
                    excluded=excluded if not failed else [], method=runs.method)
 
 
