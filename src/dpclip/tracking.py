@@ -206,8 +206,8 @@ def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
     experiment whose artifacts live outside ``artifact_root`` (a copied or moved project) is
     renamed ``<name> (artifacts in <its folder>)`` and a new one made here (docs/mlflow.md)."""
     found = mlflow.get_experiment_by_name(name)
+    client = mlflow.tracking.MlflowClient()
     if found is not None and _stored_elsewhere(found, artifact_root):
-        client = mlflow.tracking.MlflowClient()
         moved = f"{name} (artifacts in {found.artifact_location})"
         if mlflow.get_experiment_by_name(moved) is not None:
             moved = f"{moved} #{found.experiment_id}"
@@ -217,7 +217,6 @@ def _experiment_id(mlflow, name: str, artifact_root: Path | None) -> str:
         location = (artifact_root / name).as_uri() if artifact_root else None
         return mlflow.create_experiment(name, artifact_location=location,
                                         tags=_experiment_tags({}))
-    client = mlflow.tracking.MlflowClient()
     for key, value in _experiment_tags(found.tags).items():
         client.set_experiment_tag(found.experiment_id, key, value)
     return found.experiment_id
@@ -550,11 +549,8 @@ def run_params(layout: Layout, key: RunKey, metrics: dict) -> dict:
            "alpha": key.alpha, "seed": key.seed}
     path = record_path(BY_NAME["train"], layout, key)
     for name, value in read_json(path)["inputs"]["params"].items():
-        section, _, rest = name.partition(".")
-        if section == "methods":
-            _flatten("option", value, out)
-        else:
-            _flatten(rest or section, value, out)  # train.lr -> lr, tune -> tune.trials
+        section, _, rest = name.partition(".")  # train.lr -> lr, tune -> tune.trials
+        _flatten("option" if section == "methods" else rest or section, value, out)
     tuned = read_json(layout.run_dir(key.name) / "record.json").get("tuned")
     for name, value in (tuned or {}).items():  # train.lr -> lr, methods.m.p -> option.p
         out[("option." if name.startswith("methods.") else "") + name.rsplit(".", 1)[-1]] = str(value)
