@@ -338,9 +338,8 @@ def claim_figure(path: Path, rows: list[dict], method: str, metric: str,
     fig, ax = _subplots(figsize=(1.6 + 1.5 * len(labels), 3.4))
     for i, (name, by_label) in enumerate(series.items()):
         x = np.arange(len(labels)) + 0.12 * (i - (len(series) - 1) / 2)
-        mean = np.array([by_label.get(lab, (np.nan, None, None))[0] for lab in labels], float)
-        low = np.array([by_label.get(lab, (np.nan, None, None))[1] for lab in labels], float)
-        high = np.array([by_label.get(lab, (np.nan, None, None))[2] for lab in labels], float)
+        mean, low, high = np.array([by_label.get(lab, (np.nan, None, None)) for lab in labels],
+                                   float).T  # a missing bound is NaN
         err = np.vstack([mean - np.where(np.isnan(low), mean, low),
                          np.where(np.isnan(high), mean, high) - mean])
         drawn = ax.errorbar(x, mean, yerr=err, fmt="o", capsize=4, label=name)
