@@ -110,25 +110,17 @@ def privacy_utility_table(layout: Layout, runs: list[RunKey]) -> pd.DataFrame:
     ``audit_status`` (:func:`dpclip.audit.status.audit_status`), so that the claimed-vs-audited
     plot names the runs it has no bound for and why."""
     rows = []
-    for key in runs:
-        _, summary = unfiled(read_json(layout.summary(key.name)))
-        if summary["epsilon"] is None:  # no DP claim: no point on an epsilon axis
-            continue
-        # series: the runs one line joins (same method, alpha and seed; epsilon varies)
-        metrics = layout.metrics(key.name)
-        full = read_json(metrics) if metrics.exists() else {}
-        audit = full.get("audit") or {}
-        adjacency = _adjacency(full, summary)
-        # (marked where the epsilon is no guarantee or under another adjacency)
+    for key, summary, metrics in _claimed(layout, runs):
+        # series: the runs one line joins (same method, alpha and seed; epsilon varies),
+        # marked where the epsilon is no guarantee or under another adjacency
         series = series_label(with_data(f"{key.method} {alpha_tag(key.alpha)} seed{key.seed}",
                                         layout, key.name), summary.get("dp_guarantee"),
-                              adjacency)
+                              summary["adjacency"])
         rows.append({"run": with_data(key.name, layout, key.name), "method": key.method,
                      "series": series,
                      "target_epsilon": key.epsilon,
                      "alpha": alpha_tag(key.alpha), "seed": key.seed, **summary,
-                     "adjacency": adjacency,
-                     "audit_status": audit_status(audit) or "not audited"})
+                     "audit_status": audit_status(metrics.get("audit") or {}) or "not audited"})
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY)
 
 
@@ -144,14 +136,9 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
     and the headline attack's TPR at the honest low FPR: the curves and their bands against
     epsilon."""
     groups: dict[tuple, list[tuple[str, dict]]] = {}
-    for key in runs:
-        _, summary = unfiled(read_json(layout.summary(key.name)))
-        if summary["epsilon"] is not None:
-            metrics = layout.metrics(key.name)
-            summary["adjacency"] = _adjacency(read_json(metrics) if metrics.exists() else {},
-                                              summary)
-            groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(
-                (key.name, summary))
+    for key, summary, _ in _claimed(layout, runs):
+        groups.setdefault((key.method, alpha_tag(key.alpha), key.epsilon), []).append(
+            (key.name, summary))
     rows = []
     for (method, alpha, target), named in groups.items():
         summaries = [summary for _, summary in named]
@@ -168,9 +155,18 @@ def privacy_utility_seeds_table(layout: Layout, runs: list[RunKey]) -> pd.DataFr
     return _concat([pd.DataFrame(rows)] if rows else [], PRIVACY_UTILITY_SEEDS)
 
 
-def _adjacency(metrics: dict, summary: dict) -> str | None:
-    """The run's neighbouring notion by name (its metrics file), else as its summary has it."""
-    return (metrics.get("privacy") or {}).get("adjacency") or summary_adjacency(summary)
+def _claimed(layout: Layout, runs: list[RunKey]):
+    """(run, its summary, its metrics file's content) of each run with a DP claim (no point on
+    an epsilon axis without one); the summary's ``adjacency`` is the run's neighbouring notion
+    by name (its metrics file), else as the summary has it."""
+    for key in runs:
+        _, summary = unfiled(read_json(layout.summary(key.name)))
+        if summary["epsilon"] is not None:
+            path = layout.metrics(key.name)
+            metrics = read_json(path) if path.exists() else {}
+            adjacency = (metrics.get("privacy") or {}).get("adjacency") or \
+                summary_adjacency(summary)
+            yield key, {**summary, "adjacency": adjacency}, metrics
 
 
 def _concat(parts: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
