@@ -256,23 +256,19 @@ def tune(params: Params, layout: Layout = Layout(), progress: bool = True,
             for epsilon in params.privacy.target_epsilons:
                 tag = epsilon_tag(epsilon)
                 given = _shared_values(params, method, record["runs"].get(BASELINE, {}).get(tag))
-                if method in kept and tag in kept[method] and \
-                        kept[method][tag].get("shared", {}) == given:
-                    record["runs"][method][tag] = kept[method][tag]
-                    kept_trials = kept_rows[(kept_rows["method"] == method) &
-                                            (kept_rows["epsilon"] == tag)].to_dict("records")
-                    rows += kept_trials
-                    if not get_method(method).private:
-                        searched = kept[method][tag], kept_trials
-                    continue
-                if searched is not None:  # non-private: the same search at every epsilon
+                entry = kept.get(method, {}).get(tag)
+                if entry is not None and entry.get("shared", {}) == given:
+                    trial_rows = kept_rows[(kept_rows["method"] == method) &
+                                           (kept_rows["epsilon"] == tag)].to_dict("records")
+                elif searched is not None:  # non-private: the same search at every epsilon
                     record["runs"][method][tag] = searched[0]
                     rows += [{**r, "epsilon": tag} for r in searched[1]]
                     continue
-                started = time.perf_counter()
-                entry, trial_rows = search(params, method, epsilon, data, layout, progress,
-                                           given)
-                seconds[f"{method}-{tag}"] = round(time.perf_counter() - started, 3)
+                else:
+                    started = time.perf_counter()
+                    entry, trial_rows = search(params, method, epsilon, data, layout, progress,
+                                               given)
+                    seconds[f"{method}-{tag}"] = round(time.perf_counter() - started, 3)
                 record["runs"][method][tag] = entry
                 rows += trial_rows
                 if not get_method(method).private:
