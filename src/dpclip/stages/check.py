@@ -46,7 +46,7 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
         if digest is None:
             raise DpclipError(bad_value(key, path, "names no file or folder"))
         record[key] = {"path": path, "sha256": digest}
-    path = model_file(params.train.model)
+    model, path = {}, model_file(params.train.model)
     if path is not None:
         if not path.is_file():
             raise DpclipError(bad_value("train.model", params.train.model,
@@ -54,8 +54,6 @@ def check(params: Params, layout: Layout = Layout()) -> dict:
                                         f"project root)"))
         model = {"train.model": {"path": str(path), "sha256": file_hash(path),
                                  "beside": beside(path)}}
-    else:
-        model = {}
     _say_what_changed(layout, {**record, **model})
     write_json(layout.sources, record)
     write_json(layout.model_source, model)
