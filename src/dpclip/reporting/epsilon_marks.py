@@ -33,7 +33,7 @@ def series_label(name: str, dp_guarantee, adjacency) -> str:
     if mark == NO_GUARANTEE:
         return f"{name} (no DP guarantee)"
     if mark == OTHER_ADJACENCY:
-        return f"{name} ({'another' if adjacency == 'another' else adjacency} adjacency)"
+        return f"{name} ({adjacency} adjacency)"
     return name
 
 
