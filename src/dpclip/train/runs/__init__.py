@@ -11,7 +11,16 @@ DPOptimizer) and one for a method with a mechanism of its own on an activation l
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from dpclip.train.runs.base import RUN_KINDS, Run
+
+# every kind of this folder is imported with the package, so every run's code includes them
+# all (dpclip.code_closure reads this loop); discover() below adds installed plugins' kinds
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 REGISTRY = RUN_KINDS  # the name every family's package gives its registry
 
