@@ -169,3 +169,46 @@ def test_the_dp_step_clips_canaries_by_the_methods_rule_before_the_noise(method,
     (norms,) = seen
     assert len(norms) == batch + canaries.included.sum()
     assert (norms[batch:].sum(dim=1) == RAW_NORM).all()
+
+
+CANARY_DROPPING_KIND = '''
+from dpclip.train.runs.base import register_run_kind
+from dpclip.train.runs.private import PrivateRun
+from dpclip.train.step import dp_step
+
+
+@register_run_kind
+class NoCanaryRun(PrivateRun):
+    kind = "no_canaries"  # inherits takes_gradient_canaries from PrivateRun
+
+    def apply_step(self, x, y, step):
+        loss, _ = dp_step(self.model, self.groups, self.loss_fn, x, y, self.method, 0.0,
+                          self.q * self.n_records, self.optimizer, self.rng, step, None,
+                          most_records=self.n_records)
+        return loss
+'''
+
+
+def test_a_kind_that_inherits_the_canary_flag_but_drops_the_canaries_is_refused(plugin):
+    """A privacy auditor's case: a subclass of the shared step's kind inherits
+    takes_gradient_canaries, steps without noise and passes no canaries; the audit said
+    "applicable, bound 0, not violated" against its claim. It now stops with the count."""
+    from dpclip.errors import DpclipError
+
+    kind = plugin("dpclip.train.runs", "no_canaries", CANARY_DROPPING_KIND)
+    method = plugin("dpclip.methods", "no_canary_method", f'''
+from dpclip.methods.base import Method, clip_factors, register
+
+
+@register
+class NoCanaryMethod(Method):
+    name = "no_canary_method"
+    run_kind = "{kind}"
+
+    def scale(self, layer_norms):
+        return clip_factors(layer_norms, self.clip_threshold)
+''')
+    x, y = sparse_records()
+    run = build_run((x.shape[1],), 3, len(x), tiny_train_config(method, batch_size=20))
+    with pytest.raises(DpclipError, match=r"drew them at 0 of its \d+ steps"):
+        audit_whitebox(run, x, y, m=50, seed=1)

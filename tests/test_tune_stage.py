@@ -267,13 +267,16 @@ def test_a_trial_can_take_the_runs_batch_steps_and_noise():
     assert short.train.epochs == 17
     assert sigma <= noise_for_epsilon(short.target_epsilon, 1e-5, 256 / 10_500, 17 * 41, "rdp",
                                       0.01) <= 1.01 * sigma
-    with pytest.raises(ConfigError, match="tune.members: 100 is smaller than train.batch_size"):
+    with pytest.raises(ConfigError, match=r"tune.members: 100 records cannot take the run's "
+                                          r"plan \(train.batch_size: 256 is larger"):
         tune_module.with_the_runs_steps(run, 10_500, 100)
     # no noise, or a mechanism of its own: the steps only
-    for method, epsilon in (("non_private", None), ("sanitize", 0.5)):
-        plain = tune_module.with_the_runs_steps(
-            TrainConfig.of(method, epsilon, batch_size=256, epochs=15), 10_500, 60_000)
-        assert plain.train.epochs == 86 and plain.target_epsilon == epsilon
+    plain = tune_module.with_the_runs_steps(
+        TrainConfig.of("non_private", None, batch_size=256, epochs=15), 10_500, 60_000)
+    assert plain.train.epochs == 86 and plain.target_epsilon is None
+    own = tune_module.with_the_runs_steps(
+        TrainConfig.of("sanitize", 0.5, batch_size=256, epochs=15), 10_500, 60_000)
+    assert own.target_epsilon == 0.5
 
 
 def test_the_stage_trains_each_trial_at_the_runs_steps(tmp_path, tiny_raw, write_params,

@@ -197,3 +197,19 @@ def test_a_method_module_that_defines_what_its_run_kind_owns_stops_the_command_i
     assert done.stderr.strip().splitlines() == [
         "dpclip: error: method class Wide defines model_hidden (the model a run trains is its "
         "run kind's (dpclip.train.runs)): docs/adding-a-method.md"]
+
+
+def test_a_claim_set_on_the_instance_is_refused():
+    """A method written as the old per-instance way (self.dp_guarantee = False in __init__)
+    would have its record say dp_guarantee: true: the claim is privacy_claim(options)."""
+    from dpclip.methods.base import Method, MethodContext
+
+    class Literal(Method):
+        name = "literal"
+
+        def __init__(self, context):
+            super().__init__(context)
+            self.dp_guarantee = False
+
+    with pytest.raises(DpclipError, match=r"'literal': dp_guarantee is declared on the class"):
+        Literal(MethodContext(1.0, ["fc1"]))

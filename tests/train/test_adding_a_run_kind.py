@@ -20,8 +20,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))  # the contract
-from contract import (check_declaration, check_determinism, check_matched_budget,  # noqa: E402
-                      check_resume)
+from contract import (check_adversarial_records, check_clip_bound,  # noqa: E402
+                      check_declaration, check_determinism, check_empty_batch,
+                      check_matched_budget, check_resume)
 
 from dpclip.errors import ConfigError, DpclipError  # noqa: E402
 from dpclip.pipeline.params import parse_params  # noqa: E402
@@ -109,9 +110,9 @@ def test_the_record_is_opacus_epsilon_for_every_record_in_every_step(dp_gd):
 
 
 def test_the_method_is_told_the_batch_the_kind_plans(dp_gd):
-    """The kind plans before the method is built: a controller reading its context's expected
-    batch calibrates for the N records of every step (once it was told train.batch_size's B,
-    and a batch size above N was refused although this kind reads none)."""
+    """The kind plans before the method is built: the method's context holds the kind's plan
+    (N records a step), and a batch size above N is no error for a kind that samples no
+    batch (before, the Poisson plan refused it and told the method B)."""
     from dpclip.train import build_run
 
     run = build_run((6,), 3, ROWS, tiny_train_config(dp_gd, batch_size=ROWS + 50))
@@ -120,13 +121,16 @@ def test_the_method_is_told_the_batch_the_kind_plans(dp_gd):
 
 
 def test_a_step_is_every_record_clipped_and_summed_with_noise_of_std_sigma_c(dp_gd):
-    """The update of one epoch (one step, lr 1, no momentum) times N is the sum of the N
-    clipped per-record gradients (computed apart here) plus noise of std sigma C: exactly the
-    sum without noise, and with it a residual of the noise's size, at a C small enough that
-    every record is clipped."""
+    """The update of one epoch (one step, lr 1, no momentum) times B (train.batch_size, public)
+    is the sum of the N clipped per-record gradients (computed apart here) plus noise of std
+    sigma C: exactly the sum without noise, and with it a residual of the noise's size, at a C
+    small enough that every record is clipped. Dividing by N, which one added record changes,
+    had twice the sensitivity the noise was calibrated for (a privacy auditor's finding)."""
     x, y = gaussian_records(ROWS)
     clip = 0.05
-    cfg = tiny_train_config(dp_gd, epochs=1, lr=1.0, clip_norm=clip, hidden=(64,))
+    divisor = 80  # train.batch_size: not N (100)
+    cfg = tiny_train_config(dp_gd, epochs=1, lr=1.0, clip_norm=clip, hidden=(64,),
+                            batch_size=divisor)
     xt, yt = torch.as_tensor(x), torch.as_tensor(y)
 
     quiet = build_run((6,), 3, ROWS, cfg)  # the step without its noise
@@ -136,10 +140,10 @@ def test_a_step_is_every_record_clipped_and_summed_with_noise_of_std_sigma_c(dp_
     quiet.sigma_train = 0.0
     quiet.fit(xt, yt, progress=False, desc="")
     for before, after, t in zip(start.parameters(), quiet.plain_model().parameters(), truth):
-        torch.testing.assert_close((before - after).double() * ROWS, t, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close((before - after).double() * divisor, t, rtol=1e-4, atol=1e-5)
 
     noisy = train_model(x, y, (6,), 3, cfg, progress=False)
-    residual = torch.cat([((before - after).detach().double() * ROWS - t).flatten() for
+    residual = torch.cat([((before - after).detach().double() * divisor - t).flatten() for
                           before, after, t in zip(start.parameters(), noisy.model.parameters(),
                                                   truth)])
     assert residual.numel() > 600
@@ -149,22 +153,28 @@ def test_a_step_is_every_record_clipped_and_summed_with_noise_of_std_sigma_c(dp_
 
 
 def test_the_documented_method_keeps_the_contract(dp_gd, monkeypatch, tmp_path):
-    """Declared as a private method, at its matched budget, deterministic, and a run that
-    crashed in epoch 3 resumes from its checkpoint to the uninterrupted run's model, trace and
-    record (the guard's history is in the checkpoint)."""
-    for check in (check_declaration, check_matched_budget, check_determinism):
+    """Declared as a private method, every record held to C, an empty step accounted, no
+    record able to stop the run, at its matched budget, deterministic, and a run that crashed
+    in epoch 3 resumes from its checkpoint to the uninterrupted run's model, trace and record
+    (the guard's history is in the checkpoint). The kind is read from its class: no list in
+    the contract names it."""
+    for check in (check_declaration, check_clip_bound, check_empty_batch,
+                  check_adversarial_records, check_matched_budget, check_determinism):
         check(dp_gd)
     check_resume(dp_gd, monkeypatch, tmp_path)
 
 
 def test_what_the_guide_says_a_new_kind_gets_and_does_not_get(dp_gd, tmp_path):
     """Both audits (the kind runs the shared DP step, and says so by inheriting
-    takes_gradient_canaries), no noise matched by the tuning trials, no model of the user's
-    own; docs/adding-a-run-kind.md says so. The kinds' answers were once name lists in three
-    modules, and the white-box audit refused this kind although it runs the shared step."""
+    takes_gradient_canaries), tuning trials at the run's own steps and noise, each planned by
+    the kind (noise_for_target, inherited), no model of the user's own;
+    docs/adding-a-run-kind.md says so. The kinds' answers were once name lists in three
+    modules: the white-box audit refused this kind although it runs the shared step, and a
+    trial took Poisson steps and kept the target epsilon."""
     from dpclip import api
     from dpclip.audit.run import audit_blackbox, audit_whitebox
     from dpclip.audit.status import why_not_audited
+    from dpclip.privacy import noise_for_epsilon
     from dpclip.stages.tune import with_the_runs_steps
     from dpclip.train import build_run
 
@@ -179,9 +189,13 @@ def test_what_the_guide_says_a_new_kind_gets_and_does_not_get(dp_gd, tmp_path):
     assert verdict["applicable"] and not verdict["violated"]
     assert verdict["claimed_epsilon"] <= 4.0
 
-    assert with_the_runs_steps(cfg, 50, ROWS).target_epsilon == cfg.target_epsilon
-    assert with_the_runs_steps(tiny_train_config("dp_sgd"), 50, ROWS).target_epsilon != \
-        cfg.target_epsilon  # a Poisson kind's trial gets the run's noise
+    # a trial on 50 public records takes the run's T = 2 full-batch steps and its sigma: the
+    # noise search at the trial's own plan (q = 1, 2 steps) finds that sigma again
+    trial = with_the_runs_steps(cfg, 50, ROWS)
+    assert trial.train.epochs == 2
+    sigma = build_run((6,), 3, ROWS, cfg).sigma_eff
+    found = noise_for_epsilon(trial.target_epsilon, 1e-5, 1.0, 2, "rdp", 0.01)
+    assert sigma <= found <= 1.01 * sigma
     with pytest.raises(DpclipError, match=r"'dp_gd' cannot take a model of yours"):
         api.train_private(torch.nn.Linear(6, 3), None, None, method=dp_gd)
 
@@ -191,6 +205,7 @@ def test_the_documented_method_runs_through_the_stages(dp_gd, tiny_raw, tmp_path
     from dpclip.stages.evaluate import evaluate
     from dpclip.stages.partition import partition
     from dpclip.stages.prepare import prepare
+    from dpclip.stages.reference import reference
     from dpclip.stages.train import train
 
     params = parse_params(tiny_raw(train={"methods": [dp_gd], "epochs": 2},
@@ -202,6 +217,11 @@ def test_the_documented_method_runs_through_the_stages(dp_gd, tiny_raw, tmp_path
     privacy = record["privacy"]
     assert privacy["sample_rate"] == 1.0 and privacy["steps"] == 2
     assert 8.0 - 0.1 <= privacy["epsilon"] <= 8.0
+    # the reference models are planned by the kind, and the stage records that plan (it
+    # once printed and recorded the Poisson plan of train.batch_size: a newcomer's finding)
+    facts = reference(params, dp_gd, 8, "iid", 0, layout)
+    assert (facts["target_plan"]["sample_rate"], facts["target_plan"]["steps"]) == (1.0, 2)
+    assert {m["sample_rate"] for m in facts["models"]} == {1.0}
     evaluate(params, dp_gd, 8, "iid", 0, layout)
     assert np.isfinite(privacy["noise_multiplier"])
 

@@ -59,6 +59,7 @@ class GradientCanaries:
         self.direction = np.zeros(self.layer.shape[1])  # a_l (every_layer), summed each step
         self.included = rng.random(m) < 0.5  # fixed before training, secret to the scorer
         self.sampling = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        self.steps_sampled = 0  # the DP steps that drew from the canaries
 
     def __len__(self) -> int:
         return len(self.included)
@@ -74,6 +75,7 @@ class GradientCanaries:
         """The included canaries in this step's Poisson batch (each with probability q) and
         their per-layer gradient norms, shape (k, L): R in a one-layer canary's layer (0
         elsewhere), R / sqrt(L) in every layer of a spanning one."""
+        self.steps_sampled += 1
         draws = torch.rand(len(self), generator=self.sampling).numpy() < self.q
         chosen = np.flatnonzero(draws & self.included)
         norms = self.profile(len(chosen), device)

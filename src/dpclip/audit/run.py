@@ -18,6 +18,7 @@ import torch
 
 from dpclip.audit.bound import audit
 from dpclip.audit.canaries import GradientCanaries, input_canaries
+from dpclip.errors import DpclipError
 from dpclip.train import build_run
 from dpclip.train.runs import Run
 from dpclip.train.setup import TrainConfig
@@ -80,6 +81,12 @@ def audit_whitebox(run: Run, x: np.ndarray, y: np.ndarray, m: int, seed: int,
     run.fit(torch.as_tensor(x, dtype=torch.float32, device=run.device),
             torch.as_tensor(y, dtype=torch.int64, device=run.device), progress=False,
             desc=name or "audit")
+    if canaries.steps_sampled != len(run.trace):  # a kind that inherited the flag, say
+        raise DpclipError(f"{name or 'audit'}: run kind {run.kind!r} says it takes gradient "
+                          f"canaries, but its DP step drew them at {canaries.steps_sampled} of "
+                          f"its {len(run.trace)} steps: the white-box audit would measure "
+                          f"nothing (set takes_gradient_canaries = False, or pass run.canaries "
+                          f"to dp_step)")
     scores = canaries.scores(start, run.groups.flat())
     privacy = run.privacy_record()
     return {**_verdict("whitebox", audit(scores, canaries.included, privacy["delta"],

@@ -112,6 +112,7 @@ CONSTANT_CLIP = "nothing: C is constant"  # the controller_data of a method with
 OWNED_ELSEWHERE = {name: "the model a run trains is its run kind's (dpclip.train.runs)"
                   for name in ("model_hidden", "needs_public_data", "rebuild_for_evaluation")}
 OWNED_ELSEWHERE["Options"] = "a method's options are its OPTIONS"
+CLAIM_FIELDS = ("dp_guarantee", "adjacency")  # what Method.privacy_claim returns
 
 
 class Method:
@@ -159,6 +160,15 @@ class Method:
         self.clip_threshold = float(context.clip_norm)  # C_t, read before each step
         self.layer_names = list(context.layer_names)
         self.sigma_eff = self.sigma_train = None
+
+    def __setattr__(self, name: str, value) -> None:
+        # a run's claim is privacy_claim(options), read alike by its record and the audit: set
+        # on an instance, it would silently reach neither
+        if name in CLAIM_FIELDS:
+            raise DpclipError(f"method {self.name!r}: {name} is declared on the class, or "
+                              f"computed from the options by privacy_claim(options), not set "
+                              f"on an instance: docs/adding-a-method.md")
+        super().__setattr__(name, value)
 
     @classmethod
     def privacy_claim(cls, options: BaseModel | None = None) -> PrivacyClaim:

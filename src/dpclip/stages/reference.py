@@ -25,7 +25,9 @@ from dpclip.run_keys import RunKey
 from dpclip.catalog import BY_NAME
 from dpclip.pipeline import provenance
 from dpclip.threads import use_threads
-from dpclip.train import plan_steps, train_model
+from dpclip.methods import get_method
+from dpclip.train import train_model
+from dpclip.train.runs import run_class
 from dpclip.pipeline.inputs import run_inputs
 
 STAGE = BY_NAME["reference"]
@@ -91,8 +93,10 @@ def reference(params: Params, method: str, epsilon, alpha, seed: int,
     a = params.attack
     x_out, y_out, _ = load_split(layout, "target_holdout")
     n_m, n_h = len(data.x), len(x_out)
-    # the target's plan: q = B / n and its T steps (train_model plans the target alike)
-    q, _, steps = plan_steps(n_m, data.cfg.train.batch_size, data.cfg.train.epochs)
+    # the target's plan, as its run kind made it (Poisson: q = B / n and T steps)
+    method_cls = get_method(method)
+    q, _, steps = run_class(method_cls.run_kind).plan(
+        n_m, data.cfg, method_cls.typed_options(data.cfg.method_options))
     seed = reference_seed(params, run, "halves")
     if a.mode == "offline":
         pool_x, pool_y = public_population(params, layout)

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from dpclip.stage_outputs import load_split
 from dpclip.config import Params
-from dpclip.errors import ConfigError
+from dpclip.errors import ConfigError, DpclipError
 from dpclip.hashing import file_hash
 from dpclip.models import model_file
 from dpclip.files import read_json, write_csv_frame, write_json
@@ -30,7 +30,7 @@ from dpclip.run_keys import epsilon_tag
 from dpclip.code_closure import PACKAGE, closure_files
 from dpclip.privacy import epsilon_of, noise_for_epsilon
 from dpclip.threads import use_threads
-from dpclip.train import PublicData, TrainConfig, plan_steps, train_model
+from dpclip.train import PublicData, TrainConfig, train_model
 from dpclip.train.runs import run_class
 from dpclip.pipeline.inputs import checkpoint_of, evaluation_model, needs_public, train_config
 from dpclip.pipeline.tuned import fingerprint, value_at, with_values
@@ -116,27 +116,29 @@ def trial_accuracy(params: Params, method: str, epsilon, data: TuningData,
 def with_the_runs_steps(cfg: TrainConfig, n_public: int, members: int,
                         trial_epochs: int | None = None) -> TrainConfig:
     """A trial on ``n_public`` public records that takes the steps of the run on ``members``
-    records (``tune.match: steps``): the run's batch size B, number of steps T and noise
-    multiplier sigma, at the epsilon for which the noise search finds sigma again.
-    ``trial_epochs`` (``tune.epochs``) shortens it to T * trial_epochs / epochs steps at the same
-    sigma; a method without noise (or with its own mechanism) gets the steps only. The derivation:
-    docs/tuning.md, "How a trial is scored"."""
-    train = cfg.train
-    if members < train.batch_size:
-        raise ConfigError([f"tune.members: {members} is smaller than train.batch_size "
-                           f"({train.batch_size})"])
-    q, _, steps = plan_steps(members, train.batch_size, train.epochs)
-    _, per_epoch, _ = plan_steps(n_public, train.batch_size, 1)
-    trial_steps = steps * (trial_epochs or train.epochs) / train.epochs
+    records (``tune.match: steps``): the run's plan (its kind's: q and T; for Poisson batches
+    of B, q = B / members) and noise multiplier sigma, at the epsilon for which the noise search
+    finds sigma again at the trial's own plan. ``trial_epochs`` (``tune.epochs``) shortens it
+    to T * trial_epochs / epochs steps at the same sigma; a run kind whose noise is not the
+    search's for its plan (no noise, or a mechanism of its own) gets the steps only. The
+    derivation: docs/tuning.md, "How a trial is scored"."""
+    method = get_method(cfg.method)
+    kind, options = run_class(method.run_kind), method.typed_options(cfg.method_options)
+    try:
+        q, _, steps = kind.plan(members, cfg, options)
+    except DpclipError as exc:
+        raise ConfigError([f"tune.members: {members} records cannot take the run's plan "
+                           f"({exc})"]) from exc
+    _, per_epoch, _ = kind.plan(n_public, cfg.with_train(epochs=1), options)
+    trial_steps = steps * (trial_epochs or cfg.train.epochs) / cfg.train.epochs
     trial = cfg.with_train(epochs=max(1, round(trial_steps / per_epoch)))
-    if cfg.target_epsilon is None or \
-            not run_class(get_method(cfg.method).run_kind).noise_for_poisson_plan:
+    if cfg.target_epsilon is None or not kind.noise_for_target:
         return trial
     privacy = cfg.privacy
     sigma = noise_for_epsilon(cfg.target_epsilon, privacy.delta, q, steps, privacy.accountant,
                               privacy.epsilon_tolerance)
-    epsilon = epsilon_of(privacy.accountant, [(sigma, train.batch_size / n_public,
-                                               trial.train.epochs * per_epoch)], privacy.delta)
+    trial_q, _, trial_steps = kind.plan(n_public, trial, options)
+    epsilon = epsilon_of(privacy.accountant, [(sigma, trial_q, trial_steps)], privacy.delta)
     return replace(trial, target_epsilon=epsilon)
 
 

@@ -41,9 +41,9 @@ class Run:
     # What the pipeline may do with a run of this kind: the kind says so here, and a subclass
     # inherits its parent's answers (docs/adding-a-run-kind.md, "What a new kind gets")
     takes_gradient_canaries: bool = False  # the white-box audit's canaries enter its DP step
-    # its sigma is searched for the target epsilon at the Poisson plan (q = B / n, T steps), so
-    # a tuning trial can run at the run's own noise (dpclip.stages.tune)
-    noise_for_poisson_plan: bool = False
+    # its sigma is the noise search's for the target epsilon at its plan (q, T), so a tuning
+    # trial can run at the run's own noise (dpclip.stages.tune)
+    noise_for_target: bool = False
     takes_users_model: bool = False  # dpclip.api.train_private may train a caller's model
 
     # the model a run of this kind trains: its hidden widths, whether its own training needs

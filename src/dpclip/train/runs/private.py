@@ -26,7 +26,7 @@ PRV_TRACE_POINTS = 50
 class PrivateRun(Run):
     """DP run: Poisson batches, the shared DP step, accounting and the budget guard."""
     kind = "private"
-    takes_gradient_canaries = noise_for_poisson_plan = takes_users_model = True
+    takes_gradient_canaries = noise_for_target = takes_users_model = True
 
     def __init__(self, setup: RunSetup):
         super().__init__(setup)
@@ -58,10 +58,17 @@ class PrivateRun(Run):
             self.model.checked = True
         super().fit(x, y, **kwargs)
 
+    def sum_divisor(self) -> float:
+        """What each step's noisy sum is divided by: the Poisson batch's expected size q N,
+        which is ``train.batch_size``, a public number. Never N itself: N changes by one
+        between neighbouring data sets, and one record would then move the update by more than
+        the noise is calibrated for."""
+        return self.q * self.n_records
+
     def apply_step(self, x, y, step: int) -> float:
         """One DP update on the batch ``x, y``; returns the batch's mean loss (local only)."""
         loss, _ = dp_step(self.model, self.groups, self.loss_fn, x, y, self.method,
-                          self.sigma_train, self.q * self.n_records, self.optimizer, self.rng,
+                          self.sigma_train, self.sum_divisor(), self.optimizer, self.rng,
                           step, self.canaries, most_records=self.n_records)
         return loss
 
