@@ -72,3 +72,16 @@ def test_the_audit_trains_on_streams_of_its_own(tmp_path, tiny_raw, write_params
     for kind in ("whitebox", "blackbox"):
         stage._audit_kind(params, key, kind, layout, data)
     assert len({released, seen["whitebox"], seen["blackbox"]}) == 3
+
+
+def test_the_printed_line_says_a_refuted_epsilon_that_was_no_guarantee():
+    """A literal-paper variant's epsilon (no DP guarantee) refuted by its audit is no privacy
+    bug, but the line said nothing of it; a guarantee refuted is REFUTED."""
+    from dpclip.stages.audit import describe
+
+    row = {"applicable": True, "epsilon_lower_bound": 9.5, "claimed_epsilon": 8.0}
+    literal = {"blackbox": {**row, "violated": False, "refutes_reported_epsilon": True}}
+    sound = {"blackbox": {**row, "violated": True, "refutes_reported_epsilon": True}}
+    assert describe(literal, None) == \
+        "blackbox eps >= 9.500 (claimed 8.000, refuted: no DP guarantee claimed)"
+    assert describe(sound, None) == "blackbox eps >= 9.500 (claimed 8.000, REFUTED)"

@@ -79,9 +79,15 @@ def _audit_kind(params: Params, key: RunKey, kind: str, layout: Layout,
 
 
 def describe(result: dict, layout: Layout) -> str:
-    """The line ``dpclip audit`` prints: each kind's lower bound against the claim."""
+    """The line ``dpclip audit`` prints: each kind's lower bound against the claim, and a
+    refuted epsilon that was no guarantee (a literal-paper variant) said as such."""
+    def verdict(r: dict) -> str:
+        if r["violated"]:
+            return ", REFUTED"
+        return ", refuted: no DP guarantee claimed" if r.get("refutes_reported_epsilon") else ""
+
     return "; ".join(
         f"{kind} " + (f"eps >= {r['epsilon_lower_bound']:.3f} (claimed "
-                      f"{r['claimed_epsilon']:.3f}{', REFUTED' if r['violated'] else ''})"
+                      f"{r['claimed_epsilon']:.3f}{verdict(r)})"
                       if r["applicable"] else f"not applicable ({r['reason']})")
         for kind, r in result.items())
