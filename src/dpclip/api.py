@@ -26,7 +26,6 @@ from dpclip.train.book_keeping import LayerGroups
 from dpclip.train.runs import run_class
 
 
-
 @dataclass
 class PrivateResult(TrainResult):
     """:class:`~dpclip.train.TrainResult` (model, trace, privacy record, times) and the

@@ -26,7 +26,6 @@ from dpclip.train.setup import TrainConfig
 log = logging.getLogger(__name__)
 
 
-
 def not_applicable(kind: str, reason: str) -> dict:
     return {"kind": kind, "applicable": False, "reason": reason, "epsilon_lower_bound": None}
 

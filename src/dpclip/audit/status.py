@@ -4,6 +4,7 @@ claimed-vs-audited plot's table."""
 
 from __future__ import annotations
 
+
 def why_not_audited(method: str, options=None, kind: str | None = None) -> str | None:
     """Why a method's runs with ``options`` (None: the defaults) get no audit of ``kind``
     (None: of any kind); None when they do. No DP claim, a neighbouring notion other than the

@@ -178,17 +178,19 @@ def markdown_table(summary: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
-LEGEND = (f"target: the target epsilon; eps: the epsilon spent (the largest over seeds), * = another neighbouring notion than add/remove one record (not comparable "
-          f"as the same number), ! = no DP guarantee (a paper's literal rule). accuracy: mean over seeds ± half the 95% interval (two or more seeds). attack: the "
-          f"attack chosen in advance (attack.headline), its AUC and its TPR at the FPR shown "
-          f"(@: the lowest FPR that allows 10 false positives among the holdout records; a "
-          f"smaller holdout gives a larger one; — = it did not run: the metrics' mia.not_run "
-          f"says why, e.g. no reference models yet). audit eps>=: the one-run audit's lower "
-          f"bound on epsilon (the range over seeds; — = no audit: no DP claim, another "
-          f"neighbouring notion, or no audit kind that fits the method). vs {BASELINE}: the paired verdicts that reach 5% after Holm's correction over "
-          f"the methods compared (acc, ECE, AUC, TPR; else \"not distinguishable\"); the exact "
-          f"test needs {minimum_exact_seeds()} seeds to decide anything for one method, "
-          f"{minimum_exact_seeds(family=8)} for eight.")
+LEGEND = ("target: the target epsilon; eps: the epsilon spent (the largest over seeds), * = "
+          "another neighbouring notion than add/remove one record (not comparable as the same "
+          "number), ! = no DP guarantee (a paper's literal rule). accuracy: mean over seeds ± "
+          "half the 95% interval (two or more seeds). attack: the attack chosen in advance "
+          "(attack.headline), its AUC and its TPR at the FPR shown (@: the lowest FPR that "
+          "allows 10 false positives among the holdout records; a smaller holdout gives a "
+          "larger one; — = it did not run: the metrics' mia.not_run says why, e.g. no "
+          "reference models yet). audit eps>=: the one-run audit's lower bound on epsilon (the "
+          "range over seeds; — = no audit: no DP claim, another neighbouring notion, or no "
+          f"audit kind that fits the method). vs {BASELINE}: the paired verdicts that reach 5% "
+          "after Holm's correction over the methods compared (acc, ECE, AUC, TPR; else \"not "
+          f"distinguishable\"); the exact test needs {minimum_exact_seeds()} seeds to decide "
+          f"anything for one method, {minimum_exact_seeds(family=8)} for eight.")
 
 
 def legend(width: int = MAX_WIDTH) -> str:
