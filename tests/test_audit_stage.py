@@ -85,3 +85,20 @@ def test_the_printed_line_says_a_refuted_epsilon_that_was_no_guarantee():
     assert describe(literal, None) == \
         "blackbox eps >= 9.500 (claimed 8.000, refuted: no DP guarantee claimed)"
     assert describe(sound, None) == "blackbox eps >= 9.500 (claimed 8.000, REFUTED)"
+
+
+def test_sanitize_under_the_papers_accounting_gets_a_black_box_bound_never_a_bug():
+    """Its record claims add/remove adjacency with no guarantee: the black-box audit trains the
+    run with input canaries and gives a bound, and a bound above the claim is no privacy bug
+    (violated stays false)."""
+    from conftest import gaussian_records, tiny_train_config
+
+    from dpclip.audit.run import audit_blackbox
+
+    x, y = gaussian_records(100)
+    px, py = gaussian_records(60, seed=1)
+    cfg = tiny_train_config("sanitize", method_options={
+        "n": 2, "public_steps": 20, "epochs": 3, "accounting": "paper"})
+    result = audit_blackbox(x, y, px, py, (6,), 3, cfg, m=20, seed=0, public=(px, py))
+    assert result["applicable"] and result["violated"] is False
+    assert result["claimed_epsilon"] is not None and result["epsilon_lower_bound"] >= 0
